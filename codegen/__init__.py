@@ -1,0 +1,1 @@
+"""Loader, lint, templates and writer: `registry lint`, `registry gen`."""

@@ -1,0 +1,1 @@
+"""The registry rows: YAML files shipped as package data."""

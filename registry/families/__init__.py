@@ -1,0 +1,1 @@
+"""One YAML file per family that differs from the defaults."""

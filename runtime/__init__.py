@@ -1,0 +1,36 @@
+"""causalab-mini: named places inside transformer language models.
+
+The package root is the runtime. Heavy names (the model class, which needs torch,
+nnsight and nnterp) load on first use, so `import causalab_mini.generated` stays
+free of torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY: dict[str, str] = {
+    "Address": "causalab_mini.address",
+    "IOType": "causalab_mini.address",
+    "FirstIfTuple": "causalab_mini.address",
+    "Index": "causalab_mini.address",
+    "RenameConfig": "causalab_mini.address",
+}
+
+__all__ = ["__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'causalab_mini' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

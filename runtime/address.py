@@ -1,0 +1,296 @@
+"""The data types of the Address table: pure data, no torch.
+
+Generated modules (``causalab_mini.generated``) build their tables from these types, so
+this module must stay importable without torch, nnsight or transformers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+Scalar = str | int | float | bool | None
+
+
+class IOType(Enum):
+    """Which side of a module a place is on (or the module itself)."""
+
+    INPUT = "input"
+    OUTPUT = "output"
+    MODULE = "module"
+
+
+@dataclass(frozen=True)
+class FirstIfTuple:
+    """The tensor is the value itself, or its first element when the value is a tuple."""
+
+    def get(self, value: Any) -> Any:
+        return value[0] if isinstance(value, tuple) else value
+
+    def put(self, value: Any, new: Any) -> Any:
+        """Hand back ``value`` with its tensor replaced by ``new``."""
+        return replace_part(value, 0, new) if isinstance(value, tuple) else new
+
+    def __repr__(self) -> str:
+        return "FirstIfTuple()"
+
+
+@dataclass(frozen=True)
+class Index:
+    """The tensor is ``value[key]``: a position in a sequence or a field of a mapping."""
+
+    key: int | str
+
+    def get(self, value: Any) -> Any:
+        return value[self.key]
+
+    def put(self, value: Any, new: Any) -> Any:
+        return replace_part(value, self.key, new)
+
+
+Select = FirstIfTuple | Index
+
+
+def replace_part(value: Any, key: int | str, new: Any) -> Any:
+    """Rebuild ``value`` with the part at ``key`` replaced by ``new``.
+
+    Tuples (named ones too), lists, plain mappings and transformers' ``ModelOutput``
+    (an ordered mapping whose constructor takes its fields) come back as the same type.
+    """
+    if isinstance(value, tuple):
+        if not isinstance(key, int):
+            raise TypeError(f"a tuple is indexed by position, not by {key!r}")
+        items = list(value)
+        items[key] = new
+        if hasattr(value, "_fields"):  # a named tuple
+            return type(value)(*items)
+        return tuple(items)
+    if isinstance(value, list):
+        if not isinstance(key, int):
+            raise TypeError(f"a list is indexed by position, not by {key!r}")
+        items = list(value)
+        items[key] = new
+        return items
+    if isinstance(value, Mapping):
+        if key not in value:
+            raise KeyError(f"{key!r} is not a field of this {type(value).__name__}")
+        fields = dict(value)
+        fields[key] = new
+        return type(value)(**fields) if type(value) is not dict else fields
+    raise TypeError(
+        f"cannot replace part {key!r} of a {type(value).__name__}: expected a tuple, "
+        "list or mapping"
+    )
+
+
+ConditionKind = Literal["always", "attention_probs_disabled", "layer_kind", "config"]
+
+
+@dataclass(frozen=True)
+class Condition:
+    """When a reason for unavailability applies.
+
+    ``always``; ``attention_probs_disabled`` (the model was loaded without
+    ``enable_attention_probs``); ``layer_kind`` (the layer's module tree is of that
+    kind, see ``LAYER_KINDS``); ``config`` (every ``config`` item equals the model's
+    config attribute and no ``config_not`` item does).
+    """
+
+    kind: ConditionKind
+    layer_kind: str | None = None
+    config: tuple[tuple[str, Scalar], ...] = ()
+    config_not: tuple[tuple[str, Scalar], ...] = ()
+
+    def holds_for_config(self, config: Any) -> bool:
+        """Whether a ``config`` condition holds for this model config."""
+        missing = object()
+        for key, expected in self.config:
+            if getattr(config, key, missing) != expected:
+                return False
+        return all(getattr(config, key, missing) != value for key, value in self.config_not)
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A reason a place does not exist, and when it applies.
+
+    ``{place}`` in the reason stands for the row's name.
+    """
+
+    when: Condition
+    reason: str
+
+    def message(self, place: str) -> str:
+        return self.reason.replace("{place}", place)
+
+
+WriteMode = Literal["replace", "in_place"]
+
+
+@dataclass(frozen=True)
+class Address:
+    """One place: a module path in standardized names and which side of it.
+
+    ``module`` is relative to ``layers[i]`` for a per-layer row and to the model for a
+    whole-model one (``""`` is the layer or the model itself); ``"{name}"`` is
+    resolved from the module tree (``STRUCTURAL_ADDRESSES``). ``source`` holds
+    call-shaped needles descended through nnsight's ``.source``; ``select`` is where
+    the tensor is inside the value there.
+    """
+
+    module: str
+    io: IOType = IOType.OUTPUT
+    source: tuple[str, ...] = ()
+    select: Select | None = None
+    order: int = 0
+    per_layer: bool = True
+    write: WriteMode = "replace"
+    scale: str | None = None
+    unavailable: tuple[Unavailable, ...] = ()
+    versions: tuple[tuple[str, str], ...] = ()
+    doc: str = field(default="", compare=False)
+
+    @property
+    def is_structural(self) -> bool:
+        return "{name}" in self.module
+
+    def describe(self) -> str:
+        """``self_attn.q_proj.output``-style text for reprs and messages."""
+        parts = [self.module] if self.module else []
+        parts.extend(self.source)
+        if self.io is not IOType.MODULE:
+            parts.append(self.io.value)
+        return ".".join(parts) if parts else "(the model)"
+
+
+@dataclass(frozen=True)
+class FamilyMatch:
+    """Which models a family file applies to: every given part must hold."""
+
+    model_types: tuple[str, ...] = ()
+    classes: tuple[str, ...] = ()
+    config: tuple[tuple[str, Scalar], ...] = ()
+
+    def matches(self, class_names: tuple[str, ...], model_type: str | None, config: Any) -> bool:
+        """``class_names`` is the model class and its bases' names (MRO order)."""
+        if self.model_types and model_type not in self.model_types:
+            return False
+        if self.classes and not set(self.classes) & set(class_names):
+            return False
+        missing = object()
+        return all(getattr(config, key, missing) == value for key, value in self.config)
+
+
+@dataclass(frozen=True)
+class RenameConfig:
+    """Where a family keeps its containers, plus Address rows of its own.
+
+    The container fields are nnterp's (``attn_name`` … ``layers_name``) with
+    ``embed_name`` beside them; ``addresses`` replaces where an existing accessor reads
+    or adds a new one. Later configs win, the user's last.
+    """
+
+    model_name: str | None = None
+    layers_name: str | None = None
+    embed_name: str | None = None
+    attn_name: str | None = None
+    mlp_name: str | None = None
+    ln_final_name: str | None = None
+    lm_head_name: str | None = None
+    ignore_mlp: bool | None = None
+    ignore_attn: bool | None = None
+    addresses: Mapping[str, Address] = field(default_factory=dict)
+
+    def rename_dict(self) -> dict[str, str]:
+        """The container names as the ``rename`` mapping nnsight takes."""
+        targets = {
+            "model_name": "model",
+            "layers_name": "layers",
+            "embed_name": "embed_tokens",
+            "attn_name": "self_attn",
+            "mlp_name": "mlp",
+            "ln_final_name": "ln_final",
+            "lm_head_name": "lm_head",
+        }
+        out: dict[str, str] = {}
+        for attr, standard in targets.items():
+            value = getattr(self, attr)
+            if value is not None:
+                out[value] = standard
+        return out
+
+
+@dataclass(frozen=True)
+class BlockStructure:
+    """How a block combines its sublayers with the residual stream."""
+
+    name: str
+    doc: str
+    identities: tuple[str, ...]
+    requires_rows: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StructureRule:
+    """``structure`` applies to models matching ``match`` (first rule that matches)."""
+
+    structure: str
+    match: FamilyMatch
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """A property of one layer's module tree: any of ``present``, none of ``absent``."""
+
+    name: str
+    doc: str
+    present: tuple[str, ...]
+    absent: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class StructuralEntry:
+    """For one structural place on one block structure: the candidate child paths, or
+    the reason the structure has no such place."""
+
+    candidates: tuple[str, ...] = ()
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
+class Interior:
+    """A tensor inside a module's forward, reached through ``.source``."""
+
+    name: str
+    module: str
+    needles: tuple[str, ...]
+    order: int
+    arg: int | None = None
+    returns: int | None = None
+    eager_only: bool = False
+    versions: tuple[tuple[str, str], ...] = ()
+    doc: str = field(default="", compare=False)
+
+
+PerHead = Literal["q", "kv", "none"]
+Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "vocab_size"]
+
+
+@dataclass(frozen=True)
+class Component:
+    """A name research code uses, and the policy kept beside its place."""
+
+    name: str
+    kind: Literal["boundary", "interior"]
+    target: str
+    per_layer: bool
+    default_rank: int
+    sequence_axis: int | None
+    per_head: PerHead
+    keys_axis: int | None
+    width: Width | None
+    writable: bool
+    why_read_only: str | None = None
+    doc: str = field(default="", compare=False)

@@ -1,0 +1,574 @@
+"""Tiny random checkpoints of transformers causal-LM families, built locally.
+
+No machine here reaches a model hub. A model spec ``tiny:<model_type>`` names a tiny
+random checkpoint of any transformers causal-LM family: its config class is shrunk
+(few layers, small widths, head counts that divide, a small vocabulary with valid
+special ids, few experts, enough layers that families whose layers differ show every
+kind), a small byte-level BPE tokenizer is trained in-process on a fixed corpus, and
+the result is written with ``save_pretrained`` to a cache directory keyed by model
+type and transformers version. Callers then load it through the real
+``from_pretrained`` path, like any local directory.
+
+Builds are offline, deterministic (seeded) and take a few seconds. Hub ids and local
+directories pass through :func:`resolve_model_spec` unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
+
+__all__ = [
+    "BUILDER_VERSION",
+    "TINY_PREFIX",
+    "TinyBuildError",
+    "build_tiny",
+    "cache_root",
+    "causal_lm_model_types",
+    "resolve_model_spec",
+    "tiny_config",
+    "tiny_tokenizer",
+]
+
+TINY_PREFIX = "tiny:"
+"""Model specs starting with this prefix name a tiny checkpoint: ``tiny:llama``."""
+
+BUILDER_VERSION = 1
+"""Bumped whenever a change here changes what gets built; part of the cache key."""
+
+CACHE_ENV = "CAUSALAB_MINI_CACHE"
+MANIFEST = "tiny_build.json"
+
+# The shape every tiny model aims for. Head dim = HIDDEN / HEADS.
+HIDDEN = 64
+HEADS = 4
+KV_HEADS = 2
+HEAD_DIM = HIDDEN // HEADS
+INTERMEDIATE = 128
+LAYERS = 3
+VOCAB = 512
+MAX_POSITIONS = 128
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+EXPERT_INTERMEDIATE = 32
+
+# Special tokens of the tiny tokenizer, in id order.
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+# Generic config keys, set only where the config class knows them (as a field or
+# through its ``attribute_map``). A key reached only through an alias is skipped
+# when its target field is itself a key of this table.
+_GENERIC: dict[str, Any] = {
+    # width
+    "hidden_size": HIDDEN,
+    "d_model": HIDDEN,
+    "n_embd": HIDDEN,
+    "emb_dim": HIDDEN,
+    "embedding_dim": HIDDEN,
+    "embed_dim": HIDDEN,
+    "dim": HIDDEN,
+    # depth
+    "num_hidden_layers": LAYERS,
+    "n_layer": LAYERS,
+    "n_layers": LAYERS,
+    "num_layers": LAYERS,
+    "decoder_layers": LAYERS,
+    "encoder_layers": LAYERS,
+    "num_decoder_layers": LAYERS,
+    "num_encoder_layers": LAYERS,
+    # heads
+    "num_attention_heads": HEADS,
+    "n_head": HEADS,
+    "n_heads": HEADS,
+    "num_heads": HEADS,
+    "attention_heads": HEADS,
+    "decoder_attention_heads": HEADS,
+    "encoder_attention_heads": HEADS,
+    "num_decoder_attention_heads": HEADS,
+    "num_encoder_attention_heads": HEADS,
+    "num_key_value_heads": KV_HEADS,
+    "head_dim": HEAD_DIM,
+    "attention_head_dim": HEAD_DIM,
+    "attention_head_size": HEAD_DIM,
+    "kv_channels": HEAD_DIM,
+    "d_head": HEAD_DIM,
+    "dim_head": HEAD_DIM,
+    # feed-forward
+    "intermediate_size": INTERMEDIATE,
+    "n_inner": INTERMEDIATE,
+    "ffn_dim": INTERMEDIATE,
+    "ffn_hidden_size": INTERMEDIATE,
+    "decoder_ffn_dim": INTERMEDIATE,
+    "encoder_ffn_dim": INTERMEDIATE,
+    "dff": INTERMEDIATE,
+    "d_inner": INTERMEDIATE,
+    "dim_ff": INTERMEDIATE,
+    "feed_forward_size": INTERMEDIATE,
+    "intermediate_size_mlp": INTERMEDIATE,
+    "dense_intermediate_size": INTERMEDIATE,
+    "prefix_dense_intermediate_size": INTERMEDIATE,
+    # mixture of experts
+    "moe_intermediate_size": EXPERT_INTERMEDIATE,
+    "expert_ffn_hidden_size": EXPERT_INTERMEDIATE,
+    "shared_expert_intermediate_size": EXPERT_INTERMEDIATE,
+    "shared_experts_intermediate_size": EXPERT_INTERMEDIATE,
+    "moe_shared_expert_intermediate_size": EXPERT_INTERMEDIATE,
+    "num_local_experts": EXPERTS,
+    "num_experts": EXPERTS,
+    "n_routed_experts": EXPERTS,
+    "moe_num_experts": EXPERTS,
+    "num_experts_per_tok": EXPERTS_PER_TOKEN,
+    "moe_topk": EXPERTS_PER_TOKEN,
+    "moe_k": EXPERTS_PER_TOKEN,
+    "top_k_experts": EXPERTS_PER_TOKEN,
+    "n_shared_experts": 1,
+    "num_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 1,
+    # multi-head latent attention
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 8,
+    "qk_head_dim": 16,
+    "v_head_dim": HEAD_DIM,
+    "index_n_heads": 2,
+    "index_head_dim": HEAD_DIM,
+    "index_topk": 16,
+    # linear attention / state space
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": HEAD_DIM,
+    "linear_value_head_dim": HEAD_DIM,
+    "linear_num_heads": HEADS,
+    "linear_head_dim": HEAD_DIM,
+    "mamba_d_state": 16,
+    "ssm_state_size": 16,
+    "state_size": 16,
+    "mamba_n_heads": 8,
+    "mamba_num_heads": 8,
+    "mamba_d_head": HEAD_DIM,
+    "mamba_head_dim": HEAD_DIM,
+    "mamba_n_groups": 1,
+    "n_groups": 1,
+    "mamba_d_ssm": 2 * HIDDEN,
+    "use_mamba_kernels": False,
+    "use_mem_eff_path": False,
+    # positions and vocabulary
+    "max_position_embeddings": MAX_POSITIONS,
+    "n_positions": MAX_POSITIONS,
+    "max_seq_len": MAX_POSITIONS,
+    "context_length": MAX_POSITIONS,
+    "model_max_length": MAX_POSITIONS,
+    "max_target_positions": MAX_POSITIONS,
+    "max_window_layers": LAYERS,
+    "sliding_window": 32,
+    "attention_window_size": 32,
+    "vocab_size": VOCAB,
+    "pad_token_id": PAD_ID,
+    "bos_token_id": BOS_ID,
+    "eos_token_id": EOS_ID,
+    "decoder_start_token_id": BOS_ID,
+    "forced_bos_token_id": None,
+    "forced_eos_token_id": EOS_ID,
+    "is_decoder": True,
+    "use_cache": True,
+}
+
+# Keys of ``_GENERIC`` whose ``None`` default means "feature off": left alone then.
+_KEEP_NONE = frozenset(
+    {
+        "q_lora_rank",
+        "sliding_window",
+        "attention_window_size",
+        "intermediate_size_mlp",
+        "dense_intermediate_size",
+        "prefix_dense_intermediate_size",
+        "shared_expert_intermediate_size",
+        "moe_shared_expert_intermediate_size",
+        "index_topk",
+    }
+)
+
+# Per-model-type overrides, applied after the generic table (names may be aliases).
+_OVERRIDES: dict[str, dict[str, Any]] = {
+    "mpt": {"expansion_ratio": 2},
+    # DbrxAttention reads `attn_config.rope_theta`, which its config class lacks.
+    "dbrx": {
+        "attn_config": {"kv_n_heads": KV_HEADS, "rope_theta": 10000.0},
+        "ffn_config": {
+            "hidden_size": HIDDEN,
+            "ffn_hidden_size": EXPERT_INTERMEDIATE,
+            "moe_num_experts": EXPERTS,
+            "moe_top_k": EXPERTS_PER_TOKEN,
+        },
+    },
+}
+
+# Sub-configs that are not the language model: shrunk with the same generic table
+# plus these keys.
+_VISION_EXTRA: dict[str, Any] = {"image_size": 32, "patch_size": 8, "num_channels": 3}
+
+
+class TinyBuildError(Exception):
+    """A family cannot be built tiny here; the message says why."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def cache_root() -> Path:
+    """``$CAUSALAB_MINI_CACHE`` if set, else ``~/.cache/causalab_mini``."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "causalab_mini"
+
+
+def _checkpoint_name(model_type: str, seed: int) -> str:
+    import transformers
+
+    name = f"{model_type}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    return name if seed == 0 else f"{name}-seed{seed}"
+
+
+# -------------------------------------------------------------------- model types
+
+
+def causal_lm_model_types() -> list[str]:
+    """Sorted model types in transformers' ``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _check_model_type(model_type: str) -> None:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    causal = causal_lm_model_types()
+    if model_type in causal:
+        return
+    close = difflib.get_close_matches(model_type, causal, n=5, cutoff=0.6)
+    hint = f"; close matches: {', '.join(close)}" if close else ""
+    if model_type in CONFIG_MAPPING_NAMES:
+        raise TinyBuildError(
+            f"model type {model_type!r} is not a causal LM in transformers "
+            f"(no entry in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES){hint}"
+        )
+    raise TinyBuildError(f"unknown model type {model_type!r}{hint}")
+
+
+# ------------------------------------------------------------------------- config
+
+
+def _field_defaults(config_cls: type[Any]) -> dict[str, Any]:
+    """Field name -> default value of a (dataclass) config class."""
+    out: dict[str, Any] = {}
+    if dataclasses.is_dataclass(config_cls):
+        for f in dataclasses.fields(config_cls):
+            if f.default is not dataclasses.MISSING:
+                out[f.name] = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                out[f.name] = f.default_factory()
+            else:
+                out[f.name] = None
+        return out
+    # Older, non-dataclass configs: read a default instance.
+    return dict(vars(config_cls()))
+
+
+def _shrink_kwargs(
+    config_cls: type[Any], table: Mapping[str, Any], overrides: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Constructor kwargs for ``config_cls``: ``table`` then ``overrides``, both
+    limited to keys the class knows, with aliases resolved through ``attribute_map``."""
+    defaults = _field_defaults(config_cls)
+    aliases: dict[str, str] = dict(getattr(config_cls, "attribute_map", {}) or {})
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in defaults:
+            target = key
+        elif key in aliases and aliases[key] not in table:
+            target = aliases[key]
+        else:
+            continue
+        if target not in defaults:
+            continue
+        if key in _KEEP_NONE and defaults[target] is None:
+            continue
+        kwargs[target] = value
+    for key, value in overrides.items():
+        kwargs[aliases.get(key, key) if key not in defaults else key] = value
+    return kwargs
+
+
+def _sub_config_class(config_cls: type[Any], name: str, sub_cls: type[Any]) -> type[Any] | None:
+    """The concrete class of sub-config ``name`` (``AutoConfig`` resolved through the
+    parent's default instance)."""
+    from transformers import AutoConfig
+
+    if sub_cls is not AutoConfig:
+        return sub_cls
+    try:
+        default = getattr(config_cls(), name, None)
+    except Exception:
+        return None
+    return type(default) if default is not None else None
+
+
+def _is_language_sub_config(name: str) -> bool:
+    return name in {"text_config", "decoder", "decoder_config", "global_config"} or (
+        "text" in name and "encoder" not in name
+    )
+
+
+def _tiny_config_for_class(config_cls: type[Any], vocab_size: int) -> Any:
+    model_type = str(getattr(config_cls, "model_type", ""))
+    table = dict(_GENERIC)
+    table["vocab_size"] = vocab_size
+    if "kv_lora_rank" in _field_defaults(config_cls):
+        # Multi-head latent attention expands keys and values to every head.
+        table["num_key_value_heads"] = HEADS
+    kwargs = _shrink_kwargs(config_cls, table, _OVERRIDES.get(model_type, {}))
+    sub_configs: Mapping[str, type[Any]] = getattr(config_cls, "sub_configs", {}) or {}
+    for name, declared in sub_configs.items():
+        if name in kwargs:
+            continue
+        sub_cls = _sub_config_class(config_cls, name, declared)
+        if sub_cls is None:
+            continue
+        if _is_language_sub_config(name):
+            kwargs[name] = _tiny_config_for_class(sub_cls, vocab_size)
+        else:
+            sub_table = {**_GENERIC, **_VISION_EXTRA, "vocab_size": vocab_size}
+            sub_type = str(getattr(sub_cls, "model_type", ""))
+            sub_kwargs = _shrink_kwargs(sub_cls, sub_table, _OVERRIDES.get(sub_type, {}))
+            kwargs[name] = sub_cls(**sub_kwargs)
+    config = config_cls(**kwargs)
+    _fix_token_ids(config, vocab_size)
+    return config
+
+
+def _fix_token_ids(config: Any, vocab_size: int) -> None:
+    """Point every special-token id outside the vocabulary at a valid id: the named
+    specials at the tokenizer's ids, other ids (image, audio, ...) at the top of the
+    vocabulary, one each."""
+    spare = vocab_size - 1
+    for key in sorted(vars(config)):
+        if not (key.endswith("_token_id") or key.endswith("_token_index")):
+            continue
+        value = getattr(config, key)
+        if isinstance(value, list):
+            if any(isinstance(v, int) and v >= vocab_size for v in value):
+                setattr(config, key, EOS_ID if "eos" in key else value[0] % vocab_size)
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value >= vocab_size:
+            named = {"bos": BOS_ID, "eos": EOS_ID, "pad": PAD_ID, "unk": UNK_ID}
+            for prefix, token_id in named.items():
+                if key.startswith(prefix):
+                    setattr(config, key, token_id)
+                    break
+            else:
+                setattr(config, key, spare)
+                spare -= 1
+
+
+def tiny_config(model_type: str) -> PretrainedConfig:
+    """A small config of ``model_type`` (a causal-LM family of transformers)."""
+    _check_model_type(model_type)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        config_cls = CONFIG_MAPPING[model_type]
+    except ImportError as exc:
+        raise TinyBuildError(
+            f"config class of {model_type!r} needs an extra package: {exc}"
+        ) from exc
+    try:
+        config: PretrainedConfig = _tiny_config_for_class(config_cls, VOCAB)
+    except ImportError as exc:
+        raise TinyBuildError(f"config of {model_type!r} needs an extra package: {exc}") from exc
+    except Exception as exc:
+        raise TinyBuildError(
+            f"cannot make a small {config_cls.__name__} for {model_type!r}: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    return config
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return " ".join(text.split())[:300]
+
+
+# ---------------------------------------------------------------------- tokenizer
+
+_CORPUS = """\
+The quick brown fox jumps over the lazy dog. A tiny model reads a short sentence and
+predicts the next word. Language models learn patterns from text: words, numbers,
+punctuation and spaces. When Mary and John went to the store, John gave a drink to Mary.
+The Eiffel Tower is in Paris, the capital of France. Rome is the capital of Italy and
+Berlin is the capital of Germany. One, two, three, four, five, six, seven, eight, nine,
+ten. 0 1 2 3 4 5 6 7 8 9 10 100 1000 2024. Hello, world! How are you today? I am fine,
+thank you. The cat sat on the mat; the dog slept by the door. Attention heads move
+information between positions, and the residual stream carries it from layer to layer.
+Every layer adds an update. The weather is nice, so we walk in the park and talk about
+science, history, music, art and mathematics. She said that he would come back later
+this evening, after the meeting with the team. They were happy because the results
+looked good. Good morning! Good night. Please open the window and close the door.
+def add(a, b):
+    return a + b
+for i in range(10):
+    print(i)
+"""
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on a fixed in-code corpus (deterministic,
+    at most ``VOCAB`` entries), with ``<s>`` prepended like Llama's and left padding."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(  # type: ignore[call-arg]
+        vocab_size=VOCAB,
+        min_frequency=1,
+        special_tokens=[PAD, BOS, EOS, UNK],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer)
+    tok.post_processor = processors.TemplateProcessing(  # type: ignore[call-arg]
+        single=f"{BOS} $A",
+        pair=f"{BOS} $A {BOS} $B",
+        special_tokens=[(BOS, BOS_ID)],
+    )
+    assert tok.token_to_id(PAD) == PAD_ID and tok.token_to_id(EOS) == EOS_ID
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        pad_token=PAD,
+        padding_side="left",
+        model_max_length=MAX_POSITIONS,
+    )
+
+
+# -------------------------------------------------------------------------- build
+
+
+def build_tiny(model_type: str, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
+    """Build (once) and return the directory of a tiny ``model_type`` checkpoint.
+
+    The checkpoint lives at ``<root>/tiny/<model_type>-transformers<version>-v<N>``
+    where ``<root>`` is ``cache_dir`` or :func:`cache_root`; a non-zero ``seed`` adds
+    ``-seed<seed>``. It holds the model (float32 safetensors), its config and the
+    tokenizer, all written by ``save_pretrained``. Concurrent builders serialise on a
+    file lock; the directory appears atomically (built next to it, then renamed).
+    """
+    from filelock import FileLock
+
+    _check_model_type(model_type)
+    base = (Path(cache_dir) if cache_dir is not None else cache_root()) / "tiny"
+    final = base / _checkpoint_name(model_type, seed)
+    if (final / MANIFEST).is_file():
+        return final
+    base.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(final) + ".lock"):
+        if (final / MANIFEST).is_file():
+            return final
+        if final.exists():  # left by a crash between rename and manifest: rebuild
+            shutil.rmtree(final)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=base))
+        try:
+            _materialize(model_type, tmp, seed)
+            os.replace(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return final
+
+
+def _materialize(model_type: str, out: Path, seed: int) -> None:
+    """Write a tiny checkpoint of ``model_type`` into the (empty) directory ``out``."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    started = time.perf_counter()
+    config = tiny_config(model_type)
+    tokenizer = tiny_tokenizer()
+    if len(tokenizer) > int(getattr(config, "vocab_size", VOCAB) or VOCAB):
+        raise TinyBuildError(f"tokenizer of {len(tokenizer)} entries exceeds the vocab")
+    transformers.set_seed(seed)
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    except ImportError as exc:
+        raise TinyBuildError(f"model of {model_type!r} needs an extra package: {exc}") from exc
+    except Exception as exc:
+        raise TinyBuildError(
+            f"cannot instantiate tiny {model_type!r}: {type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    model = model.to(torch.float32).eval()
+    _smoke_forward(model_type, model, tokenizer)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    manifest = {
+        "model_type": model_type,
+        "model_class": type(model).__name__,
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "builder_version": BUILDER_VERSION,
+        "seed": seed,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "build_seconds": round(time.perf_counter() - started, 3),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _smoke_forward(model_type: str, model: Any, tokenizer: Any) -> None:
+    """One forward on a short sentence, so a broken family never reaches the cache."""
+    import torch
+
+    batch = tokenizer(["The quick brown fox."], return_tensors="pt")
+    try:
+        with torch.no_grad():
+            logits = model(**batch).logits
+    except Exception as exc:
+        raise TinyBuildError(
+            f"tiny {model_type!r} builds but its forward fails: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    if not torch.isfinite(logits).all():
+        raise TinyBuildError(f"tiny {model_type!r} gives non-finite logits")
+
+
+# ----------------------------------------------------------------------- specs
+
+
+def resolve_model_spec(spec: str) -> str:
+    """``tiny:<model_type>`` -> the built checkpoint directory; anything else (a hub
+    id, a local directory) unchanged."""
+    if spec.startswith(TINY_PREFIX):
+        model_type = spec[len(TINY_PREFIX) :].strip()
+        if not model_type:
+            raise TinyBuildError(f"empty model type in spec {spec!r}")
+        return str(build_tiny(model_type))
+    return spec

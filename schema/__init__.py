@@ -1,0 +1,1 @@
+"""JSON Schemas (draft 2020-12), one per registry file kind."""
