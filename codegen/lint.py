@@ -159,7 +159,7 @@ def _one_schema_error(loaded: Loaded, display: str, error: ValidationError) -> l
     path: JsonPath = tuple(error.absolute_path)
     row = _label(loaded, path)
     line, col = loaded.where(path)
-    where = ".".join(str(p) for p in path) or "the file"
+    where = _where(path)
     kind = error.validator
     if kind == "additionalProperties" and isinstance(error.instance, dict):
         allowed = sorted(error.schema.get("properties", {}))
@@ -225,6 +225,22 @@ def _one_schema_error(loaded: Loaded, display: str, error: ValidationError) -> l
             )
         ]
     return [Diagnostic(display, line, col, "S004", row, f"{where}: {_explain(error)}")]
+
+
+def _where(path: JsonPath) -> str:
+    """The part of the path below the row the error belongs to."""
+    if len(path) >= 2 and path[0] in (
+        "places",
+        "interiors",
+        "components",
+        "addresses",
+        "structures",
+        "layer_kinds",
+        "rules",
+    ):
+        rest = path[2:]
+        return ".".join(str(p) for p in rest) if rest else "the row"
+    return ".".join(str(p) for p in path) or "the file"
 
 
 def _types(expected: Any) -> str:
@@ -572,7 +588,7 @@ def _cross(
                     ("places", i, "order"),
                     "X002",
                     name,
-                    f"order {raw['order']} is already {orders[scope]!r}'s "
+                    f"order {raw['order']} is already taken by {orders[scope]!r} "
                     f"({'inside a layer' if per_layer else 'among whole-model places'}); "
                     "give each place its own order",
                 )
@@ -721,7 +737,7 @@ def _cross(
                     ("interiors", i, "order"),
                     "X002",
                     name,
-                    f"order {raw['order']} is already {taken[raw['order']]!r}'s inside a "
+                    f"order {raw['order']} is already taken by {taken[raw['order']]!r} inside a "
                     "layer; interiors go in the gaps the rows leave",
                 )
             taken[raw["order"]] = name
@@ -890,7 +906,7 @@ def _cross(
                         ("addresses", row, "order"),
                         "X002",
                         f"{name}:{row}",
-                        f"order {address.order} is already {other!r}'s; pick a free order",
+                        f"order {address.order} is already taken by {other!r}; pick a free order",
                     )
 
     # -- structures that need family rows
@@ -915,7 +931,7 @@ def _cross(
                     ("rules", i),
                     "X008",
                     f"rules[{i}]",
-                    f"{who} is {structure.name}, where the default "
+                    f"{who}: the block is {structure.name}, where the default "
                     f"{' and '.join(missing)} name{'s' if len(missing) == 1 else ''} a "
                     f"different tensor; a family file matching {who} must replace "
                     f"{', '.join(missing)} (see families/gemma2.yaml)",

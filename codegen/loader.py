@@ -87,10 +87,11 @@ def _scalar(node: ScalarNode) -> Any:
         if lowered == ".nan":
             return math.nan
         return float(lowered)
+    shown = "!!" + tag[len(_CORE) :] if tag.startswith(_CORE) else tag
     raise _Invalid(
         node,
         "Y002",
-        f"the tag {tag!r} is not allowed: registry files hold plain strings, numbers, "
+        f"the tag {shown!r} is not allowed: registry files hold plain strings, numbers, "
         "booleans, null, lists and mappings. Remove the tag.",
     )
 

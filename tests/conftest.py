@@ -1,0 +1,35 @@
+"""Shared fixtures: a private copy of the registry to break, and the CLI runner."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from causalab_mini.codegen.cli import main
+from causalab_mini.codegen.lint import default_registry
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def registry_copy(tmp_path: Path) -> Path:
+    """A copy of the package's registry that a test may edit."""
+    target = tmp_path / "registry"
+    shutil.copytree(
+        default_registry(), target, ignore=shutil.ignore_patterns("*.py", "__pycache__")
+    )
+    return target
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    """Replace exactly one occurrence of ``old`` in ``path``."""
+    text = path.read_text()
+    assert text.count(old) == 1, f"{old!r} occurs {text.count(old)} times in {path}"
+    path.write_text(text.replace(old, new))
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)

@@ -1,0 +1,272 @@
+"""One golden case per lint code: the exact message and its position."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from causalab_mini.codegen.diagnostics import CODES
+from causalab_mini.codegen.lint import lint
+
+from .conftest import cli, edit
+
+# code -> (edits to the registry copy, the diagnostics expected, paths relative to it)
+CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[str]]] = {
+    "F001": (
+        [("components.yaml", None, None)],
+        [
+            "components.yaml:1:1: F001 [-] components.yaml is missing from the registry; every registry holds places.yaml, block_structures.yaml, structural.yaml, interiors.yaml, components.yaml (copy it from the package's registry/)",
+        ],
+    ),
+    "F002": (
+        [("extra.yaml", None, "a: 1\n")],
+        [
+            "extra.yaml:1:1: F002 [-] extra.yaml is not a registry file; the registry holds places.yaml, block_structures.yaml, structural.yaml, interiors.yaml, components.yaml and families/*.yaml. Move or rename it",
+        ],
+    ),
+    "F003": (
+        [("families/bad.yaml", None, b"\xff\xfe not utf-8")],
+        [
+            "families/bad.yaml:1:1: F003 [-] cannot read the file: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte",
+        ],
+    ),
+    "Y001": (
+        [("places.yaml", "places:\n", "places: [\n")],
+        [
+            "places.yaml:33:3: Y001 [-] YAML syntax error: expected the node content, but found '-'",
+        ],
+    ),
+    "Y002": (
+        [("families/llama.yaml", "family: llama", "family: !!python/object:os.system llama")],
+        [
+            "families/llama.yaml:7:9: Y002 [-] the tag '!!python/object:os.system' is not allowed: registry files hold plain strings, numbers, booleans, null, lists and mappings. Remove the tag.",
+        ],
+    ),
+    "Y003": (
+        [("families/llama.yaml", "doc: Llama and", "doc: x\ndoc: Llama and")],
+        [
+            "families/llama.yaml:9:1: Y003 [-] the key 'doc' appears twice in this mapping; keep one",
+        ],
+    ),
+    "Y004": (
+        [
+            (
+                "families/deep.yaml",
+                None,
+                "a: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
+            )
+        ],
+        [
+            "families/deep.yaml:1:68: Y004 [-] nesting deeper than 64 levels; flatten the file",
+        ],
+    ),
+    "Y005": (
+        [("families/llama.yaml", "family: llama", "family: llama\ntrue: 1")],
+        [
+            "families/llama.yaml:8:1: Y005 [-] the key 'true' is read as bool; quote it to make it a string",
+        ],
+    ),
+    "S001": (
+        [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
+        [
+            "places.yaml:48:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, module, name, order, per_layer, scale, select, source, unavailable, versions, write",
+        ],
+    ),
+    "S002": (
+        [("places.yaml", "    doc: The residual stream entering the block.\n", "")],
+        [
+            "places.yaml:47:5: S002 [layers_input] the row lacks the required key 'doc'; add it",
+        ],
+    ),
+    "S003": (
+        [("places.yaml", "    order: 0\n", "    order: zero\n")],
+        [
+            "places.yaml:51:12: S003 [layers_input] order must be an integer, not str ('zero')",
+        ],
+    ),
+    "S004": (
+        [("places.yaml", "    io: module\n    order: 8", "    io: sideways\n    order: 8")],
+        [
+            "places.yaml:62:9: S004 [attentions] io: 'sideways' is not one of 'input', 'output', 'module'",
+        ],
+    ),
+    "S005": (
+        [("places.yaml", "schema_version: 1", "schema_version: 2")],
+        [
+            "places.yaml:31:17: S005 [-] schema_version is 2; this tool reads version 1. Write schema_version: 1 and the fields of that version",
+        ],
+    ),
+    "X001": (
+        [("places.yaml", "  - name: attentions\n", "  - name: layers_input\n")],
+        [
+            "places.yaml:59:11: X001 [layers_input] a row named 'layers_input' is already defined above; rename one",
+        ],
+    ),
+    "X002": (
+        [("interiors.yaml", "    order: 12\n", "    order: 20\n")],
+        [
+            "interiors.yaml:38:12: X002 [attention_key] order 20 is already taken by 'attention_probabilities' inside a layer; interiors go in the gaps the rows leave",
+        ],
+    ),
+    "X003": (
+        [("structural.yaml", "    post_norm: {candidates: [mlp]}\n", "")],
+        [
+            "structural.yaml:34:3: X003 [layers_mid] structure 'post_norm' has neither candidates nor a reason for layers_mid; add 'post_norm: {candidates: [...]}' or 'post_norm: {reason: ...}'",
+        ],
+    ),
+    "X004": (
+        [
+            (
+                "interiors.yaml",
+                'needles: ["attention_interface("]\n    take: {arg: 2}',
+                'needles: ["attention_interface"]\n    take: {arg: 2}',
+            )
+        ],
+        [
+            "interiors.yaml:36:15: X004 [attention_key] needle 'attention_interface' is not call-shaped: write the callable as it is called in the source, ending in '(' (e.g. 'attention_interface('), so an assignment that shares the name is not matched",
+        ],
+    ),
+    "X005": (
+        [("families/olmo2.yaml", "  mlps_output:\n", "  mlps_outptu:\n")],
+        [
+            "block_structures.yaml:81:5: X008 [rules[4]] olmo2: the block is post_norm, where the default mlps_output names a different tensor; a family file matching olmo2 must replace mlps_output (see families/gemma2.yaml)",
+            "families/olmo2.yaml:24:3: X005 [olmo2:mlps_outptu] 'mlps_outptu' is not a default row, so this adds a row and must give io, order; or replace one of: embeddings_input, embeddings_output, layers_input, attentions_norm_output, attentions, attentions_input, attention_probabilities, attentions_premix, attentions_output, layers_mid, mlps_norm_output, mlps, mlps_input, mlps_activation, mlps_neurons, mlps_output, layers_output, ln_final_output, lm_head_output, logits",
+        ],
+    ),
+    "X006": (
+        [
+            (
+                "families/gpt2.yaml",
+                '    versions: {transformers: ">=5.0"}',
+                '    versions: {transformers: "five or later"}',
+            )
+        ],
+        [
+            "families/gpt2.yaml:39:30: X006 [gpt2:attention_probabilities] version range 'five or later' for transformers does not parse; write a PEP 440 range such as '>=5.0,<6'",
+        ],
+    ),
+    "X007": (
+        [("block_structures.yaml", "  - structure: post_norm\n", "  - structure: postnorm\n")],
+        [
+            "block_structures.yaml:81:16: X007 [rules[4]] structure 'postnorm' is not defined; use one of pre_norm, sandwich_norm, post_norm, parallel, residual_inside or define it under structures",
+        ],
+    ),
+    "X008": (
+        [("families/gemma2.yaml", "  mlps_output:\n", "  mlps_neurons:\n")],
+        [
+            "block_structures.yaml:79:5: X008 [rules[3]] gemma2, gemma3_text: the block is sandwich_norm, where the default mlps_output names a different tensor; a family file matching gemma2, gemma3_text must replace mlps_output (see families/gemma2.yaml)",
+        ],
+    ),
+    "X009": (
+        [("families/olmo2.yaml", "family: olmo2", "family: olmo")],
+        [
+            "families/olmo2.yaml:7:9: X009 [olmo] family 'olmo' is in olmo2.yaml; name the file olmo.yaml or write family: olmo2",
+        ],
+    ),
+    "X010": (
+        [
+            (
+                "families/gpt2.yaml",
+                "{place} is not addressable on this GPT-2",
+                "{row} is not addressable on this GPT-2",
+            )
+        ],
+        [
+            "families/gpt2.yaml:46:17: X010 [gpt2:attention_probabilities] the reason uses {row}; only {place} (the row's name) is filled in. Write the text itself instead",
+        ],
+    ),
+    "X011": (
+        [("places.yaml", "    order: 1001\n", "    order: 999\n")],
+        [
+            "places.yaml:168:12: X011 [lm_head_output] order 999 comes after 1000 in the file; rows are listed in forward order, so move the row or fix its order",
+        ],
+    ),
+    "X012": (
+        [
+            (
+                "structural.yaml",
+                "  mlps_neurons:\n",
+                "  mlps_output:\n    pre_norm: {candidates: [mlp]}\n  mlps_neurons:\n",
+            )
+        ],
+        [
+            "structural.yaml:66:3: X012 [mlps_output] row 'mlps_output' names a fixed module ('mlp'); write module: \"{name}\" in places.yaml or drop this entry",
+        ],
+    ),
+    "X013": (
+        [
+            (
+                "components.yaml",
+                "name: block_mid, row: layers_mid, per_layer: true",
+                "name: block_mid, row: layers_mid, per_layer: false",
+            )
+        ],
+        [
+            "components.yaml:37:51: X013 [block_mid] per_layer is False but layers_mid is per layer; the component table is what to fix",
+        ],
+    ),
+}
+
+
+def _apply(root: Path, edits: list[tuple[str, str | None, str | bytes | None]]) -> None:
+    for rel, old, new in edits:
+        path = root / rel
+        if old is None and new is None:
+            path.unlink()
+        elif old is None:
+            assert new is not None
+            path.write_bytes(new if isinstance(new, bytes) else new.encode())
+        else:
+            assert isinstance(new, str)
+            edit(path, old, new)
+
+
+def test_every_code_has_a_golden_case() -> None:
+    assert sorted(CASES) == sorted(CODES)
+
+
+def test_package_registry_is_clean() -> None:
+    _, diags = lint()
+    assert diags == []
+
+
+@pytest.mark.parametrize("code", sorted(CASES))
+def test_golden(code: str, registry_copy: Path) -> None:
+    edits, expected = CASES[code]
+    _apply(registry_copy, edits)
+    _, diags = lint(registry_copy)
+    shown = [str(d).replace(f"{registry_copy}/", "") for d in diags]
+    assert shown == expected
+    assert code in {d.code for d in diags}
+
+
+def test_cli_text_exit_codes(registry_copy: Path) -> None:
+    assert cli("lint", "--registry", str(registry_copy)).exit_code == 0
+    _apply(registry_copy, CASES["S003"][0] + CASES["X004"][0])
+    result = cli("lint", "--registry", str(registry_copy))
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if ": S0" in line or ": X0" in line]
+    assert [line.split(": ", 2)[1].split()[0] for line in lines] == ["X004", "S003"]
+    assert "Traceback" not in result.output
+
+
+def test_cli_json(registry_copy: Path) -> None:
+    _apply(registry_copy, CASES["X010"][0])
+    result = cli("lint", "--registry", str(registry_copy), "--format", "json")
+    assert result.exit_code == 1
+    (item,) = json.loads(result.output)
+    assert item["code"] == "X010" and item["line"] == 46 and item["col"] == 17
+    assert item["row"] == "gpt2:attention_probabilities"
+
+
+def test_cli_usage_error_exits_2() -> None:
+    assert cli("lint", "--format", "xml").exit_code == 2
+    assert cli("no-such-command").exit_code == 2
+
+
+def test_missing_registry_directory(tmp_path: Path) -> None:
+    result = cli("lint", "--registry", str(tmp_path / "nope"))
+    assert result.exit_code == 1
+    assert "F001" in result.output and "does not exist" in result.output
