@@ -15,6 +15,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
 from causalab_mini.address import (
     Address,
     BlockStructure,
@@ -31,9 +35,6 @@ from causalab_mini.address import (
     StructureRule,
     Unavailable,
 )
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from .diagnostics import Diagnostic
 from .loader import JsonPath, Loaded, load_file

@@ -1,0 +1,55 @@
+"""The sessions people run: `nox -s lint typecheck registry tests`."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "typecheck", "registry", "tests"]
+
+# pip takes this torch from the machine's disk (a CPU build); an unpinned torch would
+# pull a multi-GB CUDA build.
+TORCH = "torch==2.13.0"
+CODEGEN_DEPS = [
+    "ruamel.yaml>=0.18",
+    "jsonschema>=4.20",
+    "jinja2>=3.1",
+    "click>=8.1",
+    "rich>=13",
+    "filelock>=3.12",
+    "packaging>=23",
+    "ruff==0.17.*",
+]
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: style and lint of the hand-written code and the generated modules."""
+    session.install("ruff==0.17.*")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over the codegen, the runtime types and the generated tables."""
+    session.install("mypy>=1.10", "types-jsonschema", *CODEGEN_DEPS)
+    session.install("--no-deps", "-e", ".")
+    session.run("mypy", "--strict", "codegen", "generated", "runtime/address.py")
+
+
+@nox.session
+def registry(session: nox.Session) -> None:
+    """`registry lint` and `registry gen --check`: the rows are valid and generated/ is fresh."""
+    session.install(*CODEGEN_DEPS)
+    session.install("--no-deps", "-e", ".")
+    session.run("registry", "lint")
+    session.run("registry", "gen", "--check")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole test suite."""
+    session.install(TORCH)
+    session.install("-e", ".[dev]")
+    session.run("python", "-m", "pytest", *session.posargs)
