@@ -18,6 +18,12 @@ _LAZY: dict[str, str] = {
     "FirstIfTuple": "causalab_mini.address",
     "Index": "causalab_mini.address",
     "RenameConfig": "causalab_mini.address",
+    "StandardizedTransformer": "causalab_mini.model",
+    "PlaceUnavailable": "causalab_mini.internals",
+    "RenameError": "causalab_mini.internals",
+    "OperationNotFound": "causalab_mini.ops",
+    "find_op": "causalab_mini.ops",
+    "build_tiny": "causalab_mini.tiny",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

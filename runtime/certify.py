@@ -1,0 +1,179 @@
+"""Check that the places mean what their names say, on real tensors.
+
+The identities are the registry's own (``BLOCK_STRUCTURES[...].identities``); the
+oracles are written by others: transformers' ``output_hidden_states`` and
+``output_attentions``, and the model's logits. Used by the tests and by
+``registry sweep``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from causalab_mini.generated import BLOCK_STRUCTURES
+
+ATOL = 1e-4
+RTOL = 1e-4
+_IDENTITY = re.compile(r"^\s*(\w+)\s*==\s*(\w+(?:\s*\+\s*\w+)*)\s*$")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One comparison: what, where, and whether it held (with the worst error)."""
+
+    name: str
+    layer: int | None
+    ok: bool
+    max_error: float
+    detail: str = ""
+
+
+def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
+    """``"a == b + c"`` -> ``("a", ("b", "c"))``."""
+    match = _IDENTITY.match(text)
+    if match is None:
+        raise ValueError(f"identity {text!r} is not of the form 'a == b + c'")
+    return match.group(1), tuple(p.strip() for p in match.group(2).split("+"))
+
+
+def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """A padded batch of two (the first row left-padded), as tensors."""
+    texts = texts or (
+        "The quick brown fox",
+        "A much longer sentence about the quick brown fox and a lazy dog",
+    )
+    tokenizer = model.tokenizer
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    batch = tokenizer(list(texts), padding=True, return_tensors="pt")
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
+def read_places(model: Any, inputs: dict[str, Any], names: list[str] | None = None) -> dict[tuple[str, int | None], Any]:
+    """Read every available tensor place (per layer and whole-model) in one trace, in
+    forward order. Returns ``{(name, layer): tensor}``."""
+    internals = model.internals
+    plan: list[tuple[tuple[int, int], str, int | None]] = []
+    for name in names or list(internals):
+        place = internals[name]
+        if place.row.io.value == "module":
+            continue
+        if place.per_layer:
+            for layer in range(internals.num_layers):
+                if place.unavailable_on(layer) is None:
+                    plan.append((internals.rank(name, layer), name, layer))
+        elif place.unavailable_on() is None:
+            plan.append((internals.rank(name), name, None))
+    plan.sort(key=lambda item: item[0])
+    saved: list[Any] = []  # made before the trace: names first bound inside it do not leave it
+    with model.trace(inputs):
+        for _, name, layer in plan:
+            saved.append(internals[name].get(layer).save())
+    return {(name, layer): _value(t) for (_, name, layer), t in zip(plan, saved, strict=True)}
+
+
+def _value(saved: Any) -> Any:
+    return getattr(saved, "value", saved)
+
+
+def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
+    import torch
+
+    if got.shape != want.shape:
+        return Check(name, layer, False, float("inf"), f"shape {tuple(got.shape)} != {tuple(want.shape)}")
+    got, want = got.double(), want.double()
+    error = (got - want).abs()
+    worst = float(error.max()) if error.numel() else 0.0
+    ok = bool(torch.allclose(got, want, atol=ATOL * max(1.0, float(want.abs().max())), rtol=RTOL))
+    return Check(name, layer, ok, worst)
+
+
+def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
+    """Every identity of the model's block structure, on every layer where all its
+    places are available."""
+    structure = BLOCK_STRUCTURES.get(model.block_structure or "")
+    if structure is None:
+        return []
+    out = []
+    for text in structure.identities:
+        left, right = parse_identity(text)
+        for layer in range(model.internals.num_layers):
+            keys = [(n, layer) for n in (left, *right)]
+            if not all(k in values for k in keys):
+                continue
+            total = sum(values[(n, layer)] for n in right[1:])
+            total = values[(right[0], layer)] + total if right[1:] else values[(right[0], layer)]
+            out.append(compare(text, layer, values[(left, layer)], total))
+    return out
+
+
+def hidden_state_oracle(model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]) -> list[Check]:
+    """transformers' ``output_hidden_states``: entry i is layer i's input, and the last
+    is the final norm's output."""
+    import torch
+
+    with torch.no_grad():
+        out = model._model(**inputs, output_hidden_states=True)
+    hidden = out.hidden_states
+    checks = []
+    n = model.internals.num_layers
+    for layer in range(n):
+        if ("layers_input", layer) in values:
+            checks.append(compare("hidden_states[i] == layers_input", layer, values[("layers_input", layer)], hidden[layer]))
+    if ("ln_final_output", None) in values and len(hidden) == n + 1:
+        checks.append(compare("hidden_states[-1] == ln_final_output", None, values[("ln_final_output", None)], hidden[n]))
+    if ("logits", None) in values:
+        checks.append(compare("model logits == logits", None, values[("logits", None)], out.logits))
+    return checks
+
+
+def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
+    """``output_attentions`` under eager attention == the attention_probabilities row
+    (the model must be loaded with ``enable_attention_probs=True``)."""
+    import torch
+
+    with torch.no_grad():
+        out = model._model(**inputs, output_attentions=True)
+    values = read_places(model, inputs, ["attention_probabilities"])
+    return [
+        compare("output_attentions == attention_probabilities", layer, values[("attention_probabilities", layer)], out.attentions[layer])
+        for layer in range(model.internals.num_layers)
+        if ("attention_probabilities", layer) in values
+    ]
+
+
+def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> Check | None:
+    """Write at the stream between the sublayers and check the block carries the
+    written value on: after ``layers_mid[i] = mid + delta``,
+    ``layers_output[i] == (mid + delta) + mlps_output[i]``. On a parallel block the
+    equivalent is ``attentions_output[i] += delta``, which must shift
+    ``layers_output[i]`` by exactly delta."""
+    import torch
+
+    internals = model.internals
+    torch.manual_seed(0)
+    if internals["layers_mid"].unavailable_on(layer) is None and internals["mlps_output"].unavailable_on(layer) is None:
+        box: dict[str, Any] = {}
+        with model.trace(inputs):
+            mid = internals["layers_mid"][layer]
+            delta = torch.randn_like(mid) * 0.5
+            box["written"] = (mid + delta).clone().save()
+            internals["layers_mid"][layer] = mid + delta
+            box["mlp"] = internals["mlps_output"][layer].save()
+            box["out"] = internals["layers_output"][layer].save()
+        got = _value(box["out"])
+        return compare("layers_output == written layers_mid + mlps_output", layer, got,
+                       _value(box["written"]) + _value(box["mlp"]))
+    if model.block_structure == "parallel":
+        box = {}
+        with model.trace(inputs):
+            box["clean"] = internals["layers_output"][layer].save()
+        with model.trace(inputs):
+            attn = internals["attentions_output"][layer]
+            internals["attentions_output"][layer] = attn + 0.25
+            box["out"] = internals["layers_output"][layer].save()
+        return compare("layers_output shifts by the delta written to attentions_output", layer,
+                       _value(box["out"]), _value(box["clean"]) + 0.25)
+    return None

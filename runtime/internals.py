@@ -1,0 +1,380 @@
+"""``model.internals``: the Address rows of one loaded model, resolved and traced.
+
+Everything a row means comes from ``causalab_mini.generated``; this module only
+walks the module tree (to resolve structural places and layer kinds, never running
+the model) and reads or writes the resolved place inside an nnsight trace.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+
+from causalab_mini.address import Address, IOType, StructuralEntry
+from causalab_mini.generated import LAYER_KINDS, STRUCTURAL_ADDRESSES
+
+from .ops import find_op
+
+
+class PlaceUnavailable(LookupError):
+    """A place that does not exist on this model (or this layer), with the reason."""
+
+
+class RenameError(ValueError):
+    """A row whose name the model already uses for something else."""
+
+
+def child(envoy: Any, path: str) -> Any | None:
+    """The Envoy at dotted ``path`` below ``envoy`` (standardized names), or None."""
+    from nnsight.intervention.envoy import Envoy
+
+    current = envoy
+    for part in path.split(".") if path else ():
+        try:
+            current = getattr(current, part)
+        except (AttributeError, IndexError, KeyError, TypeError):
+            return None
+        if not isinstance(current, Envoy):
+            return None
+    return current
+
+
+def child_names(envoy: Any, depth: int = 2) -> list[str]:
+    """The layer's module paths ``depth`` levels deep, in standardized names."""
+    out: list[str] = []
+
+    def walk(env: Any, prefix: str, level: int) -> None:
+        alias = getattr(env, "_alias", None)
+        for sub in env._children:
+            name = sub.path.split(".")[-1]
+            if alias is not None and name in alias.name_to_aliases:
+                name = alias.name_to_aliases[name][0]
+            path = f"{prefix}{name}"
+            out.append(path)
+            if level < depth:
+                walk(sub, f"{path}.", level + 1)
+
+    walk(envoy, "", 1)
+    return out
+
+
+def _installed(package: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(package)
+    except Exception:
+        return None
+
+
+class Place:
+    """One row of ``model.internals``: read with ``[layer]`` (or ``()`` for a
+    whole-model place), write with ``[layer] = tensor``."""
+
+    def __init__(self, internals: Internals, name: str, row: Address) -> None:
+        self._internals = internals
+        self.name = name
+        self.row = row
+
+    # ------------------------------------------------------------ description
+
+    @property
+    def per_layer(self) -> bool:
+        return self.row.per_layer
+
+    @property
+    def address(self) -> Address:
+        """The row, with ``{name}`` resolved on the first layer where it resolves."""
+        if not self.row.is_structural:
+            return self.row
+        for layer in range(self._internals.num_layers):
+            resolved, _ = self._internals._resolve(self.name, self.row, layer)
+            if resolved is not None:
+                return resolved
+        return self.row
+
+    def address_at(self, layer: int | None = None) -> Address:
+        """The resolved row at ``layer``; raises PlaceUnavailable with the reason."""
+        layer = self._internals._layer(self, layer)
+        reason = self._internals._reason(self.name, self.row, layer)
+        if reason is not None:
+            raise PlaceUnavailable(self._internals._refusal(self.name, layer, reason))
+        resolved, _ = self._internals._resolve(self.name, self.row, layer)
+        assert resolved is not None
+        return resolved
+
+    def unavailable_on(self, layer: int | None = None) -> str | None:
+        """None if the place exists on ``layer`` (or the whole model), else why not."""
+        if layer is None and self.per_layer:
+            return self._internals.status()[self.name]
+        layer = self._internals._layer(self, layer)
+        return self._internals._reason(self.name, self.row, layer)
+
+    def __repr__(self) -> str:
+        scope = "per layer" if self.per_layer else "whole model"
+        return f"<{self.name}: {self.address.describe()}, {scope}>"
+
+    # ------------------------------------------------------------ trace access
+
+    def _target(self, layer: int | None) -> tuple[Address, Any]:
+        address = self.address_at(layer)
+        internals = self._internals
+        if address.per_layer:
+            assert layer is not None
+            base = internals.model.layers[internals._layer(self, layer)]
+        else:
+            base = internals.model
+        envoy = child(base, address.module)
+        if envoy is None:  # the tree changed since status was decided
+            raise PlaceUnavailable(
+                internals._refusal(self.name, layer, f"module {address.module!r} is not in the model")
+            )
+        if address.source:
+            module = f"{'layers.' + str(layer) + '.' if address.per_layer else ''}{address.module}"
+            op = find_op(envoy.source, address.source[0], row=self.name, module=module,
+                         model_class=internals.model_class)
+            for needle in address.source[1:]:
+                op = find_op(op.source, needle, row=self.name, module=f"{module}.{op.path.split('.')[-1]}",
+                             model_class=internals.model_class)
+            envoy = op
+        return address, envoy
+
+    def get(self, layer: int | None = None) -> Any:
+        address, envoy = self._target(layer)
+        if address.io is IOType.MODULE:
+            return envoy
+        value = envoy.input if address.io is IOType.INPUT else envoy.output
+        if address.select is not None:
+            value = address.select.get(value)
+        if address.scale is not None:
+            value = value * self._internals.scale(address.scale)
+        return value
+
+    def set(self, layer: int | None, value: Any) -> None:
+        address, envoy = self._target(layer)
+        if address.io is IOType.MODULE:
+            raise TypeError(
+                f"{self.name} is a module, not a tensor; write {self.name}_input or "
+                f"{self.name}_output (or another place) instead"
+            )
+        if address.scale is not None:
+            value = value / self._internals.scale(address.scale)
+        attr = "input" if address.io is IOType.INPUT else "output"
+        if address.write == "in_place":
+            current = getattr(envoy, attr)
+            if address.select is not None:
+                current = address.select.get(current)
+            current[...] = value
+            return
+        if address.select is not None:
+            value = address.select.put(getattr(envoy, attr), value)
+        setattr(envoy, attr, value)
+
+    def __getitem__(self, layer: int) -> Any:
+        return self.get(layer)
+
+    def __setitem__(self, layer: int, value: Any) -> None:
+        self.set(layer, value)
+
+    def __call__(self, layer: int | None = None) -> Any:
+        return self.get(layer)
+
+
+class Internals(Mapping[str, Place]):
+    """The rows of one model by name, in forward order."""
+
+    def __init__(self, model: Any, rows: Mapping[str, Address]) -> None:
+        self.model = model
+        self.num_layers: int = len(model.layers)
+        self.model_class: str = type(model._model).__name__
+        self._places = {name: Place(self, name, row) for name, row in rows.items()}
+        self._order = sorted(self._places, key=lambda n: self.rank(n, 0))
+        self._resolved: dict[tuple[str, int], tuple[Address | None, str | None]] = {}
+        self._kinds: dict[tuple[str, int], bool] = {}
+
+    # ------------------------------------------------------------ mapping
+
+    def __getitem__(self, name: str) -> Place:
+        try:
+            return self._places[name]
+        except KeyError:
+            import difflib
+
+            close = difflib.get_close_matches(name, self._places, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise KeyError(
+                f"{name!r} is not a place of this model{hint} Add your own with "
+                f"RenameConfig(addresses={{{name!r}: Address(...)}})"
+            ) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._order)
+
+    def __len__(self) -> int:
+        return len(self._places)
+
+    def __repr__(self) -> str:
+        return f"<internals of {self.model_class}: {', '.join(self._order)}>"
+
+    # ------------------------------------------------------------ ranks
+
+    def rank(self, name: str, layer: int | None = None) -> tuple[int, int]:
+        """(layer, order) for a per-layer place; (-1, order) for a whole-model place
+        before the layers (negative order) and (num_layers, order) after them."""
+        row = self[name].row
+        if row.per_layer:
+            if layer is None:
+                raise ValueError(f"{name} is per layer: say which layer")
+            return (self._layer(self[name], layer), row.order)
+        return (-1 if row.order < 0 else self.num_layers, row.order)
+
+    # ------------------------------------------------------------ status
+
+    def status(self, layer: int | None = None) -> dict[str, str | None]:
+        """For every row, None if available and otherwise the reason; decided from the
+        rows and the module tree, without running the model.
+
+        ``layer=None`` answers for the whole model: a per-layer place is available if
+        it is on every layer; where layers differ the reason says which.
+        """
+        out: dict[str, str | None] = {}
+        for name in self._order:
+            place = self._places[name]
+            if not place.per_layer:
+                out[name] = self._reason(name, place.row, None)
+            elif layer is not None:
+                out[name] = self._reason(name, place.row, self._layer(place, layer))
+            else:
+                reasons = {i: self._reason(name, place.row, i) for i in range(self.num_layers)}
+                missing = [i for i, r in reasons.items() if r is not None]
+                if not missing:
+                    out[name] = None
+                elif len(missing) == self.num_layers and len({reasons[i] for i in missing}) == 1:
+                    out[name] = reasons[missing[0]]
+                else:
+                    present = [i for i in range(self.num_layers) if i not in missing]
+                    first = reasons[missing[0]]
+                    out[name] = (
+                        f"available on layers {present} only; on layers {missing}: {first}"
+                    )
+        return out
+
+    # ------------------------------------------------------------ internals
+
+    def _layer(self, place: Place, layer: int | None) -> int | None:
+        if not place.per_layer:
+            return None
+        if layer is None:
+            raise ValueError(f"{place.name} is per layer: write {place.name}[layer]")
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise TypeError(f"a layer is an int, not {type(layer).__name__}")
+        n = self.num_layers
+        if not -n <= layer < n:
+            raise IndexError(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
+        return layer % n
+
+    def scale(self, attribute: str) -> float:
+        config = self.model.text_config
+        value = getattr(config, attribute, None)
+        if value is None:
+            raise PlaceUnavailable(f"the config has no {attribute!r} to scale by")
+        return float(value)
+
+    def _refusal(self, name: str, layer: int | None, reason: str) -> str:
+        where = f"model.internals[{name!r}]" + (f"[{layer}]" if layer is not None else "()")
+        families = ", ".join(self.model.families) or "no family file"
+        return (
+            f"{where} is not available on {self.model_class} (block "
+            f"{self.model.block_structure!r}, family {families}): {reason}"
+        )
+
+    def _layer_kind(self, kind: str, layer: int) -> bool:
+        key = (kind, layer)
+        if key not in self._kinds:
+            spec = LAYER_KINDS[kind]
+            envoy = self.model.layers[layer]
+            present = any(child(envoy, p) is not None for p in spec.present)
+            absent = all(child(envoy, p) is None for p in spec.absent)
+            self._kinds[key] = present and absent
+        return self._kinds[key]
+
+    def _reason(self, name: str, row: Address, layer: int | None) -> str | None:
+        """Why ``row`` does not exist at ``layer`` (None where it does)."""
+        for package, spec in row.versions:
+            installed = _installed(package)
+            if installed is not None and Version(installed) not in SpecifierSet(spec):
+                return (
+                    f"{name}'s row holds for {package} {spec}, and {package} {installed} is "
+                    "installed: update the row (its needles) for this version, or install a "
+                    "version in that range"
+                )
+        for item in row.unavailable:
+            cond = item.when
+            if cond.kind == "always":
+                hit = True
+            elif cond.kind == "attention_probs_disabled":
+                hit = not self.model.attention_probs_enabled
+            elif cond.kind == "layer_kind":
+                assert cond.layer_kind is not None
+                hit = layer is not None and self._layer_kind(cond.layer_kind, layer)
+            else:
+                hit = cond.holds_for_config(self.model.text_config)
+            if hit:
+                return item.message(name)
+        _, reason = self._resolve(name, row, layer)
+        return reason
+
+    def _resolve(self, name: str, row: Address, layer: int | None) -> tuple[Address | None, str | None]:
+        """Resolve ``{name}`` and check the module exists: (address, None) or (None, reason)."""
+        key = (name, -1 if layer is None else layer)
+        if key in self._resolved:
+            return self._resolved[key]
+        base = self.model.layers[layer] if row.per_layer else self.model
+        result: tuple[Address | None, str | None]
+        if row.is_structural:
+            result = self._structural(name, row, base)
+        elif row.module and child(base, row.module) is None:
+            where = "the layer" if row.per_layer else "the model"
+            result = (None, (
+                f"{name} reads {row.module!r}, which {where} does not have (its children: "
+                f"{', '.join(child_names(base, 1))}). A family file or "
+                f"RenameConfig(addresses={{{name!r}: Address(...)}}) says where it is"
+            ))
+        else:
+            result = (row, None)
+        self._resolved[key] = result
+        return result
+
+    def _structural(self, name: str, row: Address, layer_envoy: Any) -> tuple[Address | None, str | None]:
+        structure = self.model.block_structure
+        per_structure = STRUCTURAL_ADDRESSES.get(name, {})
+        entry: StructuralEntry | None = per_structure.get(structure) if structure else None
+        if entry is None:
+            return None, (
+                f"{name} depends on the block structure, and no rule in "
+                f"registry/block_structures.yaml matches {self.model_class} (model_type "
+                f"{self.model.model_type!r}): add a rule naming its structure"
+            )
+        if entry.reason is not None:
+            return None, entry.reason.replace("{place}", name)
+        found = [c for c in entry.candidates if child(layer_envoy, c) is not None]
+        if len(found) == 1:
+            return dataclasses.replace(row, module=row.module.replace("{name}", found[0])), None
+        children = ", ".join(child_names(layer_envoy))
+        fix = (
+            f"Say which with RenameConfig(addresses={{{name!r}: Address(\"<child>\", "
+            f"IOType.{row.io.name}, order={row.order})}}) or a family file"
+        )
+        if not found:
+            return None, (
+                f"{name} is none of the candidates for a {structure!r} block "
+                f"({', '.join(entry.candidates)}): the layer has {children}. {fix}"
+            )
+        return None, (
+            f"{name} is ambiguous on this {structure!r} block: {', '.join(found)} all exist "
+            f"(candidates {', '.join(entry.candidates)}). {fix}"
+        )

@@ -1,0 +1,233 @@
+"""``StandardizedTransformer``: nnterp's model with the Address table on top."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nnterp
+from nnterp.rename_utils import AttnProbFunction
+from nnterp.rename_utils import RenameConfig as NnterpRenameConfig
+
+from causalab_mini.address import Address, FamilyMatch, RenameConfig
+from causalab_mini.generated import (
+    BLOCK_STRUCTURE_RULES,
+    DEFAULT_ADDRESSES,
+    FAMILY_ADDRESSES,
+    FAMILY_MATCH,
+    FAMILY_RENAME,
+)
+
+from .internals import Internals, Place, RenameError
+from .ops import find_op
+from .tiny import resolve_model_spec
+
+# nnterp's own accessors, which the rows of the same names replace.
+NNTERP_ACCESSORS = frozenset(
+    {
+        "layers_input",
+        "layers_output",
+        "attentions",
+        "attentions_input",
+        "attentions_output",
+        "mlps",
+        "mlps_input",
+        "mlps_output",
+        "attention_probabilities",
+    }
+)
+# Rows that stay spelled as the tensor properties they are.
+SPELLINGS = {"logits": "logits", "embeddings_output": "token_embeddings"}
+CONTAINERS = ("model_name", "layers_name", "embed_name", "attn_name", "mlp_name",
+              "ln_final_name", "lm_head_name", "ignore_mlp", "ignore_attn")
+
+
+def _text_config(config: Any) -> Any:
+    text = getattr(config, "text_config", None)
+    if text is not None and hasattr(config, "get_text_config"):
+        return config.get_text_config()
+    return config
+
+
+def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
+    return [name for name, match in FAMILY_MATCH.items()
+            if match.matches(class_names, model_type, config)]
+
+
+def _class_names_before_load(model: Any, kwargs: dict[str, Any]) -> tuple[tuple[str, ...], str | None, Any]:
+    """Class names, model type and text config of what is about to be loaded."""
+    if not isinstance(model, str):
+        names = tuple(c.__name__ for c in type(model).__mro__)
+        config = getattr(model, "config", None)
+        return names, getattr(config, "model_type", None), _text_config(config)
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(model, trust_remote_code=kwargs.get("trust_remote_code", False))
+    names = tuple(config.architectures or ())
+    mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+    if isinstance(mapped, str):
+        names = (*names, mapped)
+    return names, config.model_type, _text_config(config)
+
+
+class _RowAttnProbs(AttnProbFunction):
+    """nnterp's attention-probability hook, answered by our row (so nnterp's own
+    load-time check runs on the same place ``model.attention_probabilities`` reads)."""
+
+    def __init__(self, row: Address, model_class: str) -> None:
+        self.row = row
+        self.model_class = model_class
+
+    def get_attention_prob_source(self, attention_module: Any, return_module_source: bool = False) -> Any:
+        source = attention_module.source
+        op = None
+        for i, needle in enumerate(self.row.source):
+            if op is not None:
+                source = op.source
+            if return_module_source and i == len(self.row.source) - 1:
+                return source
+            op = find_op(source, needle, row="attention_probabilities",
+                         module=str(getattr(attention_module, "path", "self_attn")),
+                         model_class=self.model_class)
+        return op
+
+
+class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[misc]
+    """nnterp's ``StandardizedTransformer`` with ``model.internals``: every Address row
+    of the registry, resolved for this model's family and block structure.
+
+    ``model`` may be ``tiny:<model_type>`` (a tiny random checkpoint built locally), a
+    hub id, a local directory or a loaded module. ``rename_config`` is
+    causalab-mini's ``RenameConfig``: container names plus ``addresses`` of your own,
+    applied after the families'.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        rename_config: RenameConfig | None = None,
+        enable_attention_probs: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(model, str):
+            model = resolve_model_spec(model)
+        kwargs.setdefault("device_map", "cpu")
+        class_names, model_type, config = _class_names_before_load(model, kwargs)
+        families = _families(class_names, model_type, config)
+        merged = self._merge_rename(families, rename_config)
+        rows = self._rows(class_names, model_type, config, rename_config)
+        nnterp_config = NnterpRenameConfig(
+            **{k: getattr(merged, k) for k in ("model_name", "layers_name", "attn_name", "mlp_name",
+                                              "ln_final_name", "lm_head_name", "ignore_mlp",
+                                              "ignore_attn")},
+        )
+        probs = rows.get("attention_probabilities")
+        if probs is not None and probs.source:
+            model_class = class_names[0] if class_names else "model"
+            nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
+        rename = dict(kwargs.pop("rename", None) or {})
+        if merged.embed_name:
+            rename.setdefault(merged.embed_name, "embed_tokens")
+        super().__init__(
+            model,
+            rename_config=nnterp_config,
+            enable_attention_probs=enable_attention_probs,
+            rename=rename or None,
+            **kwargs,
+        )
+        self._attention_probs_enabled = bool(enable_attention_probs)
+        self.model_type: str | None = getattr(self._model.config, "model_type", None)
+        names = tuple(c.__name__ for c in type(self._model).__mro__)
+        self.families: tuple[str, ...] = tuple(_families(names, self.model_type, self.text_config))
+        self.block_structure: str | None = self._structure(names)
+        final_rows = self._rows(names, self.model_type, self.text_config, rename_config)
+        self.internals = Internals(self, final_rows)
+        self._attach(self.internals)
+
+    # ------------------------------------------------------------ construction
+
+    @staticmethod
+    def _merge_rename(families: list[str], user: RenameConfig | None) -> RenameConfig:
+        values: dict[str, Any] = {}
+        for config in [*(FAMILY_RENAME[f] for f in families), *([user] if user else [])]:
+            for key in CONTAINERS:
+                value = getattr(config, key)
+                if value is not None:
+                    values[key] = value
+        return RenameConfig(**values)
+
+    @staticmethod
+    def _rows(class_names: tuple[str, ...], model_type: str | None, config: Any,
+              user: RenameConfig | None) -> dict[str, Address]:
+        rows = dict(DEFAULT_ADDRESSES)
+        for match, family_rows in FAMILY_ADDRESSES:
+            if match.matches(class_names, model_type, config):
+                rows.update(family_rows)
+        if user is not None:
+            rows.update(user.addresses)
+        return rows
+
+    def _structure(self, class_names: tuple[str, ...]) -> str | None:
+        for rule in BLOCK_STRUCTURE_RULES:
+            if rule.match.matches(class_names, self.model_type, self.text_config):
+                return rule.structure
+        return None
+
+    def _attach(self, internals: Internals) -> None:
+        for name in internals:
+            if name in SPELLINGS:
+                continue
+            if name not in NNTERP_ACCESSORS and _has(self, name):
+                raise RenameError(
+                    f"a row is named {name!r}, which this model already uses for "
+                    f"{type(_get(self, name)).__name__}; rename the row (e.g. "
+                    f"RenameConfig(addresses={{'my_{name}': ...}}))"
+                )
+            object.__setattr__(self, name, internals[name])
+
+    # ------------------------------------------------------------ properties
+
+    @property
+    def text_config(self) -> Any:
+        return _text_config(self._model.config)
+
+    @property
+    def attention_probs_enabled(self) -> bool:
+        return self._attention_probs_enabled
+
+    @property
+    def logits(self) -> Any:
+        """The logits of the model's own output (the ``logits`` row)."""
+        if "internals" not in self.__dict__:  # nnterp's load-time checks
+            return super().logits
+        return self.internals["logits"]()
+
+    @property
+    def token_embeddings(self) -> Any:
+        """The token embeddings (the ``embeddings_output`` row)."""
+        if "internals" not in self.__dict__:  # nnterp's load-time checks
+            return super().token_embeddings
+        return self.internals["embeddings_output"]()
+
+    @token_embeddings.setter
+    def token_embeddings(self, value: Any) -> None:
+        if "internals" not in self.__dict__:
+            self.embed_tokens.output = value
+            return
+        self.internals["embeddings_output"].set(None, value)
+
+
+def _has(obj: Any, name: str) -> bool:
+    try:
+        _get(obj, name)
+    except AttributeError:
+        return False
+    return True
+
+
+def _get(obj: Any, name: str) -> Any:
+    return getattr(obj, name)
+
+
+__all__ = ["FamilyMatch", "Place", "StandardizedTransformer"]

@@ -1,0 +1,92 @@
+"""Resolve a call-shaped needle to the one nnsight operation it names.
+
+nnsight names an operation ``{callable}_{occurrence}``; which occurrence a call gets
+depends on the installed nnsight (0.8 also counts assignments). So a row never names
+an operation: it names a call site (``"attention_interface("``), and ``find_op``
+finds the operation whose name has that callable's prefix *and* whose source line
+holds the call. Zero or several matches are refused with the forward's whole
+operation list.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+
+class OperationNotFound(LookupError):
+    """A row's needle matches no operation, or several, in a forward's source."""
+
+
+def needle_prefix(needle: str) -> str:
+    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem)."""
+    return needle.rstrip("(").replace(".", "_")
+
+
+def candidates(accessor: Any, needle: str) -> list[str]:
+    """Operation names of ``accessor`` (an nnsight SourceAccessor) that ``needle`` hits."""
+    stem = re.compile(rf"^{re.escape(needle_prefix(needle))}_\d+$")
+    lines = accessor.source.split("\n")
+    hits = []
+    for name, line_number in accessor.line_numbers.items():
+        if not stem.match(name):
+            continue
+        index = line_number + 1
+        text = lines[index] if 0 <= index < len(lines) else ""
+        if _calls(text, needle):
+            hits.append(name)
+    return hits
+
+
+def _calls(text: str, needle: str) -> bool:
+    """Whether ``text`` holds the call ``needle`` (not a longer name ending in it)."""
+    for match in re.finditer(re.escape(needle), text):
+        before = text[: match.start()]
+        if not before or not (before[-1].isalnum() or before[-1] in "_."):
+            return True
+    return False
+
+
+_CACHE: dict[tuple[int, str], str] = {}
+
+
+def find_op(
+    source_envoy: Any,
+    needle: str,
+    *,
+    row: str,
+    module: str,
+    model_class: str,
+) -> Any:
+    """The OperationEnvoy of ``source_envoy`` that ``needle`` names, or a refusal."""
+    accessor = source_envoy.accessor
+    key = (id(accessor), needle)
+    name = _CACHE.get(key)
+    if name is None:
+        hits = candidates(accessor, needle)
+        if len(hits) != 1:
+            raise OperationNotFound(_message(accessor, needle, hits, row, module, model_class))
+        name = hits[0]
+        _CACHE[key] = name
+    return getattr(source_envoy, name)
+
+
+def _message(
+    accessor: Any, needle: str, hits: list[str], row: str, module: str, model_class: str
+) -> str:
+    import transformers
+
+    version = transformers.__version__
+    if hits:
+        what = (
+            f"calls {needle!r} at {len(hits)} operations ({', '.join(hits)}), so the needle "
+            "does not say which; make it name one call site"
+        )
+    else:
+        what = f"has no operation called as {needle!r}"
+    listing = "\n".join("    " + line for line in str(accessor).split("\n"))
+    return (
+        f"{row}: the forward of {module} {what} with transformers {version} on {model_class}. "
+        f"Fix the row's needle (registry/places.yaml, a family file, or interiors.yaml). "
+        f"Its operations are:\n{listing}"
+    )
