@@ -51,7 +51,9 @@ def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str,
     return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
 
-def read_places(model: Any, inputs: dict[str, Any], names: list[str] | None = None) -> dict[tuple[str, int | None], Any]:
+def read_places(
+    model: Any, inputs: dict[str, Any], names: list[str] | None = None
+) -> dict[tuple[str, int | None], Any]:
     """Read every available tensor place (per layer and whole-model) in one trace, in
     forward order. Returns ``{(name, layer): tensor}``."""
     internals = model.internals
@@ -82,7 +84,9 @@ def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
     import torch
 
     if got.shape != want.shape:
-        return Check(name, layer, False, float("inf"), f"shape {tuple(got.shape)} != {tuple(want.shape)}")
+        return Check(
+            name, layer, False, float("inf"), f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+        )
     got, want = got.double(), want.double()
     error = (got - want).abs()
     worst = float(error.max()) if error.numel() else 0.0
@@ -109,7 +113,9 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
     return out
 
 
-def hidden_state_oracle(model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]) -> list[Check]:
+def hidden_state_oracle(
+    model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]
+) -> list[Check]:
     """transformers' ``output_hidden_states``: entry i is layer i's input, and the last
     is the final norm's output."""
     import torch
@@ -121,9 +127,23 @@ def hidden_state_oracle(model: Any, inputs: dict[str, Any], values: dict[tuple[s
     n = model.internals.num_layers
     for layer in range(n):
         if ("layers_input", layer) in values:
-            checks.append(compare("hidden_states[i] == layers_input", layer, values[("layers_input", layer)], hidden[layer]))
+            checks.append(
+                compare(
+                    "hidden_states[i] == layers_input",
+                    layer,
+                    values[("layers_input", layer)],
+                    hidden[layer],
+                )
+            )
     if ("ln_final_output", None) in values and len(hidden) == n + 1:
-        checks.append(compare("hidden_states[-1] == ln_final_output", None, values[("ln_final_output", None)], hidden[n]))
+        checks.append(
+            compare(
+                "hidden_states[-1] == ln_final_output",
+                None,
+                values[("ln_final_output", None)],
+                hidden[n],
+            )
+        )
     if ("logits", None) in values:
         checks.append(compare("model logits == logits", None, values[("logits", None)], out.logits))
     return checks
@@ -138,7 +158,12 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
         out = model._model(**inputs, output_attentions=True)
     values = read_places(model, inputs, ["attention_probabilities"])
     return [
-        compare("output_attentions == attention_probabilities", layer, values[("attention_probabilities", layer)], out.attentions[layer])
+        compare(
+            "output_attentions == attention_probabilities",
+            layer,
+            values[("attention_probabilities", layer)],
+            out.attentions[layer],
+        )
         for layer in range(model.internals.num_layers)
         if ("attention_probabilities", layer) in values
     ]
@@ -154,7 +179,10 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
 
     internals = model.internals
     torch.manual_seed(0)
-    if internals["layers_mid"].unavailable_on(layer) is None and internals["mlps_output"].unavailable_on(layer) is None:
+    if (
+        internals["layers_mid"].unavailable_on(layer) is None
+        and internals["mlps_output"].unavailable_on(layer) is None
+    ):
         box: dict[str, Any] = {}
         with model.trace(inputs):
             mid = internals["layers_mid"][layer]
@@ -164,8 +192,12 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             box["mlp"] = internals["mlps_output"][layer].save()
             box["out"] = internals["layers_output"][layer].save()
         got = _value(box["out"])
-        return compare("layers_output == written layers_mid + mlps_output", layer, got,
-                       _value(box["written"]) + _value(box["mlp"]))
+        return compare(
+            "layers_output == written layers_mid + mlps_output",
+            layer,
+            got,
+            _value(box["written"]) + _value(box["mlp"]),
+        )
     if model.block_structure == "parallel":
         box = {}
         with model.trace(inputs):
@@ -174,6 +206,10 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             attn = internals["attentions_output"][layer]
             internals["attentions_output"][layer] = attn + 0.25
             box["out"] = internals["layers_output"][layer].save()
-        return compare("layers_output shifts by the delta written to attentions_output", layer,
-                       _value(box["out"]), _value(box["clean"]) + 0.25)
+        return compare(
+            "layers_output shifts by the delta written to attentions_output",
+            layer,
+            _value(box["out"]),
+            _value(box["clean"]) + 0.25,
+        )
     return None

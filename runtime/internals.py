@@ -131,15 +131,27 @@ class Place:
         envoy = child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
             raise PlaceUnavailable(
-                internals._refusal(self.name, layer, f"module {address.module!r} is not in the model")
+                internals._refusal(
+                    self.name, layer, f"module {address.module!r} is not in the model"
+                )
             )
         if address.source:
             module = f"{'layers.' + str(layer) + '.' if address.per_layer else ''}{address.module}"
-            op = find_op(envoy.source, address.source[0], row=self.name, module=module,
-                         model_class=internals.model_class)
+            op = find_op(
+                envoy.source,
+                address.source[0],
+                row=self.name,
+                module=module,
+                model_class=internals.model_class,
+            )
             for needle in address.source[1:]:
-                op = find_op(op.source, needle, row=self.name, module=f"{module}.{op.path.split('.')[-1]}",
-                             model_class=internals.model_class)
+                op = find_op(
+                    op.source,
+                    needle,
+                    row=self.name,
+                    module=f"{module}.{op.path.split('.')[-1]}",
+                    model_class=internals.model_class,
+                )
             envoy = op
         return address, envoy
 
@@ -258,9 +270,7 @@ class Internals(Mapping[str, Place]):
                 else:
                     present = [i for i in range(self.num_layers) if i not in missing]
                     first = reasons[missing[0]]
-                    out[name] = (
-                        f"available on layers {present} only; on layers {missing}: {first}"
-                    )
+                    out[name] = f"available on layers {present} only; on layers {missing}: {first}"
         return out
 
     # ------------------------------------------------------------ internals
@@ -328,7 +338,9 @@ class Internals(Mapping[str, Place]):
         _, reason = self._resolve(name, row, layer)
         return reason
 
-    def _resolve(self, name: str, row: Address, layer: int | None) -> tuple[Address | None, str | None]:
+    def _resolve(
+        self, name: str, row: Address, layer: int | None
+    ) -> tuple[Address | None, str | None]:
         """Resolve ``{name}`` and check the module exists: (address, None) or (None, reason)."""
         key = (name, -1 if layer is None else layer)
         if key in self._resolved:
@@ -339,17 +351,22 @@ class Internals(Mapping[str, Place]):
             result = self._structural(name, row, base)
         elif row.module and child(base, row.module) is None:
             where = "the layer" if row.per_layer else "the model"
-            result = (None, (
-                f"{name} reads {row.module!r}, which {where} does not have (its children: "
-                f"{', '.join(child_names(base, 1))}). A family file or "
-                f"RenameConfig(addresses={{{name!r}: Address(...)}}) says where it is"
-            ))
+            result = (
+                None,
+                (
+                    f"{name} reads {row.module!r}, which {where} does not have (its children: "
+                    f"{', '.join(child_names(base, 1))}). A family file or "
+                    f"RenameConfig(addresses={{{name!r}: Address(...)}}) says where it is"
+                ),
+            )
         else:
             result = (row, None)
         self._resolved[key] = result
         return result
 
-    def _structural(self, name: str, row: Address, layer_envoy: Any) -> tuple[Address | None, str | None]:
+    def _structural(
+        self, name: str, row: Address, layer_envoy: Any
+    ) -> tuple[Address | None, str | None]:
         structure = self.model.block_structure
         per_structure = STRUCTURAL_ADDRESSES.get(name, {})
         entry: StructuralEntry | None = per_structure.get(structure) if structure else None
@@ -366,7 +383,7 @@ class Internals(Mapping[str, Place]):
             return dataclasses.replace(row, module=row.module.replace("{name}", found[0])), None
         children = ", ".join(child_names(layer_envoy))
         fix = (
-            f"Say which with RenameConfig(addresses={{{name!r}: Address(\"<child>\", "
+            f'Say which with RenameConfig(addresses={{{name!r}: Address("<child>", '
             f"IOType.{row.io.name}, order={row.order})}}) or a family file"
         )
         if not found:

@@ -37,8 +37,17 @@ NNTERP_ACCESSORS = frozenset(
 )
 # Rows that stay spelled as the tensor properties they are.
 SPELLINGS = {"logits": "logits", "embeddings_output": "token_embeddings"}
-CONTAINERS = ("model_name", "layers_name", "embed_name", "attn_name", "mlp_name",
-              "ln_final_name", "lm_head_name", "ignore_mlp", "ignore_attn")
+CONTAINERS = (
+    "model_name",
+    "layers_name",
+    "embed_name",
+    "attn_name",
+    "mlp_name",
+    "ln_final_name",
+    "lm_head_name",
+    "ignore_mlp",
+    "ignore_attn",
+)
 
 
 def _text_config(config: Any) -> Any:
@@ -49,11 +58,16 @@ def _text_config(config: Any) -> Any:
 
 
 def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
-    return [name for name, match in FAMILY_MATCH.items()
-            if match.matches(class_names, model_type, config)]
+    return [
+        name
+        for name, match in FAMILY_MATCH.items()
+        if match.matches(class_names, model_type, config)
+    ]
 
 
-def _class_names_before_load(model: Any, kwargs: dict[str, Any]) -> tuple[tuple[str, ...], str | None, Any]:
+def _class_names_before_load(
+    model: Any, kwargs: dict[str, Any]
+) -> tuple[tuple[str, ...], str | None, Any]:
     """Class names, model type and text config of what is about to be loaded."""
     if not isinstance(model, str):
         names = tuple(c.__name__ for c in type(model).__mro__)
@@ -62,7 +76,9 @@ def _class_names_before_load(model: Any, kwargs: dict[str, Any]) -> tuple[tuple[
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    config = AutoConfig.from_pretrained(model, trust_remote_code=kwargs.get("trust_remote_code", False))
+    config = AutoConfig.from_pretrained(
+        model, trust_remote_code=kwargs.get("trust_remote_code", False)
+    )
     names = tuple(config.architectures or ())
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if isinstance(mapped, str):
@@ -78,7 +94,9 @@ class _RowAttnProbs(AttnProbFunction):
         self.row = row
         self.model_class = model_class
 
-    def get_attention_prob_source(self, attention_module: Any, return_module_source: bool = False) -> Any:
+    def get_attention_prob_source(
+        self, attention_module: Any, return_module_source: bool = False
+    ) -> Any:
         source = attention_module.source
         op = None
         for i, needle in enumerate(self.row.source):
@@ -86,9 +104,13 @@ class _RowAttnProbs(AttnProbFunction):
                 source = op.source
             if return_module_source and i == len(self.row.source) - 1:
                 return source
-            op = find_op(source, needle, row="attention_probabilities",
-                         module=str(getattr(attention_module, "path", "self_attn")),
-                         model_class=self.model_class)
+            op = find_op(
+                source,
+                needle,
+                row="attention_probabilities",
+                module=str(getattr(attention_module, "path", "self_attn")),
+                model_class=self.model_class,
+            )
         return op
 
 
@@ -118,9 +140,19 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         merged = self._merge_rename(families, rename_config)
         rows = self._rows(class_names, model_type, config, rename_config)
         nnterp_config = NnterpRenameConfig(
-            **{k: getattr(merged, k) for k in ("model_name", "layers_name", "attn_name", "mlp_name",
-                                              "ln_final_name", "lm_head_name", "ignore_mlp",
-                                              "ignore_attn")},
+            **{
+                k: getattr(merged, k)
+                for k in (
+                    "model_name",
+                    "layers_name",
+                    "attn_name",
+                    "mlp_name",
+                    "ln_final_name",
+                    "lm_head_name",
+                    "ignore_mlp",
+                    "ignore_attn",
+                )
+            },
         )
         probs = rows.get("attention_probabilities")
         if probs is not None and probs.source:
@@ -158,8 +190,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         return RenameConfig(**values)
 
     @staticmethod
-    def _rows(class_names: tuple[str, ...], model_type: str | None, config: Any,
-              user: RenameConfig | None) -> dict[str, Address]:
+    def _rows(
+        class_names: tuple[str, ...], model_type: str | None, config: Any, user: RenameConfig | None
+    ) -> dict[str, Address]:
         rows = dict(DEFAULT_ADDRESSES)
         for match, family_rows in FAMILY_ADDRESSES:
             if match.matches(class_names, model_type, config):
