@@ -67,7 +67,8 @@ def _scalar(node: ScalarNode) -> Any:
     tag = _tag(node)
     text = node.value
     if tag == _CORE + "str":
-        return text
+        # the round-trip parser marks where a folded (>) scalar was folded with BEL
+        return text.replace("\a", "") if node.style == ">" else text
     if tag == _CORE + "null":
         return None
     if tag == _CORE + "bool":

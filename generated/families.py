@@ -122,7 +122,7 @@ FAMILY_ADDRESSES: Final[tuple[tuple[FamilyMatch, Mapping[str, Address]], ...]] =
                                 config=(("slow_but_exact", True),),
                                 config_not=(("pretraining_tp", 1),),
                             ),
-                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with\x07 pretraining_tp > 1 applies the output projection slice by slice with\x07 F.linear, so the projection module never returns the whole contribution.\x07 Load with slow_but_exact=False.",
+                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with pretraining_tp > 1 applies the output projection slice by slice with F.linear, so the projection module never returns the whole contribution. Load with slow_but_exact=False.",
                         ),
                     ),
                 ),
@@ -136,7 +136,7 @@ FAMILY_ADDRESSES: Final[tuple[tuple[FamilyMatch, Mapping[str, Address]], ...]] =
                                 config=(("slow_but_exact", True),),
                                 config_not=(("pretraining_tp", 1),),
                             ),
-                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with\x07 pretraining_tp > 1 applies the output projection slice by slice with\x07 F.linear, so the projection module never returns the whole contribution.\x07 Load with slow_but_exact=False.",
+                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with pretraining_tp > 1 applies the output projection slice by slice with F.linear, so the projection module never returns the whole contribution. Load with slow_but_exact=False.",
                         ),
                     ),
                 ),
@@ -152,7 +152,7 @@ FAMILY_ADDRESSES: Final[tuple[tuple[FamilyMatch, Mapping[str, Address]], ...]] =
                                 config=(("slow_but_exact", True),),
                                 config_not=(("pretraining_tp", 1),),
                             ),
-                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with\x07 pretraining_tp > 1 applies the output projection slice by slice with\x07 F.linear, so the projection module never returns the whole contribution.\x07 Load with slow_but_exact=False.",
+                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with pretraining_tp > 1 applies the output projection slice by slice with F.linear, so the projection module never returns the whole contribution. Load with slow_but_exact=False.",
                         ),
                     ),
                 ),
@@ -166,7 +166,7 @@ FAMILY_ADDRESSES: Final[tuple[tuple[FamilyMatch, Mapping[str, Address]], ...]] =
                                 config=(("slow_but_exact", True),),
                                 config_not=(("pretraining_tp", 1),),
                             ),
-                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with\x07 pretraining_tp > 1 applies the output projection slice by slice with\x07 F.linear, so the projection module never returns the whole contribution.\x07 Load with slow_but_exact=False.",
+                            reason="{place} is not addressable on this BLOOM: slow_but_exact=True with pretraining_tp > 1 applies the output projection slice by slice with F.linear, so the projection module never returns the whole contribution. Load with slow_but_exact=False.",
                         ),
                     ),
                 ),
@@ -207,13 +207,13 @@ FAMILY_ADDRESSES: Final[tuple[tuple[FamilyMatch, Mapping[str, Address]], ...]] =
                     unavailable=(
                         Unavailable(
                             when=Condition(kind="attention_probs_disabled"),
-                            reason="Attention probabilities are disabled for this model. Set\x07 enable_attention_probs=True when loading the model to enable them.",
+                            reason="Attention probabilities are disabled for this model. Set enable_attention_probs=True when loading the model to enable them.",
                         ),
                         Unavailable(
                             when=Condition(
                                 kind="config", config=(("reorder_and_upcast_attn", True),)
                             ),
-                            reason="{place} is not addressable on this GPT-2: reorder_and_upcast_attn=True\x07 computes eager attention in GPT2Attention._upcast_and_reordered_attn,\x07 outside the shared attention function. Load with\x07 reorder_and_upcast_attn=False to read it.",
+                            reason="{place} is not addressable on this GPT-2: reorder_and_upcast_attn=True computes eager attention in GPT2Attention._upcast_and_reordered_attn, outside the shared attention function. Load with reorder_and_upcast_attn=False to read it.",
                         ),
                     ),
                 ),

@@ -58,7 +58,7 @@ DEFAULT_ADDRESSES: Final[Mapping[str, Address]] = MappingProxyType(
             unavailable=(
                 Unavailable(
                     when=Condition(kind="attention_probs_disabled"),
-                    reason="Attention probabilities are disabled for this model. Set\x07 enable_attention_probs=True when loading the model to enable them.",
+                    reason="Attention probabilities are disabled for this model. Set enable_attention_probs=True when loading the model to enable them.",
                 ),
             ),
             doc="Attention probabilities per head, (batch, heads, queries, keys), as the values are mixed with them.",
@@ -102,7 +102,7 @@ DEFAULT_ADDRESSES: Final[Mapping[str, Address]] = MappingProxyType(
             unavailable=(
                 Unavailable(
                     when=Condition(kind="layer_kind", layer_kind="mixture_of_experts"),
-                    reason="{place} does not exist on a mixture-of-experts layer, where a token goes\x07 through top-k of N experts and has no single activation. mlps_input and\x07 mlps_output are the block's boundaries and work as usual.",
+                    reason="{place} does not exist on a mixture-of-experts layer, where a token goes through top-k of N experts and has no single activation. mlps_input and mlps_output are the block's boundaries and work as usual.",
                 ),
             ),
             doc="The activation function's output inside the MLP.",
@@ -114,7 +114,7 @@ DEFAULT_ADDRESSES: Final[Mapping[str, Address]] = MappingProxyType(
             unavailable=(
                 Unavailable(
                     when=Condition(kind="layer_kind", layer_kind="mixture_of_experts"),
-                    reason="{place} does not exist on a mixture-of-experts layer, where a token goes\x07 through top-k of N experts and has no single activation. mlps_input and\x07 mlps_output are the block's boundaries and work as usual.",
+                    reason="{place} does not exist on a mixture-of-experts layer, where a token goes through top-k of N experts and has no single activation. mlps_input and mlps_output are the block's boundaries and work as usual.",
                 ),
             ),
             doc="The MLP's hidden units as the down projection reads them.",

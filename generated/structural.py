@@ -21,7 +21,7 @@ STRUCTURAL_ADDRESSES: Final[Mapping[str, Mapping[str, StructuralEntry]]] = Mappi
                 ),
                 "sandwich_norm": StructuralEntry(candidates=("input_layernorm",)),
                 "post_norm": StructuralEntry(
-                    reason="{place} does not exist on this model: its block is 'post_norm'. Attention\x07 reads the residual stream itself; the norm beside it normalizes the\x07 attention's output, after the sublayer."
+                    reason="{place} does not exist on this model: its block is 'post_norm'. Attention reads the residual stream itself; the norm beside it normalizes the attention's output, after the sublayer."
                 ),
                 "parallel": StructuralEntry(candidates=("input_layernorm", "ln_1", "ln_attn")),
                 "residual_inside": StructuralEntry(
@@ -74,7 +74,7 @@ STRUCTURAL_ADDRESSES: Final[Mapping[str, Mapping[str, StructuralEntry]]] = Mappi
                 "sandwich_norm": StructuralEntry(candidates=("pre_feedforward_layernorm",)),
                 "post_norm": StructuralEntry(candidates=("mlp",)),
                 "parallel": StructuralEntry(
-                    reason="{place} does not exist on this model: its block is 'parallel'. Attention and\x07 the MLP both read the block input, so there is no residual stream between\x07 them."
+                    reason="{place} does not exist on this model: its block is 'parallel'. Attention and the MLP both read the block input, so there is no residual stream between them."
                 ),
                 "residual_inside": StructuralEntry(
                     candidates=("post_attention_layernorm", "norm_2", "self_attn.norm_2")
@@ -86,10 +86,10 @@ STRUCTURAL_ADDRESSES: Final[Mapping[str, Mapping[str, StructuralEntry]]] = Mappi
                 "pre_norm": StructuralEntry(candidates=("post_attention_layernorm", "ln_2")),
                 "sandwich_norm": StructuralEntry(candidates=("pre_feedforward_layernorm",)),
                 "post_norm": StructuralEntry(
-                    reason="{place} does not exist on this model: its block is 'post_norm'. The MLP reads\x07 the residual stream itself; its norm comes after it."
+                    reason="{place} does not exist on this model: its block is 'post_norm'. The MLP reads the residual stream itself; its norm comes after it."
                 ),
                 "parallel": StructuralEntry(
-                    reason="{place} does not exist on this model: its block is 'parallel'. The MLP reads\x07 the block input, so there is no mid-stream for a norm to read (on GPT-NeoX\x07 the second norm exists, and normalizes the block input)."
+                    reason="{place} does not exist on this model: its block is 'parallel'. The MLP reads the block input, so there is no mid-stream for a norm to read (on GPT-NeoX the second norm exists, and normalizes the block input)."
                 ),
                 "residual_inside": StructuralEntry(
                     candidates=("post_attention_layernorm", "norm_2", "self_attn.norm_2")

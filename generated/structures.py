@@ -15,7 +15,7 @@ BLOCK_STRUCTURES: Final[Mapping[str, BlockStructure]] = MappingProxyType(
     {
         "pre_norm": BlockStructure(
             name="pre_norm",
-            doc="Each sublayer reads a normalized copy of the stream and adds its output back:\x07 x + attn(norm1(x)), then + mlp(norm2(.)).",
+            doc="Each sublayer reads a normalized copy of the stream and adds its output back: x + attn(norm1(x)), then + mlp(norm2(.)).",
             identities=(
                 "layers_mid == layers_input + attentions_output",
                 "layers_output == layers_mid + mlps_output",
@@ -24,7 +24,7 @@ BLOCK_STRUCTURES: Final[Mapping[str, BlockStructure]] = MappingProxyType(
         ),
         "sandwich_norm": BlockStructure(
             name="sandwich_norm",
-            doc="Pre-norm with a second norm on each sublayer's output before the add (Gemma-2/3):\x07 x + post_norm1(attn(norm1(x))). post_attention_layernorm is the attention's\x07 post-norm here, not the MLP's pre-norm.",
+            doc="Pre-norm with a second norm on each sublayer's output before the add (Gemma-2/3): x + post_norm1(attn(norm1(x))). post_attention_layernorm is the attention's post-norm here, not the MLP's pre-norm.",
             identities=(
                 "layers_mid == layers_input + attentions_output",
                 "layers_output == layers_mid + mlps_output",
@@ -34,7 +34,7 @@ BLOCK_STRUCTURES: Final[Mapping[str, BlockStructure]] = MappingProxyType(
         ),
         "post_norm": BlockStructure(
             name="post_norm",
-            doc="Each sublayer reads the stream itself and its output is normalized before the\x07 add (OLMo-2): x + norm1(attn(x)).",
+            doc="Each sublayer reads the stream itself and its output is normalized before the add (OLMo-2): x + norm1(attn(x)).",
             identities=(
                 "layers_mid == layers_input + attentions_output",
                 "layers_output == layers_mid + mlps_output",
@@ -43,12 +43,12 @@ BLOCK_STRUCTURES: Final[Mapping[str, BlockStructure]] = MappingProxyType(
         ),
         "parallel": BlockStructure(
             name="parallel",
-            doc="Attention and the MLP both read the block input and both outputs are added to\x07 it at once: x + attn(norm1(x)) + mlp(norm2(x)).",
+            doc="Attention and the MLP both read the block input and both outputs are added to it at once: x + attn(norm1(x)) + mlp(norm2(x)).",
             identities=("layers_output == layers_input + attentions_output + mlps_output",),
         ),
         "residual_inside": BlockStructure(
             name="residual_inside",
-            doc="A sublayer module adds the residual itself (BLOOM, MPT, DBRX), so its own output\x07 is the stream, not its contribution; the contribution is read inside it.",
+            doc="A sublayer module adds the residual itself (BLOOM, MPT, DBRX), so its own output is the stream, not its contribution; the contribution is read inside it.",
             identities=(
                 "layers_mid == layers_input + attentions_output",
                 "layers_output == layers_mid + mlps_output",

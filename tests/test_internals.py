@@ -1,0 +1,300 @@
+"""model.internals on every block structure: the names mean what they say on real
+tensors (the registry's identities, transformers' own outputs as oracles), writes
+reach the stream, and availability is decided without running the model."""
+
+from __future__ import annotations
+
+import functools
+from collections import namedtuple
+from typing import Any
+
+import pytest
+import torch
+
+from causalab_mini import Address, FirstIfTuple, Index, IOType, RenameConfig
+from causalab_mini import certify as c
+from causalab_mini.generated import DEFAULT_ADDRESSES
+from causalab_mini.internals import PlaceUnavailable, RenameError
+from causalab_mini.model import StandardizedTransformer
+
+# family -> the model spec that builds it, and the block structure it must report
+FAMILIES: dict[str, tuple[str, str]] = {
+    "llama": ("tiny:llama", "pre_norm"),
+    "gpt2": ("tiny:gpt2", "pre_norm"),
+    "gpt_neox": ("tiny:gpt_neox", "parallel"),
+    "gemma2": ("tiny:gemma2", "sandwich_norm"),
+    "olmo2": ("tiny:olmo2", "post_norm"),
+    "bloom": ("tiny:bloom", "residual_inside"),
+}
+
+pytestmark = pytest.mark.slow
+
+
+@functools.cache
+def load(spec: str, probs: bool = False) -> StandardizedTransformer:
+    return StandardizedTransformer(spec, enable_attention_probs=probs)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_identities_oracles_and_write(family: str) -> None:
+    spec, structure = FAMILIES[family]
+    model = load(spec)
+    assert model.block_structure == structure
+    inputs = c.sample_inputs(model)
+    assert inputs["attention_mask"][0, 0] == 0, "the batch must be left-padded"
+    values = c.read_places(model, inputs)
+    checks = c.identities(model, values)
+    expected_identities = len(c.BLOCK_STRUCTURES[structure].identities) * model.internals.num_layers
+    assert len(checks) == expected_identities, "every identity is checked on every layer"
+    checks += c.hidden_state_oracle(model, inputs, values)
+    write = c.write_reaches_stream(model, inputs)
+    assert write is not None
+    checks.append(write)
+    failed = [check for check in checks if not check.ok]
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_attention_probabilities_match_output_attentions(family: str) -> None:
+    spec, _ = FAMILIES[family]
+    model = load(spec, probs=True)
+    checks = c.attention_oracle(model, c.sample_inputs(model))
+    assert len(checks) == model.internals.num_layers
+    assert all(check.ok for check in checks), checks
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_nnterp_accessors_agree_where_they_name_the_same_tensor(family: str) -> None:
+    import nnterp
+
+    spec, structure = FAMILIES[family]
+    model = load(spec)
+    inputs = c.sample_inputs(model)
+    values = c.read_places(
+        model, inputs, ["layers_input", "layers_output", "attentions_output", "mlps_output"]
+    )
+    theirs: list[Any] = []
+    names = ["layers_input", "layers_output"]
+    if structure in ("pre_norm", "parallel"):
+        names += ["attentions_output", "mlps_output"]
+    with model.trace(inputs):
+        for layer in range(model.num_layers):
+            for name in sorted(names, key=lambda n: DEFAULT_ADDRESSES[n].order):
+                accessor = getattr(nnterp.StandardizedTransformer, "__dict__", {}).get(name)
+                assert accessor is None  # nnterp's accessors are instance attributes
+                theirs.append((name, layer, _nnterp_read(model, name, layer).save()))
+    for name, layer, tensor in theirs:
+        got = c.compare(name, layer, values[(name, layer)], getattr(tensor, "value", tensor))
+        assert got.ok, got
+
+
+def _nnterp_read(model: StandardizedTransformer, name: str, layer: int) -> Any:
+    from nnterp.rename_utils import IOType as NIO
+    from nnterp.rename_utils import LayerAccessor
+
+    attr = {"layers": None, "attentions": "self_attn", "mlps": "mlp"}[name.split("_")[0]]
+    io = NIO.INPUT if name.endswith("input") else NIO.OUTPUT
+    return LayerAccessor(model, attr, io)[layer]
+
+
+def test_a_wrong_row_fails_its_identity() -> None:
+    """The checks can fail: on a sandwich block the attention module's own output is
+    a plausible neighbour of the contribution (same shape), and the identity refuses it."""
+    wrong = RenameConfig(addresses={"attentions_output": DEFAULT_ADDRESSES["attentions_output"]})
+    model = StandardizedTransformer("tiny:gemma2", rename_config=wrong)
+    inputs = c.sample_inputs(model)
+    checks = c.identities(model, c.read_places(model, inputs))
+    assert any(not check.ok for check in checks if "attentions_output" in check.name)
+
+
+def test_at_a_glance_one_name_two_spellings() -> None:
+    llama, gpt2 = load("tiny:llama"), load("tiny:gpt2")
+    for model, module in ((llama, "post_attention_layernorm"), (gpt2, "ln_2")):
+        row = model.internals["layers_mid"].address
+        assert (model.block_structure, row.module, row.io) == ("pre_norm", module, IOType.INPUT)
+    assert llama.internals["attentions_premix"].address.module == "self_attn.o_proj"
+    assert gpt2.internals["attentions_premix"].address.module == "self_attn.c_proj"
+
+
+TWENTY = list(DEFAULT_ADDRESSES)
+
+
+def test_status_names_the_twenty_rows_in_forward_order() -> None:
+    for spec in ("tiny:llama", "tiny:gpt2"):
+        status = load(spec).internals.status()
+        assert list(status) == TWENTY
+        missing = {k: v for k, v in status.items() if v is not None}
+        assert list(missing) == ["attention_probabilities"]
+        assert "enable_attention_probs=True" in missing["attention_probabilities"]
+    assert load("tiny:llama", probs=True).internals.status()["attention_probabilities"] is None
+
+
+def test_status_on_a_parallel_block_says_why() -> None:
+    status = load("tiny:gpt_neox").internals.status()
+    assert list(status) == TWENTY
+    assert status["layers_mid"] == (
+        "layers_mid does not exist on this model: its block is 'parallel'. Attention and the "
+        "MLP both read the block input, so there is no residual stream between them."
+    )
+    assert status["mlps_norm_output"].startswith("mlps_norm_output does not exist on this model")
+    assert "GPT-NeoX the second norm exists" in status["mlps_norm_output"]
+    assert status["attentions_output"] is None and status["mlps_output"] is None
+
+
+def test_status_runs_no_forward_pass() -> None:
+    model = StandardizedTransformer("tiny:llama")
+    calls: list[int] = []
+    handle = model._model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        for layer in (None, 0, 1):
+            model.internals.status(layer)
+        model.internals["layers_mid"].address_at(2)
+    finally:
+        handle.remove()
+    assert calls == []
+
+
+def test_rank_is_layer_and_order() -> None:
+    internals = load("tiny:llama").internals
+    n = internals.num_layers
+    assert internals.rank("embeddings_input") == (-1, -2)
+    assert internals.rank("layers_mid", 1) == (1, 33)
+    assert internals.rank("ln_final_output") == (n, 1000)
+    assert internals.rank("logits") == (n, 1002)
+    with pytest.raises(IndexError, match=rf"layers 0\.\.{n - 1}"):
+        internals.rank("layers_mid", n)
+    ranks = [internals.rank(name, 0) for name in internals]
+    assert ranks == sorted(ranks)
+
+
+def test_reading_a_refused_place_says_why_and_where() -> None:
+    model = load("tiny:gpt_neox")
+    with pytest.raises(PlaceUnavailable) as info:
+        with model.trace(c.sample_inputs(model)):
+            model.layers_mid[1].save()
+    text = str(info.value)
+    assert "model.internals['layers_mid'][1]" in text and "GPTNeoXForCausalLM" in text
+    assert "block 'parallel'" in text and "family gpt_neox" in text
+
+
+def test_structural_resolution_refuses_none_and_several() -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from causalab_mini.tiny import build_tiny
+
+    path = build_tiny("llama")
+    module = AutoModelForCausalLM.from_pretrained(path)
+    layers = module.model.layers
+    layers[0].ln_1 = torch.nn.LayerNorm(module.config.hidden_size)  # a second candidate
+    del layers[1].post_attention_layernorm  # no candidate left (nothing runs the model)
+    model = StandardizedTransformer(
+        module, tokenizer=AutoTokenizer.from_pretrained(path), check_renaming=False
+    )
+    several = model.internals.status(layer=0)["attentions_norm_output"]
+    assert several is not None and "ambiguous" in several
+    assert "input_layernorm, ln_1 all exist" in several and "RenameConfig(addresses=" in several
+    assert model.internals.status(layer=2)["attentions_norm_output"] is None
+    none = model.internals.status(layer=1)["layers_mid"]
+    assert none is not None and "none of the candidates" in none
+    assert "post_attention_layernorm, ln_2" in none and "self_attn" in none
+    assert "RenameConfig(addresses={'layers_mid'" in none
+    whole = model.internals.status()["attentions_norm_output"]
+    assert whole is not None and whole.startswith("available on layers [1, 2] only; on layers [0]")
+
+
+def test_user_rows_add_and_replace() -> None:
+    config = RenameConfig(
+        addresses={
+            "attentions_gate": Address("self_attn.q_proj", IOType.OUTPUT, order=15),
+        }
+    )
+    model = StandardizedTransformer("tiny:llama", rename_config=config)
+    assert "attentions_gate" in model.internals
+    assert (
+        repr(model.internals["attentions_gate"])
+        == "<attentions_gate: self_attn.q_proj.output, per layer>"
+    )
+    assert model.internals.rank("attentions_gate", 1) == (1, 15)
+    inputs = c.sample_inputs(model)
+    values = c.read_places(model, inputs, ["attentions_norm_output", "attentions_gate"])
+    q_proj = model._model.model.layers[1].self_attn.q_proj  # dispatched by the trace
+    with torch.no_grad():
+        expected = q_proj(values[("attentions_norm_output", 1)])
+    assert torch.allclose(values[("attentions_gate", 1)], expected, atol=1e-6)
+
+
+def test_a_row_named_like_an_attribute_is_refused() -> None:
+    config = RenameConfig(addresses={"config": Address("self_attn", IOType.OUTPUT, order=31)})
+    with pytest.raises(RenameError, match=r"'config'.*rename the row"):
+        StandardizedTransformer("tiny:llama", rename_config=config)
+
+
+def test_every_row_is_an_attribute_and_logits_stay_properties() -> None:
+    model = load("tiny:llama")
+    for name in model.internals:
+        if name not in ("logits", "embeddings_output"):
+            assert getattr(model, name) is model.internals[name]
+    inputs = c.sample_inputs(model)
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        box["emb"] = model.token_embeddings.save()
+        box["logits"] = model.logits.save()
+    with torch.no_grad():
+        out = model._model(**inputs)
+        emb = model._model.model.embed_tokens(inputs["input_ids"])
+    assert torch.allclose(box["logits"], out.logits)
+    assert torch.allclose(box["emb"], emb)
+
+
+def test_writing_embeddings_changes_the_logits() -> None:
+    model = load("tiny:llama")
+    inputs = c.sample_inputs(model)
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        box["clean"] = model.logits.save()
+    with model.trace(inputs):
+        model.token_embeddings = model.token_embeddings * 0
+        box["zeroed"] = model.logits.save()
+    assert not torch.allclose(box["clean"], box["zeroed"])
+
+
+def test_remote_loads_no_weights() -> None:
+    model = StandardizedTransformer("tiny:llama", remote=True)
+    assert not model.dispatched
+    assert all(p.device.type == "meta" for p in model._model.parameters())
+    assert model.internals.status()["layers_mid"] is None
+
+
+Pair = namedtuple("Pair", ["hidden", "cache"])
+
+
+@pytest.mark.parametrize(
+    "value",
+    [(1, 2, 3), Pair(1, 2), [1, 2, 3]],
+)
+def test_first_if_tuple_put_rebuilds_the_container(value: Any) -> None:
+    select = FirstIfTuple()
+    if isinstance(value, list):
+        assert select.get(value) == value and select.put(value, 9) == 9
+        return
+    rebuilt = select.put(value, 9)
+    assert (
+        type(rebuilt) is type(value) and rebuilt[0] == 9 and tuple(rebuilt[1:]) == tuple(value[1:])
+    )
+    assert select.get(value) == value[0]
+
+
+def test_index_put_on_mappings_lists_and_model_outputs() -> None:
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    logits = torch.zeros(1, 2, 3)
+    output = CausalLMOutputWithPast(logits=logits, loss=None)
+    select = Index("logits")
+    assert select.get(output) is logits
+    new = torch.ones(1, 2, 3)
+    rebuilt = select.put(output, new)
+    assert isinstance(rebuilt, CausalLMOutputWithPast) and rebuilt.logits is new
+    assert Index("a").put({"a": 1, "b": 2}, 5) == {"a": 5, "b": 2}
+    assert Index(1).put([1, 2, 3], 5) == [1, 5, 3]
+    with pytest.raises(KeyError, match="not a field"):
+        Index("nope").put({"a": 1}, 5)
