@@ -51,7 +51,11 @@ FILES: dict[str, str] = {
 }
 FAMILY_SCHEMA = "family.schema.json"
 
-NEEDLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\($")
+# a call site: the callable as written, "(", and optionally the start of the first
+# argument where one forward calls the same callable twice
+NEEDLE = re.compile(
+    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\(([A-Za-z_][A-Za-z0-9_.]*)?$"
+)
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 ALLOWED_PLACEHOLDERS = {"place"}
 NEW_ROW_FIELDS = ("module", "io", "order", "doc")

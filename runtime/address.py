@@ -137,7 +137,8 @@ class Address:
     whole-model one (``""`` is the layer or the model itself); ``"{name}"`` is
     resolved from the module tree (``STRUCTURAL_ADDRESSES``). ``source`` holds
     call-shaped needles descended through nnsight's ``.source``; ``select`` is where
-    the tensor is inside the value there.
+    the tensor is inside the value there. ``snapshot`` marks a tensor the forward
+    modifies in place after the place, so a read takes a copy.
     """
 
     module: str
@@ -148,6 +149,7 @@ class Address:
     per_layer: bool = True
     write: WriteMode = "replace"
     scale: str | None = None
+    snapshot: bool = False
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     doc: str = field(default="", compare=False)

@@ -162,6 +162,8 @@ class Place:
         value = envoy.input if address.io is IOType.INPUT else envoy.output
         if address.select is not None:
             value = address.select.get(value)
+        if address.snapshot:
+            value = value.clone()
         if address.scale is not None:
             value = value * self._internals.scale(address.scale)
         return value

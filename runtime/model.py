@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import nnterp
@@ -97,7 +98,17 @@ class _RowAttnProbs(AttnProbFunction):
     def get_attention_prob_source(
         self, attention_module: Any, return_module_source: bool = False
     ) -> Any:
-        source = attention_module.source
+        # nnterp hands us layers[i].self_attn; the row's module is relative to the layer
+        envoy = attention_module
+        parts = self.row.module.split(".")
+        if parts[0] != "self_attn":
+            raise ValueError(
+                f"attention_probabilities reads {self.row.module!r}, outside self_attn; "
+                "nnterp's load-time check cannot reach it"
+            )
+        for part in parts[1:]:
+            envoy = getattr(envoy, part)
+        source = envoy.source
         op = None
         for i, needle in enumerate(self.row.source):
             if op is not None:
@@ -108,7 +119,7 @@ class _RowAttnProbs(AttnProbFunction):
                 source,
                 needle,
                 row="attention_probabilities",
-                module=str(getattr(attention_module, "path", "self_attn")),
+                module=str(getattr(envoy, "path", self.row.module)),
                 model_class=self.model_class,
             )
         return op
@@ -161,13 +172,22 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         rename = dict(kwargs.pop("rename", None) or {})
         if merged.embed_name:
             rename.setdefault(merged.embed_name, "embed_tokens")
-        super().__init__(
-            model,
-            rename_config=nnterp_config,
-            enable_attention_probs=enable_attention_probs,
-            rename=rename or None,
-            **kwargs,
-        )
+        # nnterp's load-time checks try scan() first; on a mixture of experts torch's
+        # fake tensors cannot run grouped matmuls and log a traceback before nnterp
+        # falls back to a trace. The fallback is nnterp's to make; the log is noise.
+        fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+        level = fake_log.level
+        fake_log.setLevel(logging.CRITICAL)
+        try:
+            super().__init__(
+                model,
+                rename_config=nnterp_config,
+                enable_attention_probs=enable_attention_probs,
+                rename=rename or None,
+                **kwargs,
+            )
+        finally:
+            fake_log.setLevel(level)
         self._attention_probs_enabled = bool(enable_attention_probs)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         names = tuple(c.__name__ for c in type(self._model).__mro__)

@@ -20,7 +20,7 @@ class OperationNotFound(LookupError):
 
 def needle_prefix(needle: str) -> str:
     """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem)."""
-    return needle.rstrip("(").replace(".", "_")
+    return needle.split("(", 1)[0].replace(".", "_")
 
 
 def candidates(accessor: Any, needle: str) -> list[str]:
@@ -39,11 +39,16 @@ def candidates(accessor: Any, needle: str) -> list[str]:
 
 
 def _calls(text: str, needle: str) -> bool:
-    """Whether ``text`` holds the call ``needle`` (not a longer name ending in it)."""
+    """Whether ``text`` holds the call ``needle``: not a longer name ending in it, and,
+    where the needle names the first argument, not a longer argument starting with it."""
     for match in re.finditer(re.escape(needle), text):
         before = text[: match.start()]
-        if not before or not (before[-1].isalnum() or before[-1] in "_."):
-            return True
+        after = text[match.end() :]
+        if before and (before[-1].isalnum() or before[-1] in "_."):
+            continue
+        if not needle.endswith("(") and after and (after[0].isalnum() or after[0] == "_"):
+            continue
+        return True
     return False
 
 
