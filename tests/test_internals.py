@@ -20,11 +20,38 @@ from causalab_mini.model import StandardizedTransformer
 # family -> the model spec that builds it, and the block structure it must report
 FAMILIES: dict[str, tuple[str, str]] = {
     "llama": ("tiny:llama", "pre_norm"),
+    "mistral": ("tiny:mistral", "pre_norm"),
+    "qwen2": ("tiny:qwen2", "pre_norm"),
+    "qwen3": ("tiny:qwen3", "pre_norm"),
+    "gemma": ("tiny:gemma", "pre_norm"),
+    "gemma2": ("tiny:gemma2", "sandwich_norm"),
+    "gemma3_text": ("tiny:gemma3_text", "sandwich_norm"),
+    "olmo2": ("tiny:olmo2", "post_norm"),
     "gpt2": ("tiny:gpt2", "pre_norm"),
     "gpt_neox": ("tiny:gpt_neox", "parallel"),
-    "gemma2": ("tiny:gemma2", "sandwich_norm"),
-    "olmo2": ("tiny:olmo2", "post_norm"),
+    "gptj": ("tiny:gptj", "parallel"),
+    "falcon": ("tiny:falcon", "parallel"),
+    "phi": ("tiny:phi", "parallel"),
+    "stablelm": ("tiny:stablelm", "pre_norm"),
     "bloom": ("tiny:bloom", "residual_inside"),
+    "mpt": ("tiny:mpt", "residual_inside"),
+    "dbrx": ("tiny:dbrx", "residual_inside"),
+    "opt": ("tiny:opt", "pre_norm"),
+    "gpt_bigcode": ("tiny:gpt_bigcode", "pre_norm"),
+    "granite": ("tiny:granite", "pre_norm"),
+    "mixtral": ("tiny:mixtral", "pre_norm"),
+    "qwen2_moe": ("tiny:qwen2_moe", "pre_norm"),
+    "qwen3_moe": ("tiny:qwen3_moe", "pre_norm"),
+    "deepseek_v3": ("tiny:deepseek_v3", "pre_norm"),
+}
+# Families with no place between the sublayers to write (the reason is in their row).
+NO_MID_WRITE = {"opt"}
+# Where nnterp 1.3.0's own accessor is not the sublayer's contribution on a pre-norm
+# or parallel block (our row differs on purpose).
+NNTERP_DIFFERS = {
+    "falcon": {"mlps_output"},  # the layer adds attention into the MLP output in place
+    "granite": {"attentions_output", "mlps_output"},  # unscaled by residual_multiplier
+    "opt": {"mlps_output"},  # no MLP module
 }
 
 pytestmark = pytest.mark.slow
@@ -45,11 +72,16 @@ def test_identities_oracles_and_write(family: str) -> None:
     values = c.read_places(model, inputs)
     checks = c.identities(model, values)
     expected_identities = len(c.BLOCK_STRUCTURES[structure].identities) * model.internals.num_layers
+    if family in NO_MID_WRITE:  # its identities run through a refused place
+        expected_identities = 0
     assert len(checks) == expected_identities, "every identity is checked on every layer"
     checks += c.hidden_state_oracle(model, inputs, values)
     write = c.write_reaches_stream(model, inputs)
-    assert write is not None
-    checks.append(write)
+    if family in NO_MID_WRITE:
+        assert write is None and model.internals.status()["layers_mid"] is not None
+    else:
+        assert write is not None
+        checks.append(write)
     failed = [check for check in checks if not check.ok]
     assert not failed, failed
 
@@ -77,6 +109,7 @@ def test_nnterp_accessors_agree_where_they_name_the_same_tensor(family: str) -> 
     names = ["layers_input", "layers_output"]
     if structure in ("pre_norm", "parallel"):
         names += ["attentions_output", "mlps_output"]
+    names = [n for n in names if n not in NNTERP_DIFFERS.get(family, set())]
     with model.trace(inputs):
         for layer in range(model.num_layers):
             for name in sorted(names, key=lambda n: DEFAULT_ADDRESSES[n].order):
