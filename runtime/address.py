@@ -159,12 +159,16 @@ class Address:
         return "{name}" in self.module
 
     def describe(self) -> str:
-        """``self_attn.q_proj.output``-style text for reprs and messages."""
-        parts = [self.module] if self.module else []
+        """``self_attn.q_proj.output``-style text for reprs and messages; the layer or
+        the model itself is ``layer`` or ``model``, and a select shows as an index."""
+        parts = [self.module or ("layer" if self.per_layer else "model")]
         parts.extend(self.source)
         if self.io is not IOType.MODULE:
             parts.append(self.io.value)
-        return ".".join(parts) if parts else "(the model)"
+        text = ".".join(parts)
+        if isinstance(self.select, Index):
+            text += f"[{self.select.key!r}]"
+        return text
 
 
 @dataclass(frozen=True)
