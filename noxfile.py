@@ -35,7 +35,7 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict over the codegen, the runtime types and the generated tables."""
     session.install("mypy>=1.10", "types-jsonschema", *CODEGEN_DEPS)
     session.install("--no-deps", "-e", ".")
-    session.run("mypy", "--strict", "codegen", "generated", "runtime/address.py")
+    session.run("mypy", "--strict", "codegen", "generated", "runtime/address.py", "runtime/cli.py")
 
 
 @nox.session
