@@ -746,10 +746,21 @@ def _cross(
                     "layer; interiors go in the gaps the rows leave",
                 )
             taken[raw["order"]] = name
+            within = rows_raw.get(raw["within"])
+            if pl is not None and (within is None or within["io"] != "module"):
+                check.err(
+                    it,
+                    d,
+                    ("interiors", i, "within"),
+                    "X007",
+                    name,
+                    f"within names {raw['within']!r}, which is not a module row of places.yaml "
+                    "(a row with io: module, such as attentions)",
+                )
             take = raw["take"]
             reg.interiors[name] = Interior(
                 name=name,
-                module=raw["module"],
+                within=raw["within"],
                 needles=tuple(raw["needles"]),
                 order=raw["order"],
                 arg=take.get("arg"),
@@ -834,6 +845,7 @@ def _cross(
                 default_rank=rank,
                 sequence_axis=raw["sequence_axis"],
                 per_head=raw["per_head"],
+                head_axis=raw.get("head_axis"),
                 keys_axis=raw.get("keys_axis"),
                 width=raw["width"],
                 writable=raw["writable"],

@@ -267,10 +267,11 @@ class StructuralEntry:
 
 @dataclass(frozen=True)
 class Interior:
-    """A tensor inside a module's forward, reached through ``.source``."""
+    """A tensor inside a module's forward, reached through ``.source``; ``within`` is
+    the module row (``attentions``) whose forward holds the call."""
 
     name: str
-    module: str
+    within: str
     needles: tuple[str, ...]
     order: int
     arg: int | None = None
@@ -295,6 +296,7 @@ class Component:
     default_rank: int
     sequence_axis: int | None
     per_head: PerHead
+    head_axis: int | None
     keys_axis: int | None
     width: Width | None
     writable: bool

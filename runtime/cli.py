@@ -23,9 +23,17 @@ main: click.Group = _group
 @click.option(
     "--eager", is_flag=True, help="Load with eager attention and attention probabilities enabled."
 )
-@click.option("--strict", is_flag=True, help="Exit 1 if any place is refused.")
-def model_command(spec: str, layer: int | None, as_json: bool, eager: bool, strict: bool) -> None:
-    """Load a model and print every place as ok or refused, with the reason.
+@click.option("--strict", is_flag=True, help="Exit 1 if anything is refused.")
+@click.option(
+    "--places",
+    is_flag=True,
+    help="List the Address rows of model.internals instead of the components.",
+)
+def model_command(
+    spec: str, layer: int | None, as_json: bool, eager: bool, strict: bool, places: bool
+) -> None:
+    """Load a model and print every component as ok (with its width, and the
+    operation for an interior) or refused (with the reason).
 
     SPEC is tiny:<model_type> (a tiny random checkpoint built locally, no download),
     a local directory, or a hub id.
@@ -34,11 +42,13 @@ def model_command(spec: str, layer: int | None, as_json: bool, eager: bool, stri
     Example:
       registry model tiny:llama
       registry model tiny:gpt_neox --layer 1 --json
+      registry model tiny:gemma2 --eager --places
     """
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
+    from causalab_mini.components import component_status
     from causalab_mini.internals import PlaceUnavailable
     from causalab_mini.model import StandardizedTransformer
     from causalab_mini.tiny import TinyBuildError
@@ -56,38 +66,72 @@ def model_command(spec: str, layer: int | None, as_json: bool, eager: bool, stri
         click.echo(f"registry model: cannot load {spec}: {exc}", err=True)
         sys.exit(1)
     internals = model.internals
-    try:
-        status = internals.status(layer)
-    except (IndexError, PlaceUnavailable) as exc:
-        click.echo(f"registry model: {exc}", err=True)
+    n = internals.num_layers
+    if layer is not None and not -n <= layer < n:
+        click.echo(
+            f"registry model: layer {layer} is out of range: this model has layers 0..{n - 1}",
+            err=True,
+        )
         sys.exit(2)
-    rows = []
-    for name, reason in status.items():
-        place = internals[name]
-        where = place.address.describe()
-        if reason is None and layer is not None and place.per_layer:
-            where = place.address_at(layer).describe()
-        rows.append({"place": name, "ok": reason is None, "where": where, "reason": reason})
+    if layer is not None:
+        layer %= n
+    rows: list[dict[str, object]] = []
+    if places:
+        for name, reason in internals.status(layer).items():
+            place = internals[name]
+            where = place.address.describe()
+            if reason is None and layer is not None and place.per_layer:
+                where = place.address_at(layer).describe()
+            rows.append({"name": name, "ok": reason is None, "where": where, "reason": reason})
+    else:
+        try:
+            status = component_status(model, layer)
+        except PlaceUnavailable as exc:
+            click.echo(f"registry model: {exc}", err=True)
+            sys.exit(1)
+        for name, (address, reason) in status.items():
+            rows.append(
+                {
+                    "name": name,
+                    "ok": reason is None,
+                    "reason": reason,
+                    "width": address.width if address else None,
+                    "op": address.op if address and address.kind == "interior" else None,
+                    "where": address.module if address else None,
+                    "rank": list(address.rank) if address else None,
+                }
+            )
     header = {
         "spec": spec,
         "model_class": internals.model_class,
-        "layers": internals.num_layers,
+        "layers": n,
         "block_structure": model.block_structure,
         "families": list(model.families),
+        "attn_implementation": getattr(model._model.config, "_attn_implementation", None),
         "padding_side": getattr(model.tokenizer, "padding_side", None),
     }
     if as_json:
-        click.echo(json.dumps({**header, "layer": layer, "places": rows}, indent=2))
+        key = "places" if places else "components"
+        click.echo(json.dumps({**header, "layer": layer, key: rows}, indent=2))
     else:
         families = ", ".join(model.families) or "defaults only"
         click.echo(
-            f"{spec} via nnterp: {internals.model_class}, {internals.num_layers} layers, block "
-            f"{model.block_structure}, family {families}, padding_side={header['padding_side']}"
+            f"{spec} via nnterp: {n} layers, padding_side={header['padding_side']} "
+            f"({internals.model_class}, block {model.block_structure}, family {families}, "
+            f"attention {header['attn_implementation']})"
         )
-        width = max(len(r["place"]) for r in rows)
+        width = max(len(str(r["name"])) for r in rows)
         for r in rows:
-            mark = "ok" if r["ok"] else "--"
-            detail = r["where"] if r["ok"] else r["reason"]
-            click.echo(f"  {r['place']:{width}}  {mark}   {detail}")
+            if r["ok"]:
+                if places:
+                    detail = str(r["where"])
+                else:
+                    detail = "" if r["width"] is None else f"width={r['width']}"
+                    if r["op"]:
+                        detail += f"{'  ' if detail else ''}op={r['op']}"
+                click.echo(f"  {r['name']!s:{width}}  ok   {detail}".rstrip())
+            else:
+                reason = str(r["reason"]).split("\n", 1)[0]
+                click.echo(f"  {r['name']!s:{width}}  --   {reason}")
     if strict and any(not r["ok"] for r in rows):
         sys.exit(1)

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from causalab_mini.cli import main
-from causalab_mini.generated import DEFAULT_ADDRESSES
+from causalab_mini.generated import COMPONENTS, DEFAULT_ADDRESSES
 
 pytestmark = pytest.mark.slow
 
@@ -18,18 +18,25 @@ def run(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-def test_text_lists_every_place_in_forward_order() -> None:
+def test_text_lists_every_component() -> None:
     code, out = run("model", "tiny:gpt_neox")
     assert code == 0, out
     lines = out.splitlines()
-    assert lines[0].startswith(
-        "tiny:gpt_neox via nnterp: GPTNeoXForCausalLM, 3 layers, block parallel"
-    )
-    assert "padding_side=left" in lines[0]
-    names = [line.split()[0] for line in lines[1:]]
-    assert names == list(DEFAULT_ADDRESSES)
-    mid = next(line for line in lines if line.split()[0] == "layers_mid")
-    assert " -- " in mid and "its block is 'parallel'" in mid
+    assert lines[0].startswith("tiny:gpt_neox via nnterp: 3 layers, padding_side=left")
+    assert "block parallel" in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == list(COMPONENTS)
+    by_name = {line.split()[0]: line for line in lines[1:]}
+    assert " -- " in by_name["block_mid"] and "its block is 'parallel'" in by_name["block_mid"]
+    assert "ok   width=64  op=attention_interface_" in by_name["attention_query"]
+    assert "only under 'eager' attention, and this model runs 'sdpa'" in by_name["attention_scores"]
+    assert 'attn_implementation="eager"' in by_name["attention_scores"]
+
+
+def test_places_lists_every_row_in_forward_order() -> None:
+    code, out = run("model", "tiny:gpt_neox", "--places")
+    assert code == 0, out
+    lines = out.splitlines()
+    assert [line.split()[0] for line in lines[1:]] == list(DEFAULT_ADDRESSES)
     premix = next(line for line in lines if line.split()[0] == "attentions_premix")
     assert " ok " in premix and "self_attn.dense.input" in premix
 
@@ -39,14 +46,19 @@ def test_json_and_layer() -> None:
     assert code == 0
     data = json.loads(out[out.index("{") :])
     assert data["layer"] == 1 and data["block_structure"] == "pre_norm"
-    by_name = {p["place"]: p for p in data["places"]}
-    assert not by_name["mlps_activation"]["ok"]
-    assert "mixture-of-experts" in by_name["mlps_activation"]["reason"]
-    code, out = run("model", "tiny:deepseek_v3", "--layer", "0", "--json")
-    places = {p["place"]: p for p in json.loads(out[out.index("{") :])["places"]}
+    by_name = {p["name"]: p for p in data["components"]}
+    assert not by_name["mlp_activation"]["ok"]
+    assert "mixture-of-experts" in by_name["mlp_activation"]["reason"]
+    code, out = run("model", "tiny:deepseek_v3", "--layer", "0", "--json", "--places")
+    places = {p["name"]: p for p in json.loads(out[out.index("{") :])["places"]}
     assert (
         places["mlps_activation"]["ok"]
         and places["mlps_activation"]["where"] == "mlp.act_fn.output"
+    )
+    code, out = run("model", "tiny:deepseek_v3", "--json")
+    whole = {p["name"]: p for p in json.loads(out[out.index("{") :])["components"]}
+    assert whole["mlp_activation"]["reason"].startswith(
+        "component 'mlp_activation' is available on layers [0] only; on layers [1, 2]"
     )
 
 

@@ -35,7 +35,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "Y001": (
         [("places.yaml", "places:\n", "places: [\n")],
         [
-            "places.yaml:33:3: Y001 [-] YAML syntax error: expected the node content, but found '-'",
+            "places.yaml:37:3: Y001 [-] YAML syntax error: expected the node content, but found '-'",
         ],
     ),
     "Y002": (
@@ -71,43 +71,48 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S001": (
         [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
         [
-            "places.yaml:48:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, module, name, order, per_layer, scale, select, source, unavailable, versions, write",
+            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, module, name, order, per_layer, scale, select, snapshot, source, unavailable, versions, write",
         ],
     ),
     "S002": (
         [("places.yaml", "    doc: The residual stream entering the block.\n", "")],
         [
-            "places.yaml:47:5: S002 [layers_input] the row lacks the required key 'doc'; add it",
+            "places.yaml:51:5: S002 [layers_input] the row lacks the required key 'doc'; add it",
         ],
     ),
     "S003": (
         [("places.yaml", "    order: 0\n", "    order: zero\n")],
         [
-            "places.yaml:51:12: S003 [layers_input] order must be an integer, not str ('zero')",
+            "places.yaml:55:12: S003 [layers_input] order must be an integer, not str ('zero')",
         ],
     ),
     "S004": (
         [("places.yaml", "    io: module\n    order: 8", "    io: sideways\n    order: 8")],
         [
-            "places.yaml:62:9: S004 [attentions] io: 'sideways' is not one of 'input', 'output', 'module'",
+            "places.yaml:66:9: S004 [attentions] io: 'sideways' is not one of 'input', 'output', 'module'",
         ],
     ),
     "S005": (
         [("places.yaml", "schema_version: 1", "schema_version: 2")],
         [
-            "places.yaml:31:17: S005 [-] schema_version is 2; this tool reads version 1. Write schema_version: 1 and the fields of that version",
+            "places.yaml:35:17: S005 [-] schema_version is 2; this tool reads version 1. Write schema_version: 1 and the fields of that version",
         ],
     ),
     "X001": (
         [("places.yaml", "  - name: attentions\n", "  - name: layers_input\n")],
         [
-            "places.yaml:59:11: X001 [layers_input] a row named 'layers_input' is already defined above; rename one",
+            "families/dbrx.yaml:22:3: X005 [dbrx:attentions] 'attentions' is not a default row, so this adds a row and must give io, order; or replace one of: embeddings_input, embeddings_output, layers_input, attentions_norm_output, attentions_input, attention_probabilities, attentions_premix, attentions_output, layers_mid, mlps_norm_output, mlps, mlps_input, mlps_activation, mlps_neurons, mlps_output, layers_output, ln_final_output, lm_head_output, logits",
+            "interiors.yaml:29:13: X007 [attention_query] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
+            "interiors.yaml:37:13: X007 [attention_key] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
+            "interiors.yaml:45:13: X007 [attention_scores] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
+            "interiors.yaml:54:13: X007 [attention_z] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
+            "places.yaml:63:11: X001 [layers_input] a row named 'layers_input' is already defined above; rename one",
         ],
     ),
     "X002": (
         [("interiors.yaml", "    order: 12\n", "    order: 20\n")],
         [
-            "interiors.yaml:38:12: X002 [attention_key] order 20 is already taken by 'attention_probabilities' inside a layer; interiors go in the gaps the rows leave",
+            "interiors.yaml:40:12: X002 [attention_key] order 20 is already taken by 'attention_probabilities' inside a layer; interiors go in the gaps the rows leave",
         ],
     ),
     "X003": (
@@ -125,13 +130,13 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             )
         ],
         [
-            "interiors.yaml:36:15: X004 [attention_key] needle 'attention_interface' is not call-shaped: write the callable as it is called in the source, ending in '(' (e.g. 'attention_interface('), so an assignment that shares the name is not matched",
+            "interiors.yaml:38:15: X004 [attention_key] needle 'attention_interface' is not call-shaped: write the callable as it is called in the source, ending in '(' (e.g. 'attention_interface('), so an assignment that shares the name is not matched",
         ],
     ),
     "X005": (
         [("families/olmo2.yaml", "  mlps_output:\n", "  mlps_outptu:\n")],
         [
-            "block_structures.yaml:81:5: X008 [rules[4]] olmo2: the block is post_norm, where the default mlps_output names a different tensor; a family file matching olmo2 must replace mlps_output (see families/gemma2.yaml)",
+            "block_structures.yaml:95:5: X008 [rules[9]] olmo2: the block is post_norm, where the default mlps_output names a different tensor; a family file matching olmo2 must replace mlps_output (see families/gemma2.yaml)",
             "families/olmo2.yaml:24:3: X005 [olmo2:mlps_outptu] 'mlps_outptu' is not a default row, so this adds a row and must give io, order; or replace one of: embeddings_input, embeddings_output, layers_input, attentions_norm_output, attentions, attentions_input, attention_probabilities, attentions_premix, attentions_output, layers_mid, mlps_norm_output, mlps, mlps_input, mlps_activation, mlps_neurons, mlps_output, layers_output, ln_final_output, lm_head_output, logits",
         ],
     ),
@@ -150,13 +155,13 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "X007": (
         [("block_structures.yaml", "  - structure: post_norm\n", "  - structure: postnorm\n")],
         [
-            "block_structures.yaml:81:16: X007 [rules[4]] structure 'postnorm' is not defined; use one of pre_norm, sandwich_norm, post_norm, parallel, residual_inside or define it under structures",
+            "block_structures.yaml:95:16: X007 [rules[9]] structure 'postnorm' is not defined; use one of pre_norm, sandwich_norm, post_norm, parallel, residual_inside or define it under structures",
         ],
     ),
     "X008": (
         [("families/gemma2.yaml", "  mlps_output:\n", "  mlps_neurons:\n")],
         [
-            "block_structures.yaml:79:5: X008 [rules[3]] gemma2, gemma3_text: the block is sandwich_norm, where the default mlps_output names a different tensor; a family file matching gemma2, gemma3_text must replace mlps_output (see families/gemma2.yaml)",
+            "block_structures.yaml:93:5: X008 [rules[8]] gemma2, gemma3_text: the block is sandwich_norm, where the default mlps_output names a different tensor; a family file matching gemma2, gemma3_text must replace mlps_output (see families/gemma2.yaml)",
         ],
     ),
     "X009": (
@@ -180,7 +185,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "X011": (
         [("places.yaml", "    order: 1001\n", "    order: 999\n")],
         [
-            "places.yaml:168:12: X011 [lm_head_output] order 999 comes after 1000 in the file; rows are listed in forward order, so move the row or fix its order",
+            "places.yaml:172:12: X011 [lm_head_output] order 999 comes after 1000 in the file; rows are listed in forward order, so move the row or fix its order",
         ],
     ),
     "X012": (
@@ -204,7 +209,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             )
         ],
         [
-            "components.yaml:37:51: X013 [block_mid] per_layer is False but layers_mid is per layer; the component table is what to fix",
+            "components.yaml:40:51: X013 [block_mid] per_layer is False but layers_mid is per layer; the component table is what to fix",
         ],
     ),
 }

@@ -1,0 +1,585 @@
+"""Components: the names research code uses, compiled to addresses that are pure data.
+
+``locate(model, component, layer)`` asks ``model.internals`` for the row, whether the
+place exists on this layer and its rank, and returns a ``ComponentAddress`` that
+pickles, compares, sorts by rank and prints. ``read``/``write`` act on one address
+inside an nnsight trace; ``Plan`` runs several in forward order in one trace.
+
+Four components are interiors: tensors inside the attention module's forward that
+never cross a module boundary, reached through nnsight's ``.source``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from causalab_mini.address import Component, Interior
+from causalab_mini.generated import COMPONENTS, INTERIORS
+
+from .internals import PlaceUnavailable, _installed, child
+from .ops import OperationNotFound, find_op
+
+
+class ComponentError(LookupError):
+    """A component that cannot be compiled for this model, with the reason."""
+
+
+class WriteRefused(ValueError):
+    """A write that does not fit its place (shape, dtype, device, read-only)."""
+
+
+@dataclass(frozen=True, order=True)
+class ComponentAddress:
+    """Where one component is on one model, as data.
+
+    Two addresses are equal when they name the same component, layer, head, resolved
+    operation and rank; the family's spelling of the child module (``module``) is
+    resolution detail and takes no part in equality or ordering.
+    """
+
+    rank: tuple[int, int]
+    component: str
+    layer: int | None
+    head: int | None = None
+    op: str | None = None
+    kind: str = field(default="boundary", compare=False)
+    accessor: str = field(default="", compare=False)
+    module: str = field(default="", compare=False)
+    io: str = field(default="output", compare=False)
+    needles: tuple[str, ...] = field(default=(), compare=False)
+    take: tuple[str, int] | None = field(default=None, compare=False)
+    per_head: str = field(default="none", compare=False)
+    head_axis: int | None = field(default=None, compare=False)
+    head_dim: int | None = field(default=None, compare=False)
+    heads: int | None = field(default=None, compare=False)
+    width: int | None = field(default=None, compare=False)
+    sequence_axis: int | None = field(default=None, compare=False)
+    keys_axis: int | None = field(default=None, compare=False)
+    writable: bool = field(default=True, compare=False)
+    why_read_only: str | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
+        if self.head is not None:
+            where += f".head[{self.head}]"
+        detail = self.module or ("layer" if self.layer is not None else "model")
+        if self.op:
+            detail += f" op={self.op}"
+        return f"{where} @ {detail} rank={self.rank}"
+
+
+# ---------------------------------------------------------------------- widths
+
+
+def _config(model: Any) -> Any:
+    return model.text_config
+
+
+def num_heads(model: Any) -> int:
+    config = _config(model)
+    for key in ("num_attention_heads", "n_head", "num_heads", "n_heads"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    raise ComponentError(f"{model.internals.model_class}'s config names no attention head count")
+
+
+def num_kv_heads(model: Any) -> int:
+    config = _config(model)
+    for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    if getattr(config, "multi_query", False):
+        return 1
+    return num_heads(model)
+
+
+def head_dim(model: Any) -> int:
+    config = _config(model)
+    value = getattr(config, "head_dim", None)
+    if isinstance(value, int):
+        return value
+    return int(model.hidden_size) // num_heads(model)
+
+
+def _in_features(module: Any) -> int | None:
+    for key in ("in_features", "nx"):
+        value = getattr(module, key, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
+    """The width a component's last axis has, measured from the model."""
+    if name is None:
+        return None
+    if name == "hidden_size":
+        return int(model.hidden_size)
+    if name == "vocab_size":
+        head = model.lm_head._module
+        out = getattr(head, "out_features", None)
+        return int(out) if isinstance(out, int) else int(model.vocab_size)
+    if name == "q_width":
+        return num_heads(model) * head_dim(model)
+    if name == "kv_width":
+        return num_kv_heads(model) * head_dim(model)
+    if name == "intermediate_size":
+        place = model.internals["mlps_neurons"]
+        at = 0 if layer is None else layer
+        if place.unavailable_on(at) is None:
+            module = child(model.layers[at], place.address_at(at).module)
+            measured = _in_features(module._module) if module is not None else None
+            if measured is not None:
+                return measured
+        value = getattr(_config(model), "intermediate_size", None)
+        return int(value) if isinstance(value, int) else None
+    raise ComponentError(f"unknown width attribute {name!r}")
+
+
+# ---------------------------------------------------------------------- locate
+
+
+def attn_implementation(model: Any) -> str:
+    return str(getattr(model._model.config, "_attn_implementation", None) or "eager")
+
+
+def locate(
+    model: Any, component: str, layer: int | None = None, head: int | None = None
+) -> ComponentAddress:
+    """Compile ``component`` at ``layer`` (and ``head``) on ``model`` into an address,
+    or refuse with the reason the model gives."""
+    internals = model.internals
+    spec = COMPONENTS.get(component)
+    if spec is None:
+        if component in internals:
+            return _user_row(model, component, layer, head)
+        close = difflib.get_close_matches(component, [*COMPONENTS, *internals], n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ComponentError(
+            f"{component!r} is neither a component nor a place of this model.{hint} Components: "
+            f"{', '.join(COMPONENTS)}; a place of your own is added with "
+            f"RenameConfig(addresses={{{component!r}: Address(...)}})"
+        )
+    if spec.kind == "interior":
+        return _interior(model, spec, INTERIORS[spec.target], layer, head)
+    return _boundary(model, spec, layer, head)
+
+
+def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None) -> int | None:
+    if not per_layer:
+        if layer is not None:
+            raise ComponentError(f"component {component!r} is whole-model: give no layer")
+        return None
+    if layer is None:
+        raise ComponentError(f"component {component!r} is per layer: say which layer")
+    n = model.internals.num_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+        raise IndexError(f"layer {layer!r} is out of range: this model has layers 0..{n - 1}")
+    return layer % n
+
+
+def _check_head(model: Any, spec: Component, head: int | None) -> tuple[int | None, int | None]:
+    """(head count, head_dim) for a per-head component; refuses a head where none is."""
+    if spec.per_head == "none":
+        if head is not None:
+            raise ComponentError(f"component {spec.name!r} is not per head: give no head")
+        return None, None
+    count = num_heads(model) if spec.per_head == "q" else num_kv_heads(model)
+    if head is not None and (
+        isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < count
+    ):
+        kind = "query" if spec.per_head == "q" else "key/value"
+        raise IndexError(
+            f"head {head!r} is out of range for {spec.name}: this model has {count} {kind} heads "
+            f"(0..{count - 1})"
+        )
+    return count, head_dim(model)
+
+
+def _refuse(component: str, reason: str) -> ComponentError:
+    return ComponentError(f"component {component!r}: {reason}")
+
+
+def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) -> ComponentAddress:
+    internals = model.internals
+    place = internals[spec.target]
+    if place.per_layer != spec.per_layer:
+        raise ComponentError(
+            f"component {spec.name!r} is {'per layer' if spec.per_layer else 'whole-model'} in the "
+            f"component table but its row {spec.target!r} is "
+            f"{'per layer' if place.per_layer else 'whole-model'}: the component table "
+            "(registry/components.yaml) is what to fix"
+        )
+    at = _check_layer(model, spec.name, spec.per_layer, layer)
+    reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
+    if reason is not None:
+        raise _refuse(spec.name, reason)
+    heads, hd = _check_head(model, spec, head)
+    address = place.address_at(at)
+    op = None
+    if address.source:
+        base = model.layers[at] if address.per_layer else model
+        envoy = child(base, address.module)
+        try:
+            first = find_op(
+                envoy.source,
+                address.source[0],
+                row=spec.target,
+                module=address.module,
+                model_class=internals.model_class,
+            )
+        except OperationNotFound as exc:
+            raise _refuse(spec.name, str(exc)) from None
+        op = first.path.split(".")[-1]
+    width = width_of(model, spec.width, at)
+    if head is not None and hd is not None and spec.width is not None:
+        width = hd
+    return ComponentAddress(
+        rank=internals.rank(spec.target, at),
+        component=spec.name,
+        layer=at,
+        head=head,
+        op=op,
+        kind="boundary",
+        accessor=spec.target,
+        module=address.module,
+        io=address.io.value,
+        needles=address.source,
+        per_head=spec.per_head,
+        head_axis=spec.head_axis,
+        head_dim=hd,
+        heads=heads,
+        width=width,
+        sequence_axis=spec.sequence_axis,
+        keys_axis=spec.keys_axis,
+        writable=spec.writable,
+        why_read_only=spec.why_read_only,
+    )
+
+
+def _interior(
+    model: Any, spec: Component, interior: Interior, layer: int | None, head: int | None
+) -> ComponentAddress:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    internals = model.internals
+    at = _check_layer(model, spec.name, True, layer)
+    assert at is not None
+    within = internals[interior.within]
+    reason = within.unavailable_on(at)
+    if reason is not None:
+        raise _refuse(spec.name, reason)
+    for package, rng in interior.versions:
+        installed = _installed(package)
+        if installed is not None and Version(installed) not in SpecifierSet(rng):
+            raise _refuse(
+                spec.name,
+                (
+                    f"its needles hold for {package} {rng}, and {package} {installed} is installed: "
+                    "update registry/interiors.yaml for this version"
+                ),
+            )
+    implementation = attn_implementation(model)
+    if interior.eager_only and implementation != "eager":
+        raise _refuse(
+            spec.name,
+            (
+                f"exists only under 'eager' attention, and this model runs {implementation!r}: load "
+                'it with attn_implementation="eager" (or enable_attention_probs=True; '
+                "`registry model --eager`)"
+            ),
+        )
+    module = within.address_at(at).module
+    envoy = child(model.layers[at], module)
+    try:
+        op = find_op(
+            envoy.source,
+            interior.needles[0],
+            row=spec.name,
+            module=f"layers.{at}.{module}",
+            model_class=internals.model_class,
+        )
+    except OperationNotFound as exc:
+        raise _refuse(spec.name, str(exc)) from None
+    heads, hd = _check_head(model, spec, head)
+    take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
+    assert take[1] is not None
+    width = width_of(model, spec.width, at)
+    if head is not None and spec.width is not None:
+        width = hd
+    return ComponentAddress(
+        rank=(at, interior.order),
+        component=spec.name,
+        layer=at,
+        head=head,
+        op=op.path.split(".")[-1],
+        kind="interior",
+        accessor=interior.name,
+        module=module,
+        io="inside",
+        needles=interior.needles,
+        take=(take[0], int(take[1])),
+        per_head=spec.per_head,
+        head_axis=spec.head_axis,
+        head_dim=hd,
+        heads=heads,
+        width=width,
+        sequence_axis=spec.sequence_axis,
+        keys_axis=spec.keys_axis,
+        writable=spec.writable,
+        why_read_only=spec.why_read_only,
+    )
+
+
+def _user_row(model: Any, name: str, layer: int | None, head: int | None) -> ComponentAddress:
+    """A place the user added: addressable, with no width, not per head, a boundary."""
+    internals = model.internals
+    place = internals[name]
+    if head is not None:
+        raise ComponentError(
+            f"{name!r} is a place of your own, which is not per head: give no head"
+        )
+    at = _check_layer(model, name, place.per_layer, layer)
+    reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
+    if reason is not None:
+        raise _refuse(name, reason)
+    address = place.address_at(at)
+    return ComponentAddress(
+        rank=internals.rank(name, at),
+        component=name,
+        layer=at,
+        kind="boundary",
+        accessor=name,
+        module=address.module,
+        io=address.io.value,
+        needles=address.source,
+    )
+
+
+# ---------------------------------------------------------------------- in a trace
+
+
+def _interior_op(model: Any, address: ComponentAddress) -> Any:
+    envoy = child(model.layers[address.layer], address.module)
+    return getattr(envoy.source, str(address.op))
+
+
+def _inner_op(model: Any, address: ComponentAddress, outer: Any) -> Any:
+    op = outer
+    for needle in address.needles[1:]:
+        op = find_op(
+            op.source,
+            needle,
+            row=address.accessor,
+            module=f"layers.{address.layer}.{address.module}.{address.op}",
+            model_class=model.internals.model_class,
+        )
+    return op
+
+
+def _whole(model: Any, address: ComponentAddress) -> Any:
+    """The full tensor at an address (all heads)."""
+    if address.kind == "boundary":
+        return model.internals[address.accessor].get(address.layer)
+    outer = _interior_op(model, address)
+    op = _inner_op(model, address, outer)
+    assert address.take is not None
+    what, index = address.take
+    if what == "arg":
+        return op.inputs[0][index]
+    value = op.output
+    return value[index] if isinstance(value, tuple) else value
+
+
+def _head_slice(address: ComponentAddress) -> tuple[Any, ...]:
+    assert address.head is not None and address.head_dim is not None
+    if address.head_axis is None:  # heads concatenated along the last axis
+        start = address.head * address.head_dim
+        return (..., slice(start, start + address.head_dim))
+    return (slice(None),) * address.head_axis + (address.head,)
+
+
+def read(model: Any, address: ComponentAddress) -> Any:
+    """The tensor at ``address`` (inside a trace); one head's slice where ``head`` is set."""
+    value = _whole(model, address)
+    if address.head is not None:
+        value = value[_head_slice(address)]
+    return value
+
+
+def expected_shape(address: ComponentAddress, current: Any) -> tuple[int, ...]:
+    shape = tuple(current.shape)
+    if address.head is None:
+        return shape
+    probe = current[_head_slice(address)]
+    return tuple(probe.shape)
+
+
+def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
+    """Refuse a write that does not fit: read-only, or shape / dtype / device differ."""
+    if not address.writable:
+        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    want = expected_shape(address, current)
+    got = tuple(getattr(value, "shape", ()))
+    if got != want:
+        what = f"head {address.head} of " if address.head is not None else ""
+        raise WriteRefused(
+            f"cannot write a tensor of shape {got} to {what}{address.component}"
+            f"{'' if address.layer is None else f'[{address.layer}]'}, which has shape {want}; "
+            "nothing is broadcast"
+        )
+    if getattr(value, "dtype", None) != current.dtype:
+        raise WriteRefused(f"{address.component} holds {current.dtype}; the value is {value.dtype}")
+    if getattr(value, "device", None) != current.device:
+        raise WriteRefused(
+            f"{address.component} is on {current.device}; the value is on {value.device}"
+        )
+
+
+def write(model: Any, address: ComponentAddress, value: Any) -> None:
+    """Write ``value`` at ``address`` (inside a trace), after checking that it fits."""
+    if not address.writable:
+        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    current = _whole(model, address)
+    check_write(address, value, current)
+    if address.head is not None:
+        current[_head_slice(address)] = value
+        return
+    if address.kind == "boundary":
+        model.internals[address.accessor].set(address.layer, value)
+        return
+    outer = _interior_op(model, address)
+    op = _inner_op(model, address, outer)
+    assert address.take is not None
+    what, index = address.take
+    if what == "arg":
+        args, kwargs = op.inputs
+        op.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
+    else:
+        out = op.output
+        if isinstance(out, tuple):
+            op.output = (*out[:index], value, *out[index + 1 :])
+        else:
+            op.output = value
+
+
+# ---------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class Step:
+    """One read or write of a plan; ``value`` is the tensor a write puts."""
+
+    address: ComponentAddress
+    write: bool = False
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Reads and writes for one trace, kept in forward order (writes before reads at
+    the same place), so no caller meets nnsight's out-of-order error. Pure data:
+    it pickles and travels."""
+
+    steps: tuple[Step, ...] = ()
+
+    @staticmethod
+    def of(
+        reads: Iterable[ComponentAddress] = (), writes: Iterable[tuple[ComponentAddress, Any]] = ()
+    ) -> Plan:
+        steps = [Step(a) for a in reads] + [Step(a, True, v) for a, v in writes]
+        return Plan(tuple(sorted(steps, key=lambda s: (s.address.rank, not s.write))))
+
+    def run(self, model: Any, inputs: Any) -> dict[ComponentAddress, Any]:
+        """Run the plan in one trace; return what was read, by address."""
+        saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
+        sources = _prepare_sources(model, [s.address for s in self.steps])
+        with model.trace(inputs):
+            touched: set[tuple[int | None, str]] = set()
+            for step in self.steps:
+                key = (step.address.layer, step.address.module)
+                if key in sources and key not in touched:
+                    touched.add(key)
+                    for address in sources[key]:
+                        _interior_op(model, address).source  # noqa: B018 - installs the nested source
+                if step.write:
+                    write(model, step.address, step.value)
+                else:
+                    saved.append((step.address, read(model, step.address).save()))
+        return {address: getattr(t, "value", t) for address, t in saved}
+
+
+def _prepare_sources(
+    model: Any, addresses: Sequence[ComponentAddress]
+) -> dict[tuple[int | None, str], list[ComponentAddress]]:
+    """Touch every module's ``.source`` before the trace (nnsight needs it first), and
+    list, per (layer, module), the interiors that open a nested source: their outer
+    operation's ``.source`` must be opened before its inputs are read."""
+    nested: dict[tuple[int | None, str], list[ComponentAddress]] = {}
+    for address in addresses:
+        if address.kind == "interior" or address.needles:
+            base = model.layers[address.layer] if address.layer is not None else model
+            envoy = child(base, address.module)
+            if envoy is not None:
+                envoy.source  # noqa: B018
+        if len(address.needles) > 1:
+            nested.setdefault((address.layer, address.module), []).append(address)
+    return nested
+
+
+def component_status(
+    model: Any, layer: int | None = None
+) -> dict[str, tuple[ComponentAddress | None, str | None]]:
+    """Every component of the table: its address (at ``layer``, or at the first layer
+    for a per-layer component when ``layer`` is None) or the reason it is refused.
+    With ``layer=None`` a per-layer component is ok only if it is on every layer."""
+    out: dict[str, tuple[ComponentAddress | None, str | None]] = {}
+    n = model.internals.num_layers
+    for name, spec in COMPONENTS.items():
+        if not spec.per_layer:
+            layers: list[int | None] = [None]
+        elif layer is not None:
+            layers = [layer]
+        else:
+            layers = list(range(n))
+        found: dict[int | None, ComponentAddress] = {}
+        refused: dict[int | None, str] = {}
+        for at in layers:
+            try:
+                found[at] = locate(model, name, at)
+            except ComponentError as exc:
+                refused[at] = str(exc)
+        if not refused:
+            out[name] = (found[layers[0]], None)
+        elif not found or len(layers) == 1:
+            out[name] = (None, refused[next(iter(refused))])
+        else:
+            out[name] = (
+                None,
+                (
+                    f"component {name!r} is available on layers {sorted(k for k in found if k is not None)} "
+                    f"only; on layers {sorted(k for k in refused if k is not None)}: "
+                    f"{refused[next(iter(refused))].split(': ', 1)[-1]}"
+                ),
+            )
+    return out
+
+
+__all__ = [
+    "ComponentAddress",
+    "ComponentError",
+    "PlaceUnavailable",
+    "Plan",
+    "Step",
+    "WriteRefused",
+    "component_status",
+    "locate",
+    "read",
+    "write",
+]
