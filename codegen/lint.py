@@ -827,6 +827,16 @@ def _cross(
                     f"{'per layer' if per_layer else 'whole-model'}; the component table "
                     "is what to fix",
                 )
+            if (raw["per_head"] == "none") != ("layout" not in raw):
+                check.err(
+                    co,
+                    d,
+                    ("components", i, "per_head"),
+                    "X013",
+                    name,
+                    "a per-head component says how its tensor is held (layout: bhsd, bshd, bsf "
+                    "or bhsk) and a component that is not per head has no layout",
+                )
             if not raw["writable"] and "why_read_only" not in raw:
                 check.err(
                     co,
@@ -845,7 +855,7 @@ def _cross(
                 default_rank=rank,
                 sequence_axis=raw["sequence_axis"],
                 per_head=raw["per_head"],
-                head_axis=raw.get("head_axis"),
+                layout=raw.get("layout"),
                 keys_axis=raw.get("keys_axis"),
                 width=raw["width"],
                 writable=raw["writable"],

@@ -282,6 +282,9 @@ class Interior:
 
 
 PerHead = Literal["q", "kv", "none"]
+# How a per-head place's tensor is held: b batch, h head, s sequence, d head_dim,
+# k keys, f heads x head_dim concatenated.
+Layout = Literal["bhsd", "bshd", "bsf", "bhsk"]
 Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "vocab_size"]
 
 
@@ -296,7 +299,7 @@ class Component:
     default_rank: int
     sequence_axis: int | None
     per_head: PerHead
-    head_axis: int | None
+    layout: Layout | None
     keys_axis: int | None
     width: Width | None
     writable: bool

@@ -52,7 +52,7 @@ class ComponentAddress:
     needles: tuple[str, ...] = field(default=(), compare=False)
     take: tuple[str, int] | None = field(default=None, compare=False)
     per_head: str = field(default="none", compare=False)
-    head_axis: int | None = field(default=None, compare=False)
+    layout: str | None = field(default=None, compare=False)
     head_dim: int | None = field(default=None, compare=False)
     heads: int | None = field(default=None, compare=False)
     width: int | None = field(default=None, compare=False)
@@ -251,7 +251,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
         io=address.io.value,
         needles=address.source,
         per_head=spec.per_head,
-        head_axis=spec.head_axis,
+        layout=spec.layout,
         head_dim=hd,
         heads=heads,
         width=width,
@@ -326,7 +326,7 @@ def _interior(
         needles=interior.needles,
         take=(take[0], int(take[1])),
         per_head=spec.per_head,
-        head_axis=spec.head_axis,
+        layout=spec.layout,
         head_dim=hd,
         heads=heads,
         width=width,
@@ -397,35 +397,48 @@ def _whole(model: Any, address: ComponentAddress) -> Any:
     return value[index] if isinstance(value, tuple) else value
 
 
+def _flat(address: ComponentAddress, native: Any) -> Any:
+    """The tensor as handed on: a place held per head (bhsd, bshd) becomes b s f."""
+    if address.layout == "bhsd":
+        return native.transpose(1, 2).flatten(2)
+    if address.layout == "bshd":
+        return native.flatten(2)
+    return native
+
+
+def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
+    """Back to how the model holds it (the inverse of ``_flat``), shaped like ``like``."""
+    if address.layout == "bhsd":
+        b, h, s, d = like.shape
+        return flat.reshape(b, s, h, d).transpose(1, 2)
+    if address.layout == "bshd":
+        return flat.reshape(like.shape)
+    return flat
+
+
 def _head_slice(address: ComponentAddress) -> tuple[Any, ...]:
     assert address.head is not None and address.head_dim is not None
-    if address.head_axis is None:  # heads concatenated along the last axis
-        start = address.head * address.head_dim
-        return (..., slice(start, start + address.head_dim))
-    return (slice(None),) * address.head_axis + (address.head,)
+    if address.layout == "bhsk":
+        return (slice(None), address.head)
+    start = address.head * address.head_dim
+    return (..., slice(start, start + address.head_dim))
 
 
 def read(model: Any, address: ComponentAddress) -> Any:
-    """The tensor at ``address`` (inside a trace); one head's slice where ``head`` is set."""
-    value = _whole(model, address)
+    """The tensor at ``address`` (inside a trace), as handed on: per-head places with a
+    width are flat (batch, seq, heads x head_dim); one head's slice where ``head`` is set."""
+    value = _flat(address, _whole(model, address))
     if address.head is not None:
         value = value[_head_slice(address)]
     return value
 
 
-def expected_shape(address: ComponentAddress, current: Any) -> tuple[int, ...]:
-    shape = tuple(current.shape)
-    if address.head is None:
-        return shape
-    probe = current[_head_slice(address)]
-    return tuple(probe.shape)
-
-
 def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
-    """Refuse a write that does not fit: read-only, or shape / dtype / device differ."""
+    """Refuse a write that does not fit: read-only, or shape / dtype / device differ.
+    ``current`` is the place's tensor as handed on (all heads)."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    want = expected_shape(address, current)
+    want = tuple(current[_head_slice(address)].shape if address.head is not None else current.shape)
     got = tuple(getattr(value, "shape", ()))
     if got != want:
         what = f"head {address.head} of " if address.head is not None else ""
@@ -443,14 +456,18 @@ def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
 
 
 def write(model: Any, address: ComponentAddress, value: Any) -> None:
-    """Write ``value`` at ``address`` (inside a trace), after checking that it fits."""
+    """Write ``value`` (as ``read`` hands it on) at ``address`` inside a trace, after
+    checking that it fits. A head's write replaces that head's slice only."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    current = _whole(model, address)
-    check_write(address, value, current)
+    native = _whole(model, address)
+    flat = _flat(address, native)
+    check_write(address, value, flat)
     if address.head is not None:
-        current[_head_slice(address)] = value
-        return
+        whole = flat.clone()
+        whole[_head_slice(address)] = value
+        value = whole
+    value = _native(address, value, native)
     if address.kind == "boundary":
         model.internals[address.accessor].set(address.layer, value)
         return
@@ -472,13 +489,27 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
 # ---------------------------------------------------------------------- plans
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Step:
     """One read or write of a plan; ``value`` is the tensor a write puts."""
 
     address: ComponentAddress
     write: bool = False
     value: Any = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Step):
+            return NotImplemented
+        if (self.address, self.write) != (other.address, other.write):
+            return False
+        if self.value is None or other.value is None:
+            return self.value is other.value
+        import torch
+
+        return bool(torch.equal(self.value, other.value))
+
+    def __hash__(self) -> int:
+        return hash((self.address, self.write))
 
 
 @dataclass(frozen=True)
@@ -500,6 +531,24 @@ class Plan:
         """Run the plan in one trace; return what was read, by address."""
         saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
         sources = _prepare_sources(model, [s.address for s in self.steps])
+        try:
+            self._trace(model, inputs, sources, saved)
+        except (OperationNotFound, PlaceUnavailable, WriteRefused, ComponentError) as exc:
+            # nnsight wraps what a trace body raises in its own traceback text; hand the
+            # caller our message as it was written
+            original = getattr(exc, "original", None)
+            if isinstance(original, Exception) and original is not exc:
+                raise original from None
+            raise
+        return {address: getattr(t, "value", t) for address, t in saved}
+
+    def _trace(
+        self,
+        model: Any,
+        inputs: Any,
+        sources: dict[tuple[int | None, str], list[ComponentAddress]],
+        saved: list[tuple[ComponentAddress, Any]],
+    ) -> None:
         with model.trace(inputs):
             touched: set[tuple[int | None, str]] = set()
             for step in self.steps:
@@ -512,7 +561,6 @@ class Plan:
                     write(model, step.address, step.value)
                 else:
                     saved.append((step.address, read(model, step.address).save()))
-        return {address: getattr(t, "value", t) for address, t in saved}
 
 
 def _prepare_sources(

@@ -1,4 +1,4 @@
-"""Shared fixtures: a private copy of the registry to break, and the CLI runner."""
+"""Shared fixtures: copies of the registry to break, and the CLI runner."""
 
 from __future__ import annotations
 
@@ -12,15 +12,24 @@ from causalab_mini.codegen.cli import main
 from causalab_mini.codegen.lint import default_registry
 
 REPO = Path(__file__).resolve().parent.parent
+# A frozen snapshot of the registry: golden positions do not move when rows are added.
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "registry"
+_IGNORE = shutil.ignore_patterns("*.py", "__pycache__")
 
 
 @pytest.fixture
 def registry_copy(tmp_path: Path) -> Path:
-    """A copy of the package's registry that a test may edit."""
+    """A copy of the frozen registry snapshot that a test may edit."""
     target = tmp_path / "registry"
-    shutil.copytree(
-        default_registry(), target, ignore=shutil.ignore_patterns("*.py", "__pycache__")
-    )
+    shutil.copytree(FIXTURE, target, ignore=_IGNORE)
+    return target
+
+
+@pytest.fixture
+def package_registry_copy(tmp_path: Path) -> Path:
+    """A copy of the package's own registry."""
+    target = tmp_path / "registry"
+    shutil.copytree(default_registry(), target, ignore=_IGNORE)
     return target
 
 

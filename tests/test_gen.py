@@ -23,8 +23,9 @@ def test_committed_generated_is_up_to_date() -> None:
     assert default_output().resolve() == (REPO / "generated").resolve()
 
 
-def test_same_input_same_bytes(registry_copy: Path, tmp_path: Path) -> None:
+def test_same_input_same_bytes(package_registry_copy: Path, tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
+    registry_copy = package_registry_copy
     assert cli("gen", "--registry", str(registry_copy), "--out", str(a)).exit_code == 0
     assert cli("gen", "--registry", str(registry_copy), "--out", str(b)).exit_code == 0
     names = sorted(p.name for p in a.iterdir())

@@ -1,0 +1,363 @@
+"""Components: locate() compiles to pure data; the four interiors mean what they say
+(softmax(scores) == probs, probs·V == z, z == premix, scores == q·kᵀ·scaling);
+per-head slicing; writes are checked; plans run in forward order."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pickle
+from typing import Any
+
+import pytest
+import torch
+
+from causalab_mini import Address, IOType, RenameConfig
+from causalab_mini import certify as c
+from causalab_mini import components as comp
+from causalab_mini.components import ComponentError, Plan, WriteRefused, locate
+from causalab_mini.generated import COMPONENTS, DEFAULT_ADDRESSES
+from causalab_mini.model import StandardizedTransformer
+from causalab_mini.ops import OperationNotFound
+
+pytestmark = pytest.mark.slow
+
+SEMANTIC = ["llama", "gpt2", "gpt_neox", "gemma2", "qwen3", "mixtral"]
+
+
+@functools.cache
+def eager(family: str) -> StandardizedTransformer:
+    return StandardizedTransformer(f"tiny:{family}", enable_attention_probs=True)
+
+
+def _all(model: StandardizedTransformer) -> list[comp.ComponentAddress]:
+    out = []
+    for name, spec in COMPONENTS.items():
+        for layer in range(model.num_layers) if spec.per_layer else [None]:
+            out.append(locate(model, name, layer))
+    return out
+
+
+def test_one_address_serves_both_families() -> None:
+    llama, gpt2 = eager("llama"), eager("gpt2")
+    assert llama.num_layers == gpt2.num_layers
+    for name, spec in COMPONENTS.items():
+        for layer in range(llama.num_layers) if spec.per_layer else [None]:
+            a, b = locate(llama, name, layer), locate(gpt2, name, layer)
+            assert a == b, (name, layer)
+            assert (a.component, a.layer, a.op, a.rank) == (b.component, b.layer, b.op, b.rank)
+    # the spelling differs and is resolution detail
+    assert locate(llama, "block_mid", 0).module == "post_attention_layernorm"
+    assert locate(gpt2, "block_mid", 0).module == "ln_2"
+
+
+def test_spec_ranks() -> None:
+    model = eager("llama")
+    ranks = {
+        name: locate(model, name, 0 if spec.per_layer else None).rank
+        for name, spec in COMPONENTS.items()
+    }
+    n = model.num_layers
+    assert ranks == {
+        "input_ids": (-1, -2),
+        "embeddings": (-1, -1),
+        "block_input": (0, 0),
+        "attention_input_norm": (0, 5),
+        "attention_query": (0, 11),
+        "attention_key": (0, 12),
+        "attention_scores": (0, 15),
+        "attention_probs": (0, 20),
+        "attention_z": (0, 22),
+        "attention_premix": (0, 25),
+        "attention_output": (0, 30),
+        "block_mid": (0, 33),
+        "mlp_input_norm": (0, 36),
+        "mlp_input": (0, 40),
+        "mlp_activation": (0, 44),
+        "mlp_neuron_output": (0, 47),
+        "mlp_output": (0, 50),
+        "block_output": (0, 60),
+        "ln_final": (n, 1000),
+        "lm_head": (n, 1001),
+        "logits": (n, 1002),
+    }
+
+
+def test_addresses_are_pure_data() -> None:
+    model = eager("llama")
+    addresses = _all(model)
+    again = pickle.loads(pickle.dumps(addresses))
+    assert again == addresses
+    assert sorted(reversed(addresses)) == sorted(addresses)
+    assert [a.rank for a in sorted(addresses)] == sorted(a.rank for a in addresses)
+    text = str(locate(model, "attention_query", 1, head=2))
+    assert text.startswith("attention_query[1].head[2] @ self_attn op=attention_interface_")
+    assert "rank=(1, 11)" in text
+
+
+def test_widths_and_heads_come_from_the_model() -> None:
+    model = eager("llama")  # 4 query heads, 2 key/value heads (grouped-query attention)
+    config = model._model.config
+    hd = config.head_dim
+    assert locate(model, "attention_query", 0).width == config.num_attention_heads * hd
+    assert locate(model, "attention_key", 0).width == config.num_key_value_heads * hd
+    assert locate(model, "mlp_activation", 0).width == config.intermediate_size
+    assert locate(model, "logits").width == config.vocab_size
+    assert locate(model, "attention_query", 0, head=3).width == hd
+    with pytest.raises(IndexError, match=r"2 key/value heads \(0\.\.1\)"):
+        locate(model, "attention_key", 0, head=2)
+    with pytest.raises(IndexError, match=r"4 query heads \(0\.\.3\)"):
+        locate(model, "attention_z", 0, head=4)
+    with pytest.raises(ComponentError, match="not per head"):
+        locate(model, "block_output", 0, head=0)
+
+
+def test_head_slices_are_handed_on_flat() -> None:
+    model = eager("llama")
+    inputs = c.sample_inputs(model)
+    reads = [
+        locate(model, name, 1, head=h)
+        for name in ("attention_query", "attention_z", "attention_premix")
+        for h in (None, 1)
+    ]
+    reads.append(locate(model, "attention_key", 1, head=1))
+    reads.append(locate(model, "attention_key", 1))
+    out = Plan.of(reads=reads).run(model, inputs)
+    hd = model._model.config.head_dim
+    seq = inputs["input_ids"].shape[1]
+    q, q1 = (
+        out[locate(model, "attention_query", 1)],
+        out[locate(model, "attention_query", 1, head=1)],
+    )
+    assert q.shape == (2, seq, 4 * hd)  # handed on flat: (batch, seq, heads x head_dim)
+    assert torch.equal(q1, q[..., hd : 2 * hd]) and q1.shape == (2, seq, hd)
+    z, z1 = out[locate(model, "attention_z", 1)], out[locate(model, "attention_z", 1, head=1)]
+    assert torch.equal(z1, z[..., hd : 2 * hd])
+    pm, pm1 = (
+        out[locate(model, "attention_premix", 1)],
+        out[locate(model, "attention_premix", 1, head=1)],
+    )
+    assert torch.equal(pm1, pm[..., hd : 2 * hd])
+    assert torch.equal(pm, z)  # the heads' outputs, concatenated, are what o_proj reads
+    k, k1 = out[locate(model, "attention_key", 1)], out[locate(model, "attention_key", 1, head=1)]
+    assert torch.equal(k1, k[..., hd : 2 * hd]) and k.shape == (2, seq, 2 * hd)
+
+
+def test_unknown_and_user_components() -> None:
+    model = StandardizedTransformer(
+        "tiny:llama",
+        rename_config=RenameConfig(
+            addresses={
+                "attentions_gate": Address("self_attn.q_proj", IOType.OUTPUT, order=15),
+            }
+        ),
+    )
+    address = locate(model, "attentions_gate", 1)
+    assert (address.module, address.io, address.rank) == ("self_attn.q_proj", "output", (1, 15))
+    assert address.width is None and address.per_head == "none" and address.kind == "boundary"
+    with pytest.raises(ComponentError, match="not per head"):
+        locate(model, "attentions_gate", 1, head=0)
+    with pytest.raises(ComponentError, match="Did you mean block_mid"):
+        locate(model, "block_mdi", 0)
+
+
+def test_per_layer_disagreement_names_the_component_table() -> None:
+    model = eager("llama")
+    wrong = dataclasses.replace(COMPONENTS["block_mid"], per_layer=False)
+    with pytest.raises(
+        ComponentError, match=r"component table \(registry/components.yaml\) is what to fix"
+    ):
+        comp._boundary(model, wrong, None, None)
+
+
+def test_refusals_at_compile_time() -> None:
+    neox = StandardizedTransformer("tiny:gpt_neox")
+    with pytest.raises(ComponentError) as info:
+        locate(neox, "block_mid", 0)
+    assert str(info.value).startswith(
+        "component 'block_mid': layers_mid does not exist on this model"
+    )
+    with pytest.raises(
+        ComponentError, match=r"only under 'eager' attention, and this model runs 'sdpa'"
+    ):
+        locate(neox, "attention_scores", 0)
+    with pytest.raises(ComponentError, match="per layer: say which layer"):
+        locate(neox, "block_output")
+    with pytest.raises(ComponentError, match="whole-model: give no layer"):
+        locate(neox, "logits", 0)
+
+
+def test_a_family_without_the_shared_attention_function_refuses_its_interiors() -> None:
+    bloom = StandardizedTransformer("tiny:bloom")
+    with pytest.raises(ComponentError) as info:
+        locate(bloom, "attention_query", 0)
+    text = str(info.value)
+    assert "has no operation called as 'attention_interface('" in text
+    assert "BloomForCausalLM" in text and "Its operations are:" in text
+
+
+def test_a_moved_op_names_row_module_version_class_and_lists_the_operations() -> None:
+    import transformers
+
+    moved = dataclasses.replace(
+        DEFAULT_ADDRESSES["attention_probabilities"],
+        source=("attention_interface(", "module.attn_dropout("),
+    )
+    model = StandardizedTransformer(
+        "tiny:gpt2",
+        attn_implementation="eager",
+        rename_config=RenameConfig(addresses={"attention_probabilities": moved}),
+    )
+    model._attention_probs_enabled = True  # loaded eager, without nnterp's own check
+    with pytest.raises(OperationNotFound) as info:
+        Plan.of(reads=[locate(model, "attention_probs", 0)]).run(model, c.sample_inputs(model))
+    text = str(info.value)
+    assert text.startswith(
+        "attention_probabilities: the forward of layers.0.self_attn.attention_interface_"
+    )
+    assert "has no operation called as 'module.attn_dropout('" in text
+    assert f"transformers {transformers.__version__} on GPT2LMHeadModel" in text
+    assert "nn_functional_dropout_0 ->" in text and "nn_functional_softmax_0 ->" in text
+
+
+def test_writes_are_checked_before_they_run() -> None:
+    model = eager("llama")
+    inputs = c.sample_inputs(model)
+    out = locate(model, "block_output", 0)
+    with pytest.raises(
+        WriteRefused,
+        match=r"shape \(2, 64\) to block_output\[0\], which has shape \(2, \d+, 64\); nothing is broadcast",
+    ):
+        Plan.of(writes=[(out, torch.zeros(2, 64))]).run(model, inputs)
+    with pytest.raises(WriteRefused, match="read-only: the model's output is read after"):
+        Plan.of(writes=[(locate(model, "logits"), torch.zeros(1))]).run(model, inputs)
+    q = locate(model, "attention_query", 0, head=1)
+    with pytest.raises(WriteRefused, match="head 1 of attention_query"):
+        Plan.of(writes=[(q, torch.zeros(2, 4, 16))]).run(model, inputs)
+    seq = inputs["input_ids"].shape[1]
+    with pytest.raises(WriteRefused, match=r"holds torch.float32; the value is torch.float64"):
+        Plan.of(writes=[(out, torch.zeros(2, seq, 64, dtype=torch.float64))]).run(model, inputs)
+
+
+def test_plans_run_in_forward_order_and_writes_land_before_reads() -> None:
+    model = eager("llama")
+    inputs = c.sample_inputs(model)
+    late, early = locate(model, "block_output", 2), locate(model, "block_output", 0)
+    out = Plan.of(reads=[late, early]).run(model, inputs)  # asked in reverse: no error
+    seq = inputs["input_ids"].shape[1]
+    zero = torch.zeros(2, seq, 64)
+    plan = Plan.of(
+        reads=[locate(model, "block_output", 0), late],
+        writes=[(locate(model, "block_output", 0), zero)],
+    )
+    assert pickle.loads(pickle.dumps(plan)) == plan
+    written = plan.run(model, inputs)
+    assert torch.equal(written[locate(model, "block_output", 0)], zero)
+    assert not torch.allclose(written[late], out[late])
+
+
+def _semantics(family: str) -> dict[str, Any]:
+    model = eager(family)
+    inputs = c.sample_inputs(model)
+    layer = 1
+    names = [
+        "attention_query",
+        "attention_key",
+        "attention_scores",
+        "attention_probs",
+        "attention_z",
+        "attention_premix",
+    ]
+    reads = [locate(model, n, layer) for n in names]
+    out = Plan.of(reads=reads).run(model, inputs)
+    values = {n: out[a] for n, a in zip(names, reads, strict=True)}
+    # value states and scaling: read at the same call, by the test only
+    op_address = reads[0]
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        op = comp._interior_op(model, op_address)
+        args, kwargs = op.inputs
+        box["v"] = args[3].save()
+        box["mask"] = args[4].save() if len(args) > 4 and args[4] is not None else None
+        box["scaling"] = kwargs.get("scaling")
+    values.update(v=box["v"], mask=box["mask"], scaling=box["scaling"], model=model, inputs=inputs)
+    return values
+
+
+@pytest.mark.parametrize("family", SEMANTIC)
+def test_interior_identities(family: str) -> None:
+    v = _semantics(family)
+    q, k, scores, probs, z, premix = (
+        v[n]
+        for n in (
+            "attention_query",
+            "attention_key",
+            "attention_scores",
+            "attention_probs",
+            "attention_z",
+            "attention_premix",
+        )
+    )
+    model = v["model"]
+    b, heads, seq = probs.shape[0], probs.shape[1], probs.shape[2]
+    hd = q.shape[-1] // heads
+    q = q.reshape(b, seq, heads, hd).transpose(1, 2)  # as the model holds them
+    k = k.reshape(b, seq, -1, hd).transpose(1, 2)
+    z = z.reshape(b, seq, heads, hd)
+    groups = heads // k.shape[1]
+    # softmax(scores) == probs (the scores are the softmax's argument: mask included)
+    assert torch.allclose(torch.softmax(scores.float(), dim=-1).to(probs.dtype), probs, atol=1e-6)
+    # probs · V, heads moved next to the sequence, == z
+    values = v["v"].repeat_interleave(groups, dim=1)
+    assert torch.allclose((probs @ values).transpose(1, 2), z, atol=1e-5)
+    # z flattened == attentions_premix
+    assert torch.allclose(z.reshape(*z.shape[:2], -1), premix, atol=1e-6)
+    # scores == q·kᵀ·scaling on unmasked positions (q, k after RoPE: as the call gets them)
+    keys = k.repeat_interleave(groups, dim=1)
+    scaling = v["scaling"] if v["scaling"] is not None else q.shape[-1] ** -0.5
+    raw = (q @ keys.transpose(-1, -2)) * scaling
+    cap = getattr(model._model.config, "attn_logit_softcapping", None)
+    if cap:  # Gemma-2 caps the scores before the mask: cap * tanh(x / cap)
+        raw = cap * torch.tanh(raw / cap)
+    visible = torch.isfinite(scores) & (scores > torch.finfo(scores.dtype).min / 2)
+    assert visible.any()
+    mask = v["mask"]
+    expected = raw + mask if mask is not None else raw
+    assert torch.allclose(scores[visible], expected[visible], atol=1e-5)
+
+
+@pytest.mark.parametrize("family", SEMANTIC)
+def test_writing_one_query_head_changes_only_that_heads_z(family: str) -> None:
+    model = eager(family)
+    inputs = c.sample_inputs(model)
+    layer, head = 1, 1
+    z = locate(model, "attention_z", layer)
+    clean = Plan.of(reads=[z]).run(model, inputs)[z]
+    query = locate(model, "attention_query", layer, head=head)
+    current = Plan.of(reads=[query]).run(model, inputs)[query]
+    changed = Plan.of(reads=[z], writes=[(query, current * -3.0)]).run(model, inputs)[z]
+    hd = query.head_dim
+    assert hd is not None
+    per_head = lambda t: t.reshape(*t.shape[:2], -1, hd)  # noqa: E731
+    others = [h for h in range(per_head(clean).shape[2]) if h != head]
+    assert torch.allclose(per_head(changed)[:, :, others], per_head(clean)[:, :, others], atol=1e-6)
+    assert not torch.allclose(per_head(changed)[:, :, head], per_head(clean)[:, :, head])
+
+
+def test_every_component_reads_on_the_semantic_families() -> None:
+    for family in SEMANTIC:
+        model = eager(family)
+        addresses = []
+        for name, spec in COMPONENTS.items():
+            try:
+                addresses.append(locate(model, name, 1 if spec.per_layer else None))
+            except ComponentError as exc:
+                assert "mixture-of-experts" in str(exc) or "block is 'parallel'" in str(exc), (
+                    family,
+                    name,
+                    exc,
+                )
+        out = Plan.of(reads=addresses).run(model, c.sample_inputs(model))
+        for address, tensor in out.items():
+            if address.width is not None:
+                assert tensor.shape[-1] == address.width, (family, address)
