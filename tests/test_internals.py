@@ -331,3 +331,28 @@ def test_index_put_on_mappings_lists_and_model_outputs() -> None:
     assert Index(1).put([1, 2, 3], 5) == [1, 5, 3]
     with pytest.raises(KeyError, match="not a field"):
         Index("nope").put({"a": 1}, 5)
+
+
+def test_mixed_dense_and_moe_layers_answer_per_layer() -> None:
+    model = load("tiny:deepseek_v3")
+    internals = model.internals
+    assert internals.status(layer=0)["mlps_activation"] is None
+    assert internals.status(layer=0)["mlps_neurons"] is None
+    for layer in range(1, internals.num_layers):
+        reason = internals.status(layer=layer)["mlps_activation"]
+        assert reason is not None and reason.startswith(
+            "mlps_activation does not exist on a mixture-of-experts layer"
+        )
+        assert internals.status(layer=layer)["mlps_output"] is None
+    whole = internals.status()["mlps_activation"]
+    assert whole is not None and whole.startswith("available on layers [0] only; on layers [1, 2]")
+    assert internals["mlps_activation"].address.module == "mlp.act_fn"  # resolved on layer 0
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "dbrx"])
+def test_every_layer_of_a_mixture_refuses_the_mlp_interiors(family: str) -> None:
+    status = load(FAMILIES[family][0]).internals.status()
+    for name in ("mlps_activation", "mlps_neurons"):
+        reason = status[name]
+        assert reason is not None and "top-k of N experts" in reason, (name, reason)
+    assert status["mlps_input"] is None and status["mlps_output"] is None
