@@ -58,6 +58,9 @@ HEAD_DIM = HIDDEN // HEADS
 INTERMEDIATE = 128
 LAYERS = 3
 VOCAB = 512
+RESERVED_IDS = 16
+"""The top ids of the vocabulary, never produced by the tokenizer: model-specific
+special ids (image, audio, ... placeholders) that would fall outside go there."""
 MAX_POSITIONS = 128
 EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
@@ -115,6 +118,7 @@ _GENERIC: dict[str, Any] = {
     "dff": INTERMEDIATE,
     "d_inner": INTERMEDIATE,
     "dim_ff": INTERMEDIATE,
+    "hidden_size_global": HIDDEN,
     "feed_forward_size": INTERMEDIATE,
     "intermediate_size_mlp": INTERMEDIATE,
     "dense_intermediate_size": INTERMEDIATE,
@@ -148,6 +152,7 @@ _GENERIC: dict[str, Any] = {
     "index_n_heads": 2,
     "index_head_dim": HEAD_DIM,
     "index_topk": 16,
+    "rotary_dim": HEAD_DIM // 2,
     # linear attention / state space
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
@@ -175,9 +180,13 @@ _GENERIC: dict[str, Any] = {
     "model_max_length": MAX_POSITIONS,
     "max_target_positions": MAX_POSITIONS,
     "max_window_layers": LAYERS,
-    "sliding_window": 32,
-    "attention_window_size": 32,
+    "sliding_window": 16,
+    "attention_window_size": 16,
+    "query_pre_attn_scalar": HEAD_DIM,
     "vocab_size": VOCAB,
+    "unpadded_vocab_size": VOCAB,
+    "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": HEAD_DIM,
     "pad_token_id": PAD_ID,
     "bos_token_id": BOS_ID,
     "eos_token_id": EOS_ID,
@@ -186,11 +195,31 @@ _GENERIC: dict[str, Any] = {
     "forced_eos_token_id": EOS_ID,
     "is_decoder": True,
     "use_cache": True,
+    # long tail: widths of one family or two that default to full size
+    "swa_head_dim": HEAD_DIM,
+    "shared_intermediate_size": EXPERT_INTERMEDIATE,
+    "o_lora_rank": 16,
+    "o_groups": 2,
+    "zero_expert_num": 2,
+    "shape_vocab_size": 64,
+    "pronunciation_vocab_size": 64,
+    "shape_embed_dim": 32,
+    "pronunciation_embed_dim": 32,
+    "mm_embed_dim": HIDDEN,
+    "output_proj_dims": HIDDEN,
+    "mm_posemb_size": 16,
+    "ext_pw_out_channel": HIDDEN,
+    "depthwise_separable_out_channel": HIDDEN,
+    "nemo_conv_channels": HIDDEN,
+    "output_channels": HIDDEN,
+    "mlp_dim": INTERMEDIATE,
 }
 
-# Keys of ``_GENERIC`` whose ``None`` default means "feature off": left alone then.
-_KEEP_NONE = frozenset(
+# Keys of ``_GENERIC`` whose ``None`` (or 0) default means "feature off": left alone.
+_KEEP_OFF = frozenset(
     {
+        "vocab_size_per_layer_input",
+        "hidden_size_per_layer_input",
         "q_lora_rank",
         "sliding_window",
         "attention_window_size",
@@ -200,15 +229,80 @@ _KEEP_NONE = frozenset(
         "shared_expert_intermediate_size",
         "moe_shared_expert_intermediate_size",
         "index_topk",
+        "rotary_dim",
+        "swa_head_dim",
+        "zero_expert_num",
+        "o_lora_rank",
     }
 )
 
 # Per-model-type overrides, applied after the generic table (names may be aliases).
 _OVERRIDES: dict[str, dict[str, Any]] = {
     "mpt": {"expansion_ratio": 2},
+    # hybrids: one attention layer between non-attention ones
+    "bailing_hybrid": {"layer_group_size": 2},
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
+    "kimi_linear": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
+    "lfm2": {"full_attn_idxs": [1]},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1},
+    "qwen3_next": {"full_attention_interval": 2},
+    "qwen3_5_text": {"full_attention_interval": 2},
+    "qwen3_5_moe_text": {"full_attention_interval": 2},
+    "qwen4_exp_text": {
+        "full_attention_interval": 2,
+        "indexer_n_heads": 2,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": HEAD_DIM,
+        "indexer_budget": 16,
+        "indexer_compress_ratio": 4,
+    },
+    # Zamba ties one shared attention block across its hybrid layers: needs two.
+    "zamba": {
+        "num_hidden_layers": 4,
+        "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"],
+        "attention_head_dim": 2 * HEAD_DIM,
+    },
+    "zamba2": {
+        "num_hidden_layers": 4,
+        "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"],
+    },
+    # others
+    "cohere_compass_text": {
+        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+    },
+    "gemma4_text": {"global_head_dim": 2 * HEAD_DIM},
+    "gemma4_unified_text": {"global_head_dim": 2 * HEAD_DIM},
+    "dots3_note_text": {
+        "swa_num_attention_heads": HEADS,
+        "swa_num_key_value_heads": HEADS,
+        "swa_q_lora_rank": 32,
+        "swa_kv_lora_rank": 32,
+        "swa_head_dim": HEAD_DIM,
+        "swa_qk_nope_head_dim": 8,
+        "swa_v_head_dim": HEAD_DIM,
+    },
+    # BltConfig lacks the layer count its cache asks for.
+    "blt": {"num_hidden_layers": LAYERS, "encoder_hash_byte_group_vocab": 64},
+    "gemma3n_text": {
+        "num_hidden_layers": 4,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "num_kv_shared_layers": 2,
+    },
+    "dory": {"num_hidden_layers": 4, "n_input_layers": 1, "n_output_layers": 1},
+    # xLSTM's model rounds the q/k width differently from its config unless it is
+    # already a multiple of 64.
+    "xlstm": {"qk_dim_factor": 1.0},
+    "dots3_note": {"vision_config": {"pyramid_num_routed": [-1, EXPERTS, EXPERTS]}},
+    "gpt_neo": {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
+    "mamba2": {"num_heads": 8},
+    "reformer": {"axial_pos_embds_dim": [32, 32], "axial_pos_shape": [8, 16]},
+    "xmod": {"default_language": "en_XX"},
+    "zaya": {"num_experts_per_tok": 1},
     # DbrxAttention reads `attn_config.rope_theta`, which its config class lacks.
     "dbrx": {
-        "attn_config": {"kv_n_heads": KV_HEADS, "rope_theta": 10000.0},
+        "attn_config": {"kv_n_heads": KV_HEADS, "rope_theta": 10000.0, "clip_qkv": 8.0},
         "ffn_config": {
             "hidden_size": HIDDEN,
             "ffn_hidden_size": EXPERT_INTERMEDIATE,
@@ -218,9 +312,40 @@ _OVERRIDES: dict[str, dict[str, Any]] = {
     },
 }
 
+# Causal-LM model types no tiny text checkpoint can stand for, and why.
+_NOT_BUILDABLE: dict[str, str] = {
+    "gemma4_assistant": (
+        "a speculative-decoding drafter: its forward needs the target model's "
+        "inputs_embeds and shared KV states, so it has no standalone text forward"
+    ),
+    "gemma4_unified_assistant": (
+        "a speculative-decoding drafter: its forward needs the target model's "
+        "inputs_embeds and shared KV states, so it has no standalone text forward"
+    ),
+    "musicgen": (
+        "an audio-codebook decoder: AutoModelForCausalLM cannot build MusicgenForCausalLM "
+        "from the composite MusicgenConfig, and it reads codebooks, not text tokens"
+    ),
+    "musicgen_melody": (
+        "an audio-codebook decoder: AutoModelForCausalLM cannot build "
+        "MusicgenMelodyForCausalLM from the composite config, and it reads codebooks"
+    ),
+}
+
 # Sub-configs that are not the language model: shrunk with the same generic table
 # plus these keys.
-_VISION_EXTRA: dict[str, Any] = {"image_size": 32, "patch_size": 8, "num_channels": 3}
+_VISION_EXTRA: dict[str, Any] = {
+    "image_size": 32,
+    "patch_size": 8,
+    "num_channels": 3,
+    "adapter_in_dim": HIDDEN,
+    "adapter_out_dim": HIDDEN,
+    "text_hidden_size": HIDDEN,
+    "hidden_size_global": HIDDEN,
+    "adapter_input_size": HIDDEN,
+    "downsample_hidden_size": 32,
+    "out_hidden_size": HIDDEN,
+}
 
 
 class TinyBuildError(Exception):
@@ -256,14 +381,16 @@ def causal_lm_model_types() -> list[str]:
 
 
 def _check_model_type(model_type: str) -> None:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     causal = causal_lm_model_types()
+    if model_type in _NOT_BUILDABLE:
+        raise TinyBuildError(f"{model_type!r} cannot be built tiny: {_NOT_BUILDABLE[model_type]}")
     if model_type in causal:
         return
     close = difflib.get_close_matches(model_type, causal, n=5, cutoff=0.6)
     hint = f"; close matches: {', '.join(close)}" if close else ""
-    if model_type in CONFIG_MAPPING_NAMES:
+    if model_type in CONFIG_MAPPING:
         raise TinyBuildError(
             f"model type {model_type!r} is not a causal LM in transformers "
             f"(no entry in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES){hint}"
@@ -291,13 +418,16 @@ def _field_defaults(config_cls: type[Any]) -> dict[str, Any]:
 
 
 def _shrink_kwargs(
-    config_cls: type[Any], table: Mapping[str, Any], overrides: Mapping[str, Any]
+    config_cls: type[Any],
+    table: Mapping[str, Any],
+    overrides: Mapping[str, Any],
+    base: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Constructor kwargs for ``config_cls``: ``table`` then ``overrides``, both
-    limited to keys the class knows, with aliases resolved through ``attribute_map``."""
+    """Constructor kwargs for ``config_cls``: ``base``, then ``table`` limited to keys
+    the class knows, then ``overrides``; aliases resolved through ``attribute_map``."""
     defaults = _field_defaults(config_cls)
     aliases: dict[str, str] = dict(getattr(config_cls, "attribute_map", {}) or {})
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(base or {})
     for key, value in table.items():
         if key in defaults:
             target = key
@@ -307,7 +437,7 @@ def _shrink_kwargs(
             continue
         if target not in defaults:
             continue
-        if key in _KEEP_NONE and defaults[target] is None:
+        if key in _KEEP_OFF and defaults[target] in (None, 0):
             continue
         kwargs[target] = value
     for key, value in overrides.items():
@@ -315,18 +445,29 @@ def _shrink_kwargs(
     return kwargs
 
 
-def _sub_config_class(config_cls: type[Any], name: str, sub_cls: type[Any]) -> type[Any] | None:
-    """The concrete class of sub-config ``name`` (``AutoConfig`` resolved through the
-    parent's default instance)."""
+def _sub_config_class(config_cls: type[Any], name: str) -> tuple[type[Any] | None, dict[str, Any]]:
+    """The concrete class of sub-config ``name`` and the kwargs its parent passes it
+    (``AutoConfig`` resolved through the declared default model type, else through
+    the parent's default instance)."""
     from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    if sub_cls is not AutoConfig:
-        return sub_cls
+    spec = (getattr(config_cls, "sub_configs_defaults", None) or {}).get(name)
+    declared = (getattr(config_cls, "sub_configs", None) or {}).get(name)
+    init_kwargs: dict[str, Any] = {}
+    if spec is not None:
+        declared = spec.config_class
+        init_kwargs = dict(getattr(spec, "init_kwargs", None) or {})
+        spec_type = getattr(spec, "model_type", None)
+        if declared is AutoConfig and spec_type:
+            return CONFIG_MAPPING[spec_type], init_kwargs
+    if declared is not None and declared is not AutoConfig:
+        return declared, init_kwargs
     try:
         default = getattr(config_cls(), name, None)
     except Exception:
-        return None
-    return type(default) if default is not None else None
+        return None, init_kwargs
+    return (type(default) if default is not None else None), init_kwargs
 
 
 def _is_language_sub_config(name: str) -> bool:
@@ -335,37 +476,88 @@ def _is_language_sub_config(name: str) -> bool:
     )
 
 
-def _tiny_config_for_class(config_cls: type[Any], vocab_size: int) -> Any:
+def _tiny_config_for_class(
+    config_cls: type[Any],
+    vocab_size: int,
+    extra: Mapping[str, Any] | None = None,
+    base: Mapping[str, Any] | None = None,
+) -> Any:
+    """A small instance of ``config_cls``: ``base`` (the kwargs a parent passes), the
+    generic table, the overrides of its model type, then ``extra``; sub-configs are
+    shrunk too (a dict under a sub-config's name in the overrides adds to that
+    sub-config's own overrides)."""
     model_type = str(getattr(config_cls, "model_type", ""))
     table = dict(_GENERIC)
     table["vocab_size"] = vocab_size
-    if "kv_lora_rank" in _field_defaults(config_cls):
-        # Multi-head latent attention expands keys and values to every head.
-        table["num_key_value_heads"] = HEADS
-    kwargs = _shrink_kwargs(config_cls, table, _OVERRIDES.get(model_type, {}))
+    overrides = {**_OVERRIDES.get(model_type, {}), **(extra or {})}
     sub_configs: Mapping[str, type[Any]] = getattr(config_cls, "sub_configs", {}) or {}
-    for name, declared in sub_configs.items():
-        if name in kwargs:
-            continue
-        sub_cls = _sub_config_class(config_cls, name, declared)
+    sub_extra = {k: overrides.pop(k) for k in list(overrides) if k in sub_configs}
+    if "kv_lora_rank" in _field_defaults(config_cls):
+        # Multi-head latent attention expands keys and values to every head and
+        # rotates only the rope part of each head.
+        table["num_key_value_heads"] = HEADS
+        table["head_dim"] = table["qk_rope_head_dim"]
+    kwargs = _shrink_kwargs(config_cls, table, overrides, base)
+    for name in sub_configs:
+        sub_cls, init_kwargs = _sub_config_class(config_cls, name)
         if sub_cls is None:
             continue
         if _is_language_sub_config(name):
-            kwargs[name] = _tiny_config_for_class(sub_cls, vocab_size)
+            kwargs[name] = _tiny_config_for_class(
+                sub_cls, vocab_size, sub_extra.get(name), init_kwargs
+            )
         else:
             sub_table = {**_GENERIC, **_VISION_EXTRA, "vocab_size": vocab_size}
             sub_type = str(getattr(sub_cls, "model_type", ""))
-            sub_kwargs = _shrink_kwargs(sub_cls, sub_table, _OVERRIDES.get(sub_type, {}))
-            kwargs[name] = sub_cls(**sub_kwargs)
+            sub_overrides = {**_OVERRIDES.get(sub_type, {}), **sub_extra.get(name, {})}
+            kwargs[name] = sub_cls(**_shrink_kwargs(sub_cls, sub_table, sub_overrides, init_kwargs))
     config = config_cls(**kwargs)
+    patterns = _missing_layer_kinds(config_cls, config, kwargs, base)
+    if patterns:
+        config = config_cls(**{**kwargs, **patterns})
     _fix_token_ids(config, vocab_size)
     return config
 
 
+# Per-layer pattern fields: a tiny model must show every kind the full-size one has.
+_PATTERN_FIELDS = ("layer_types", "mlp_layer_types", "layers_block_type", "block_types")
+
+
+def _missing_layer_kinds(
+    config_cls: type[Any], config: Any, kwargs: Mapping[str, Any], base: Mapping[str, Any] | None
+) -> dict[str, list[Any]]:
+    """Pattern fields (``layer_types`` ...) of ``config`` that lost a kind of layer the
+    default full-size config has, each mapped to a fixed pattern of the same length:
+    the tiny pattern with its tail replaced by the first layer of each missing kind.
+    Fields set explicitly (by an override) are left alone."""
+    defaults = _field_defaults(config_cls)
+    fixed: dict[str, list[Any]] = {}
+    reference: Any = None
+    for name in _PATTERN_FIELDS:
+        if name not in defaults or name in kwargs:
+            continue
+        tiny = getattr(config, name, None)
+        if not isinstance(tiny, (list, tuple)) or not tiny:
+            continue
+        if reference is None:
+            try:
+                reference = config_cls(**dict(base or {}))
+            except Exception:
+                return fixed
+        full = getattr(reference, name, None)
+        if not isinstance(full, (list, tuple)):
+            continue
+        missing = [kind for kind in dict.fromkeys(full) if kind not in tiny]
+        if not missing or len(missing) >= len(tiny):
+            continue
+        fixed[name] = [*list(tiny)[: len(tiny) - len(missing)], *missing]
+    return fixed
+
+
 def _fix_token_ids(config: Any, vocab_size: int) -> None:
     """Point every special-token id outside the vocabulary at a valid id: the named
-    specials at the tokenizer's ids, other ids (image, audio, ...) at the top of the
-    vocabulary, one each."""
+    specials at the tokenizer's ids, other ids (image, audio, ...) at the reserved top
+    of the vocabulary, one each."""
     spare = vocab_size - 1
     for key in sorted(vars(config)):
         if not (key.endswith("_token_id") or key.endswith("_token_index")):
@@ -438,28 +630,30 @@ for i in range(10):
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a fixed in-code corpus (deterministic,
-    at most ``VOCAB`` entries), with ``<s>`` prepended like Llama's and left padding."""
+    at most ``VOCAB - RESERVED_IDS`` entries), with ``<s>`` prepended like Llama's and
+    left padding."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(  # type: ignore[call-arg]
-        vocab_size=VOCAB,
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB - RESERVED_IDS,
         min_frequency=1,
         special_tokens=[PAD, BOS, EOS, UNK],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer)
-    tok.post_processor = processors.TemplateProcessing(  # type: ignore[call-arg]
+    tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A",
         pair=f"{BOS} $A {BOS} $B",
         special_tokens=[(BOS, BOS_ID)],
     )
     assert tok.token_to_id(PAD) == PAD_ID and tok.token_to_id(EOS) == EOS_ID
-    return PreTrainedTokenizerFast(
+    wrapper: Any = PreTrainedTokenizerFast  # untyped constructor
+    fast: PreTrainedTokenizerFast = wrapper(
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=EOS,
@@ -468,6 +662,7 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="left",
         model_max_length=MAX_POSITIONS,
     )
+    return fast
 
 
 # -------------------------------------------------------------------------- build
@@ -514,12 +709,16 @@ def _materialize(model_type: str, out: Path, seed: int) -> None:
     started = time.perf_counter()
     config = tiny_config(model_type)
     tokenizer = tiny_tokenizer()
-    if len(tokenizer) > int(getattr(config, "vocab_size", VOCAB) or VOCAB):
-        raise TinyBuildError(f"tokenizer of {len(tokenizer)} entries exceeds the vocab")
+    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
+        raise TinyBuildError(
+            f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
+        )
+    auto: Any = AutoModelForCausalLM  # untyped classmethods
     transformers.set_seed(seed)
     torch.manual_seed(seed)
     try:
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = auto.from_config(config, dtype=torch.float32)
     except ImportError as exc:
         raise TinyBuildError(f"model of {model_type!r} needs an extra package: {exc}") from exc
     except Exception as exc:
@@ -527,9 +726,23 @@ def _materialize(model_type: str, out: Path, seed: int) -> None:
             f"cannot instantiate tiny {model_type!r}: {type(exc).__name__}: {_first_line(exc)}"
         ) from exc
     model = model.to(torch.float32).eval()
-    _smoke_forward(model_type, model, tokenizer)
+    before = _smoke_logits(model_type, model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    if model.config.model_type not in causal_lm_model_types():
+        # Built from a composite config (emu3, mllama): the model's own config is a
+        # text config AutoModelForCausalLM cannot map back; keep the composite one.
+        config.save_pretrained(out)
+    try:
+        reloaded = auto.from_pretrained(out, dtype=torch.float32).eval()
+    except Exception as exc:
+        raise TinyBuildError(
+            f"tiny {model_type!r} saves but does not load back: "
+            f"{type(exc).__name__}: {_first_line(exc)}"
+        ) from exc
+    after = _smoke_logits(model_type, reloaded, tokenizer)
+    if before.shape != after.shape or not torch.allclose(before, after, atol=1e-4, rtol=1e-4):
+        raise TinyBuildError(f"tiny {model_type!r} gives other logits after a save/load round trip")
     manifest = {
         "model_type": model_type,
         "model_class": type(model).__name__,
@@ -543,11 +756,15 @@ def _materialize(model_type: str, out: Path, seed: int) -> None:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
-def _smoke_forward(model_type: str, model: Any, tokenizer: Any) -> None:
-    """One forward on a short sentence, so a broken family never reaches the cache."""
+_SMOKE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world!"]
+
+
+def _smoke_logits(model_type: str, model: Any, tokenizer: Any) -> Any:
+    """Logits of a left-padded batch of two sentences; a family whose forward fails
+    or gives non-finite logits never reaches the cache."""
     import torch
 
-    batch = tokenizer(["The quick brown fox."], return_tensors="pt")
+    batch = tokenizer(_SMOKE_TEXTS, return_tensors="pt", padding=True)
     try:
         with torch.no_grad():
             logits = model(**batch).logits
@@ -558,6 +775,7 @@ def _smoke_forward(model_type: str, model: Any, tokenizer: Any) -> None:
         ) from exc
     if not torch.isfinite(logits).all():
         raise TinyBuildError(f"tiny {model_type!r} gives non-finite logits")
+    return logits
 
 
 # ----------------------------------------------------------------------- specs

@@ -1,0 +1,280 @@
+"""Tiny random checkpoints: `tiny:<model_type>` builds, caches and loads for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from causalab_mini import tiny
+from causalab_mini.tiny import (
+    TINY_PREFIX,
+    TinyBuildError,
+    build_tiny,
+    cache_root,
+    causal_lm_model_types,
+    resolve_model_spec,
+    tiny_config,
+    tiny_tokenizer,
+)
+
+FAMILIES = [
+    "llama",
+    "gpt2",
+    "gpt_neox",
+    "gemma2",
+    "olmo2",
+    "bloom",
+    "mixtral",
+    "deepseek_v3",
+    "qwen3_moe",
+    "mpt",
+    "dbrx",
+    "falcon",
+    "phi",
+    "stablelm",
+    "opt",
+    "gpt_bigcode",
+    "granite",
+    "gptj",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma",
+    "gemma3_text",
+    "qwen2_moe",
+]
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello there!"]
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One cache for the session, so each family is built once."""
+    root = tmp_path_factory.mktemp("tiny-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CAUSALAB_MINI_CACHE", str(root))
+        yield root
+
+
+# ----------------------------------------------------------------- fast checks
+
+
+def test_cache_root_follows_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("CAUSALAB_MINI_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path
+    monkeypatch.delenv("CAUSALAB_MINI_CACHE")
+    assert cache_root() == Path.home() / ".cache" / "causalab_mini"
+
+
+def test_non_tiny_specs_pass_through(tmp_path: Path) -> None:
+    assert resolve_model_spec("meta-llama/Llama-3.2-1B") == "meta-llama/Llama-3.2-1B"
+    assert resolve_model_spec(str(tmp_path)) == str(tmp_path)
+    assert TINY_PREFIX == "tiny:"
+
+
+def test_unknown_model_type_names_close_matches() -> None:
+    with pytest.raises(TinyBuildError, match=r"unknown model type 'lama'.*llama"):
+        tiny_config("lama")
+    with pytest.raises(TinyBuildError, match=r"close matches: .*gpt2"):
+        build_tiny("gtp2")
+    with pytest.raises(TinyBuildError, match="unknown model type"):
+        resolve_model_spec("tiny:definitely_not_a_model")
+
+
+def test_non_causal_model_type_is_refused() -> None:
+    with pytest.raises(TinyBuildError, match="not a causal LM"):
+        tiny_config("t5")
+
+
+def test_family_without_standalone_text_forward_is_refused() -> None:
+    with pytest.raises(TinyBuildError, match=r"cannot be built tiny: .*drafter"):
+        tiny_config("gemma4_assistant")
+
+
+def test_causal_lm_model_types_sorted() -> None:
+    types = causal_lm_model_types()
+    assert types == sorted(types)
+    assert {"llama", "gpt2", "deepseek_v3", "jamba"} <= set(types)
+    assert "t5" not in types
+
+
+def test_tokenizer_is_small_deterministic_and_llama_like() -> None:
+    tok = tiny_tokenizer()
+    assert tiny_tokenizer().backend_tokenizer.to_str() == tok.backend_tokenizer.to_str()
+    assert len(tok) <= tiny.VOCAB - tiny.RESERVED_IDS
+    assert tok.padding_side == "left"
+    ids = tok("The capital of France is Paris.")["input_ids"]
+    assert ids[0] == tok.bos_token_id == tiny.BOS_ID
+    assert len(ids) >= 5
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 2, 3)
+    batch = tok(TEXTS, padding=True)
+    assert batch["input_ids"][1][0] == tok.pad_token_id  # padded on the left
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_tiny_config_is_small_and_consistent(model_type: str) -> None:
+    config = tiny_config(model_type)
+    text = config.get_text_config()
+    assert text.hidden_size <= 64
+    assert text.num_hidden_layers <= 4
+    assert text.hidden_size % text.num_attention_heads == 0
+    kv = getattr(text, "num_key_value_heads", None)
+    if isinstance(kv, int):
+        assert text.num_attention_heads % kv == 0
+    assert text.vocab_size >= len(tiny_tokenizer())
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(text, key, None)
+        if isinstance(value, int):
+            assert 0 <= value < text.vocab_size, key
+
+
+@pytest.mark.parametrize(
+    ("model_type", "field", "kinds"),
+    [
+        ("gemma2", "layer_types", {"sliding_attention", "full_attention"}),
+        ("gemma3_text", "layer_types", {"sliding_attention", "full_attention"}),
+        ("qwen3_next", "layer_types", {"linear_attention", "full_attention"}),
+        ("jamba", "layers_block_type", {"mamba", "attention"}),
+        ("bamba", "layers_block_type", {"linear_attention", "full_attention"}),
+        ("granitemoehybrid", "layer_types", {"linear_attention", "full_attention"}),
+        ("lfm2", "layer_types", {"conv", "full_attention"}),
+        ("zamba", "layers_block_type", {"linear_attention", "hybrid"}),
+    ],
+)
+def test_layer_patterns_keep_every_kind(model_type: str, field: str, kinds: set[str]) -> None:
+    assert set(getattr(tiny_config(model_type), field)) == kinds
+
+
+def test_multimodal_placeholder_ids_fit_the_reserved_vocab() -> None:
+    config = tiny_config("gemma3")
+    top = range(tiny.VOCAB - tiny.RESERVED_IDS, tiny.VOCAB)
+    assert {config.image_token_id, config.boi_token_id, config.eoi_token_id} <= set(top)
+    assert config.text_config.vocab_size == tiny.VOCAB
+    assert config.vision_config.hidden_size <= 64
+
+
+def test_deepseek_v3_config_mixes_dense_and_moe() -> None:
+    config = tiny_config("deepseek_v3")
+    assert config.first_k_dense_replace == 1
+    assert config.n_routed_experts == 4
+    assert config.num_experts_per_tok == 2
+
+
+# ---------------------------------------------------------------- model builds
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_build_load_and_forward(model_type: str, tiny_cache: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build_tiny(model_type)
+    assert path.parent == tiny_cache / "tiny"
+    assert path.name.startswith(f"{model_type}-transformers")
+    manifest = json.loads((path / tiny.MANIFEST).read_text())
+    assert manifest["model_type"] == model_type
+
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert model.dtype == torch.float32
+    batch = tokenizer(TEXTS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        logits = model(**batch).logits
+    seq = batch["input_ids"].shape[1]
+    assert tuple(logits.shape) == (2, seq, model.config.get_text_config().vocab_size)
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.slow
+def test_resolve_model_spec_builds(tiny_cache: Path) -> None:
+    resolved = resolve_model_spec("tiny:llama")
+    assert resolved == str(build_tiny("llama"))
+    assert Path(resolved, "config.json").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["llama", "mixtral"])
+def test_builds_are_deterministic(model_type: str, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    first = build_tiny(model_type, cache_dir=tmp_path / "a")
+    second = build_tiny(model_type, cache_dir=tmp_path / "b")
+    assert first != second
+    a = load_file(str(first / "model.safetensors"))
+    b = load_file(str(second / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for key in a:
+        assert a[key].equal(b[key]), key
+    assert (first / "tokenizer.json").read_bytes() == (second / "tokenizer.json").read_bytes()
+    other = load_file(
+        str(build_tiny(model_type, cache_dir=tmp_path / "c", seed=1) / "model.safetensors")
+    )
+    assert any(not a[key].equal(other[key]) for key in a)
+
+
+@pytest.mark.slow
+def test_cache_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = build_tiny("gpt2", cache_dir=tmp_path)
+    stamp = (path / tiny.MANIFEST).stat().st_mtime_ns
+
+    def no_rebuild(*args: object, **kwargs: object) -> None:
+        raise AssertionError("rebuilt a cached checkpoint")
+
+    monkeypatch.setattr(tiny, "_materialize", no_rebuild)
+    assert build_tiny("gpt2", cache_dir=tmp_path) == path
+    assert (path / tiny.MANIFEST).stat().st_mtime_ns == stamp
+    leftovers = [p.name for p in (tmp_path / "tiny").iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
+
+
+@pytest.mark.slow
+def test_concurrent_builders_do_not_race(tmp_path: Path) -> None:
+    results: list[Path] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            results.append(build_tiny("gpt_neox", cache_dir=tmp_path))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(set(results)) == 1
+    assert sorted(os.listdir(tmp_path / "tiny")) == sorted(
+        [results[0].name, results[0].name + ".lock"]
+    )
+
+
+@pytest.mark.slow
+def test_deepseek_v3_layer0_dense_layer1_moe(tiny_cache: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build_tiny("deepseek_v3"))
+    layers = model.model.layers
+    assert not hasattr(layers[0].mlp, "experts")
+    assert hasattr(layers[1].mlp, "experts")
+    assert hasattr(layers[1].mlp, "gate")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_nnterp_loads_tiny(model_type: str, tiny_cache: Path) -> None:
+    import torch
+    from nnterp import StandardizedTransformer
+
+    model = StandardizedTransformer(str(build_tiny(model_type)), device_map="cpu")
+    assert model.num_layers == tiny.LAYERS
+    with torch.no_grad(), model.trace("The quick brown fox"):
+        out = model.logits.save()
+    assert out.shape[-1] == model.config.vocab_size
