@@ -44,7 +44,7 @@ __all__ = [
 TINY_PREFIX = "tiny:"
 """Model specs starting with this prefix name a tiny checkpoint: ``tiny:llama``."""
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 """Bumped whenever a change here changes what gets built; part of the cache key."""
 
 CACHE_ENV = "CAUSALAB_MINI_CACHE"
@@ -363,10 +363,15 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "causalab_mini"
 
 
-def _checkpoint_name(model_type: str, seed: int) -> str:
+def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | None = None) -> str:
+    import hashlib
+
     import transformers
 
     name = f"{model_type}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    if overrides:
+        key = json.dumps(overrides, sort_keys=True).encode()
+        name += f"-cfg{hashlib.sha256(key).hexdigest()[:10]}"
     return name if seed == 0 else f"{name}-seed{seed}"
 
 
@@ -587,12 +592,14 @@ def tiny_config(model_type: str) -> PretrainedConfig:
         config_cls = CONFIG_MAPPING[model_type]
     except ImportError as exc:
         raise TinyBuildError(
-            f"config class of {model_type!r} needs an extra package: {exc}"
+            f"config class of {model_type!r} needs an extra package: {_first_line(exc)}"
         ) from exc
     try:
         config: PretrainedConfig = _tiny_config_for_class(config_cls, VOCAB)
     except ImportError as exc:
-        raise TinyBuildError(f"config of {model_type!r} needs an extra package: {exc}") from exc
+        raise TinyBuildError(
+            f"config of {model_type!r} needs an extra package: {_first_line(exc)}"
+        ) from exc
     except Exception as exc:
         raise TinyBuildError(
             f"cannot make a small {config_cls.__name__} for {model_type!r}: "
@@ -668,7 +675,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
 # -------------------------------------------------------------------------- build
 
 
-def build_tiny(model_type: str, *, cache_dir: Path | None = None, seed: int = 0) -> Path:
+def build_tiny(
+    model_type: str,
+    *,
+    cache_dir: Path | None = None,
+    seed: int = 0,
+    overrides: dict[str, Any] | None = None,
+) -> Path:
     """Build (once) and return the directory of a tiny ``model_type`` checkpoint.
 
     The checkpoint lives at ``<root>/tiny/<model_type>-transformers<version>-v<N>``
@@ -676,12 +689,14 @@ def build_tiny(model_type: str, *, cache_dir: Path | None = None, seed: int = 0)
     ``-seed<seed>``. It holds the model (float32 safetensors), its config and the
     tokenizer, all written by ``save_pretrained``. Concurrent builders serialise on a
     file lock; the directory appears atomically (built next to it, then renamed).
+    ``overrides`` sets config attributes of the text config (``use_parallel_residual``,
+    ``residual_multiplier``) and is part of the cache key.
     """
     from filelock import FileLock
 
     _check_model_type(model_type)
     base = (Path(cache_dir) if cache_dir is not None else cache_root()) / "tiny"
-    final = base / _checkpoint_name(model_type, seed)
+    final = base / _checkpoint_name(model_type, seed, overrides)
     if (final / MANIFEST).is_file():
         return final
     base.mkdir(parents=True, exist_ok=True)
@@ -691,8 +706,9 @@ def build_tiny(model_type: str, *, cache_dir: Path | None = None, seed: int = 0)
         if final.exists():  # left by a crash between rename and manifest: rebuild
             shutil.rmtree(final)
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=base))
+        tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
-            _materialize(model_type, tmp, seed)
+            _materialize(model_type, tmp, seed, overrides or {})
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -700,7 +716,7 @@ def build_tiny(model_type: str, *, cache_dir: Path | None = None, seed: int = 0)
     return final
 
 
-def _materialize(model_type: str, out: Path, seed: int) -> None:
+def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any]) -> None:
     """Write a tiny checkpoint of ``model_type`` into the (empty) directory ``out``."""
     import torch
     import transformers
@@ -708,6 +724,14 @@ def _materialize(model_type: str, out: Path, seed: int) -> None:
 
     started = time.perf_counter()
     config = tiny_config(model_type)
+    text = config.get_text_config()
+    for key, value in overrides.items():
+        if not hasattr(text, key):
+            raise TinyBuildError(
+                f"tiny {model_type!r} has no config attribute {key!r} to set; its config "
+                f"is {type(text).__name__}"
+            )
+        setattr(text, key, value)
     tokenizer = tiny_tokenizer()
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
@@ -720,7 +744,9 @@ def _materialize(model_type: str, out: Path, seed: int) -> None:
     try:
         model = auto.from_config(config, dtype=torch.float32)
     except ImportError as exc:
-        raise TinyBuildError(f"model of {model_type!r} needs an extra package: {exc}") from exc
+        raise TinyBuildError(
+            f"model of {model_type!r} needs an extra package: {_first_line(exc)}"
+        ) from exc
     except Exception as exc:
         raise TinyBuildError(
             f"cannot instantiate tiny {model_type!r}: {type(exc).__name__}: {_first_line(exc)}"
@@ -750,6 +776,7 @@ def _materialize(model_type: str, out: Path, seed: int) -> None:
         "torch_version": torch.__version__,
         "builder_version": BUILDER_VERSION,
         "seed": seed,
+        "overrides": overrides,
         "parameters": sum(p.numel() for p in model.parameters()),
         "build_seconds": round(time.perf_counter() - started, 3),
     }
@@ -781,12 +808,43 @@ def _smoke_logits(model_type: str, model: Any, tokenizer: Any) -> Any:
 # ----------------------------------------------------------------------- specs
 
 
+def _spec_value(text: str) -> Any:
+    lowered = text.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_tiny_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``tiny:gpt_neox?use_parallel_residual=false&rotary_pct=0.5`` -> the model type
+    and the config overrides (true/false/none, numbers, else strings)."""
+    body = spec[len(TINY_PREFIX) :].strip()
+    model_type, _, query = body.partition("?")
+    if not model_type:
+        raise TinyBuildError(f"empty model type in spec {spec!r}")
+    overrides: dict[str, Any] = {}
+    for part in filter(None, query.split("&")):
+        key, eq, value = part.partition("=")
+        if not eq or not key.isidentifier():
+            raise TinyBuildError(
+                f"config override {part!r} in {spec!r} is not key=value (e.g. "
+                "tiny:gpt_neox?use_parallel_residual=false)"
+            )
+        overrides[key] = _spec_value(value)
+    return model_type, overrides
+
+
 def resolve_model_spec(spec: str) -> str:
-    """``tiny:<model_type>`` -> the built checkpoint directory; anything else (a hub
-    id, a local directory) unchanged."""
+    """``tiny:<model_type>[?key=value&...]`` -> the built checkpoint directory;
+    anything else (a hub id, a local directory) unchanged."""
     if spec.startswith(TINY_PREFIX):
-        model_type = spec[len(TINY_PREFIX) :].strip()
-        if not model_type:
-            raise TinyBuildError(f"empty model type in spec {spec!r}")
-        return str(build_tiny(model_type))
+        model_type, overrides = parse_tiny_spec(spec)
+        return str(build_tiny(model_type, overrides=overrides or None))
     return spec

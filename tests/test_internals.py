@@ -38,11 +38,20 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "dbrx": ("tiny:dbrx", "residual_inside"),
     "opt": ("tiny:opt", "pre_norm"),
     "gpt_bigcode": ("tiny:gpt_bigcode", "pre_norm"),
-    "granite": ("tiny:granite", "pre_norm"),
+    "granite": (
+        "tiny:granite?residual_multiplier=0.37&embedding_multiplier=3.0&logits_scaling=2.0",
+        "pre_norm",
+    ),
     "mixtral": ("tiny:mixtral", "pre_norm"),
     "qwen2_moe": ("tiny:qwen2_moe", "pre_norm"),
     "qwen3_moe": ("tiny:qwen3_moe", "pre_norm"),
     "deepseek_v3": ("tiny:deepseek_v3", "pre_norm"),
+    # the config values that change a block's structure
+    "gpt_neox_sequential": ("tiny:gpt_neox?use_parallel_residual=false", "pre_norm"),
+    "stablelm_parallel": ("tiny:stablelm?use_parallel_residual=true", "parallel"),
+    "falcon_sequential": ("tiny:falcon?parallel_attn=false", "pre_norm"),
+    "falcon_new_arch": ("tiny:falcon?new_decoder_architecture=true", "parallel"),
+    "falcon_alibi": ("tiny:falcon?alibi=true", "parallel"),
 }
 # Families with no place between the sublayers to write (the reason is in their row).
 NO_MID_WRITE = {"opt"}
@@ -50,6 +59,8 @@ NO_MID_WRITE = {"opt"}
 # or parallel block (our row differs on purpose).
 NNTERP_DIFFERS = {
     "falcon": {"mlps_output"},  # the layer adds attention into the MLP output in place
+    "falcon_new_arch": {"mlps_output"},
+    "falcon_alibi": {"mlps_output"},
     "granite": {"attentions_output", "mlps_output"},  # unscaled by residual_multiplier
     "opt": {"mlps_output"},  # no MLP module
 }
@@ -137,6 +148,15 @@ def test_a_wrong_row_fails_its_identity() -> None:
     model = StandardizedTransformer("tiny:gemma2", rename_config=wrong)
     inputs = c.sample_inputs(model)
     checks = c.identities(model, c.read_places(model, inputs))
+    assert any(not check.ok for check in checks if "attentions_output" in check.name)
+
+
+def test_an_unscaled_contribution_fails_its_identity() -> None:
+    """Granite's rows state residual_multiplier; without it the identity refuses."""
+    spec = FAMILIES["granite"][0]
+    unscaled = RenameConfig(addresses={"attentions_output": DEFAULT_ADDRESSES["attentions_output"]})
+    model = StandardizedTransformer(spec, rename_config=unscaled)
+    checks = c.identities(model, c.read_places(model, c.sample_inputs(model)))
     assert any(not check.ok for check in checks if "attentions_output" in check.name)
 
 

@@ -278,3 +278,34 @@ def test_nnterp_loads_tiny(model_type: str, tiny_cache: Path) -> None:
     with torch.no_grad(), model.trace("The quick brown fox"):
         out = model.logits.save()
     assert out.shape[-1] == model.config.vocab_size
+
+
+def test_spec_config_overrides_parse() -> None:
+    from causalab_mini.tiny import parse_tiny_spec
+
+    assert parse_tiny_spec("tiny:llama") == ("llama", {})
+    assert parse_tiny_spec(
+        "tiny:gpt_neox?use_parallel_residual=false&rotary_pct=0.5&x=none&n=3"
+    ) == (
+        "gpt_neox",
+        {"use_parallel_residual": False, "rotary_pct": 0.5, "x": None, "n": 3},
+    )
+    with pytest.raises(TinyBuildError, match="is not key=value"):
+        parse_tiny_spec("tiny:llama?oops")
+    with pytest.raises(TinyBuildError, match="empty model type"):
+        parse_tiny_spec("tiny:?a=1")
+
+
+@pytest.mark.slow
+def test_overrides_are_part_of_the_checkpoint(tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    plain = build_tiny("gpt_neox", cache_dir=tmp_path)
+    sequential = build_tiny(
+        "gpt_neox", cache_dir=tmp_path, overrides={"use_parallel_residual": False}
+    )
+    assert plain != sequential
+    assert AutoConfig.from_pretrained(plain).use_parallel_residual is True
+    assert AutoConfig.from_pretrained(sequential).use_parallel_residual is False
+    with pytest.raises(TinyBuildError, match="no config attribute 'no_such_key'"):
+        build_tiny("gpt_neox", cache_dir=tmp_path, overrides={"no_such_key": 1})
