@@ -135,3 +135,12 @@ def model_command(
                 click.echo(f"  {r['name']!s:{width}}  --   {reason}")
     if strict and any(not r["ok"] for r in rows):
         sys.exit(1)
+
+
+def _register() -> None:
+    from causalab_mini.sweep import sweep_command
+
+    main.add_command(sweep_command)
+
+
+_register()
