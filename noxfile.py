@@ -53,3 +53,37 @@ def tests(session: nox.Session) -> None:
     session.install(TORCH)
     session.install("-e", ".[dev]")
     session.run("python", "-m", "pytest", *session.posargs)
+
+
+# The semantic suite: identities, oracles, interiors, the rows' ops.
+SEMANTIC = ["tests/test_internals.py", "tests/test_components.py", "tests/test_cli_model.py"]
+
+
+@nox.session
+@nox.parametrize("nnsight", ["0.6.3", "0.7.0"])
+@nox.parametrize("transformers", ["5.17.0", "5.24.0"])
+def drift(session: nox.Session, nnsight: str, transformers: str) -> None:
+    """The semantic suite under nnsight 0.6 and 0.7 and an older and the newest
+    transformers 5.x: a row whose operations moved fails here, with its op list."""
+    session.install(TORCH)
+    session.install("-e", ".[dev]")
+    session.install(f"nnsight=={nnsight}", f"transformers=={transformers}")
+    session.run("python", "-m", "pytest", "-q", "-p", "no:warnings", *SEMANTIC, *session.posargs)
+
+
+@nox.session
+def coverage(session: nox.Session) -> None:
+    """Sweep every causal-LM architecture and regenerate docs/coverage.md."""
+    session.install(TORCH)
+    session.install("-e", ".")
+    session.run(
+        "registry",
+        "sweep",
+        "--jobs",
+        "2",
+        "--out",
+        "docs/coverage.json",
+        "--doc",
+        "docs/coverage.md",
+        *session.posargs,
+    )
