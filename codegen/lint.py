@@ -538,7 +538,10 @@ def _cross(
             )
         for name, raw in bs.data["layer_kinds"].items():
             reg.layer_kinds[name] = LayerKind(
-                name, raw["doc"].strip(), tuple(raw["present"]), tuple(raw.get("absent", ()))
+                name,
+                raw["doc"].strip(),
+                tuple(raw.get("present", ())),
+                tuple(raw.get("absent", ())),
             )
         for i, raw in enumerate(bs.data["rules"]):
             if raw["structure"] not in reg.structures:

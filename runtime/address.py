@@ -194,7 +194,9 @@ class RenameConfig:
     """Where a family keeps its containers, plus Address rows of its own.
 
     The container fields are nnterp's (``attn_name`` … ``layers_name``) with
-    ``embed_name`` beside them; ``addresses`` replaces where an existing accessor reads
+    ``embed_name`` beside them; ``mixed_layers`` says the layers are not all of one
+    class (hybrid attention / state-space stacks), which nnterp refuses unless told;
+    ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
 
@@ -207,6 +209,7 @@ class RenameConfig:
     lm_head_name: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
+    mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
     def rename_dict(self) -> dict[str, str]:
@@ -248,11 +251,12 @@ class StructureRule:
 
 @dataclass(frozen=True)
 class LayerKind:
-    """A property of one layer's module tree: any of ``present``, none of ``absent``."""
+    """A property of one layer's module tree: any of ``present`` (if given) exists,
+    and none of ``absent`` does."""
 
     name: str
     doc: str
-    present: tuple[str, ...]
+    present: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
 
 

@@ -8,6 +8,7 @@ the model) and reads or writes the resolved place inside an nnsight trace.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -28,6 +29,19 @@ class RenameError(ValueError):
     """A row whose name the model already uses for something else."""
 
 
+def has_attr(envoy: Any, name: str) -> bool:
+    """Whether ``getattr(envoy, name)`` can find ``name``, decided without calling
+    nnsight's ``Envoy.__getattr__`` on a miss: its AttributeError formats the whole
+    subtree into the message, which on an 80-layer model costs a quarter second."""
+    if name in envoy.__dict__ or any(name in vars(k) for k in type(envoy).__mro__):
+        return True
+    alias = envoy.__dict__.get("_alias")
+    if alias is not None and name in alias.alias_to_name:
+        return True
+    module = envoy.__dict__.get("_module")
+    return module is None or hasattr(module, name)
+
+
 def child(envoy: Any, path: str) -> Any | None:
     """The Envoy at dotted ``path`` below ``envoy`` (standardized names), or None."""
     from nnsight.intervention.envoy import Envoy
@@ -35,6 +49,8 @@ def child(envoy: Any, path: str) -> Any | None:
     current = envoy
     for part in path.split(".") if path else ():
         try:
+            if not has_attr(current, part):
+                return None
             current = getattr(current, part)
         except (AttributeError, IndexError, KeyError, TypeError):
             return None
@@ -62,7 +78,10 @@ def child_names(envoy: Any, depth: int = 2) -> list[str]:
     return out
 
 
+@functools.cache
 def _installed(package: str) -> str | None:
+    """The installed version of ``package`` (read once per process: reading package
+    metadata costs milliseconds, and locate asks for every interior at every layer)."""
     try:
         from importlib.metadata import version
 
@@ -120,14 +139,16 @@ class Place:
 
     # ------------------------------------------------------------ trace access
 
-    def _target(self, layer: int | None) -> tuple[Address, Any]:
-        address = self.address_at(layer)
+    def _module_target(self, layer: int | None) -> tuple[Address, Any]:
+        """The resolved row at ``layer`` and the Envoy of its module (cached: the
+        rows, the module tree and its Envoys outlive traces and dispatch)."""
         internals = self._internals
-        if address.per_layer:
-            assert layer is not None
-            base = internals.model.layers[internals._layer(self, layer)]
-        else:
-            base = internals.model
+        key = (self.name, -1 if layer is None else layer)
+        hit = internals._targets.get(key)
+        if hit is not None:
+            return hit
+        address = self.address_at(layer)
+        base = internals.model.layers[layer] if address.per_layer else internals.model
         envoy = child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
             raise PlaceUnavailable(
@@ -135,6 +156,13 @@ class Place:
                     self.name, layer, f"module {address.module!r} is not in the model"
                 )
             )
+        internals._targets[key] = (address, envoy)
+        return address, envoy
+
+    def _target(self, layer: int | None) -> tuple[Address, Any]:
+        layer = self._internals._layer(self, layer)
+        address, envoy = self._module_target(layer)
+        internals = self._internals
         if address.source:
             module = f"{'layers.' + str(layer) + '.' if address.per_layer else ''}{address.module}"
             op = find_op(
@@ -209,6 +237,7 @@ class Internals(Mapping[str, Place]):
         self._order = sorted(self._places, key=lambda n: self.rank(n, 0))
         self._resolved: dict[tuple[str, int], tuple[Address | None, str | None]] = {}
         self._kinds: dict[tuple[str, int], bool] = {}
+        self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
 
     # ------------------------------------------------------------ mapping
 
@@ -309,7 +338,7 @@ class Internals(Mapping[str, Place]):
         if key not in self._kinds:
             spec = LAYER_KINDS[kind]
             envoy = self.model.layers[layer]
-            present = any(child(envoy, p) is not None for p in spec.present)
+            present = not spec.present or any(child(envoy, p) is not None for p in spec.present)
             absent = all(child(envoy, p) is None for p in spec.absent)
             self._kinds[key] = present and absent
         return self._kinds[key]

@@ -48,6 +48,7 @@ CONTAINERS = (
     "lm_head_name",
     "ignore_mlp",
     "ignore_attn",
+    "mixed_layers",
 )
 
 
@@ -169,6 +170,13 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if probs is not None and probs.source:
             model_class = class_names[0] if class_names else "model"
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
+        if merged.mixed_layers:
+            kwargs.setdefault("allow_multimodal", True)
+        # nnterp checks attention probabilities on layer 0; where attention is not on
+        # every layer (ignore_attn) our own row serves them, under eager attention
+        nnterp_probs = enable_attention_probs and not merged.ignore_attn
+        if enable_attention_probs and not nnterp_probs:
+            kwargs["attn_implementation"] = "eager"
         rename = dict(kwargs.pop("rename", None) or {})
         if merged.embed_name:
             rename.setdefault(merged.embed_name, "embed_tokens")
@@ -182,7 +190,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             super().__init__(
                 model,
                 rename_config=nnterp_config,
-                enable_attention_probs=enable_attention_probs,
+                enable_attention_probs=nnterp_probs,
                 rename=rename or None,
                 **kwargs,
             )

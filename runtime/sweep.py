@@ -83,25 +83,32 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import torch
 
     from causalab_mini import certify as cert
-    from causalab_mini.components import ComponentError, Plan, component_status, locate
+    from causalab_mini.components import ComponentError, Plan, locate
 
     n = model.internals.num_layers
-    status = component_status(model)
     addresses: dict[tuple[str, int | None], Any] = {}
     result: dict[str, dict[str, Any]] = {}
+    partial: dict[str, dict[str, Any]] = {}
     for name, spec in COMPONENTS.items():
-        _, reason = status[name]
-        if reason is not None:
-            generic = (
-                any(g in reason.lower() for g in GENERIC) and "Its operations are" not in reason
-            )
-            result[name] = {"state": "broken" if generic else "refused", "reason": reason}
-            continue
+        refusals: dict[int | None, str] = {}
         for layer in range(n) if spec.per_layer else [None]:
             try:
                 addresses[(name, layer)] = locate(model, name, layer)
-            except ComponentError as exc:  # pragma: no cover - status said it resolves
-                result[name] = {"state": "broken", "reason": f"locate failed: {exc}"}
+            except ComponentError as exc:
+                refusals[layer] = str(exc)
+        if not refusals:
+            continue
+        reason = next(iter(refusals.values()))
+        generic = any(g in reason.lower() for g in GENERIC) and "Its operations are" not in reason
+        if generic:
+            result[name] = {"state": "broken", "reason": reason}
+        elif len(refusals) == (n if spec.per_layer else 1):
+            result[name] = {"state": "refused", "reason": reason}
+        else:  # certified where it exists, refused (with the reason) on the other layers
+            partial[name] = {
+                "refused_layers": sorted(k for k in refusals if k is not None),
+                "reason": reason,
+            }
     values_by_address = Plan.of(reads=addresses.values()).run(model, inputs)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
@@ -132,6 +139,7 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             **inputs, output_hidden_states=True, output_attentions=model.attention_probs_enabled
         )
     hidden = hf.hidden_states
+    attention_layers = [layer for layer in layers if ("attention_probs", layer) in v]
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
         attn_inputs = cert.read_places(model, inputs, ["attentions_input"])
@@ -145,8 +153,11 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             ok, d = _close(v[("block_output", layer)], hidden[layer + 1])
             checks.add(["block_output"], "output_hidden_states[i+1] == block_output[i]", ok, d)
         if have("attention_probs", layer=layer) and hf.attentions is not None:
-            ok, d = _close(v[("attention_probs", layer)], hf.attentions[layer])
-            checks.add(["attention_probs"], "output_attentions == attention_probs", ok, d)
+            # hybrid stacks return attentions only for their attention layers
+            index = layer if len(hf.attentions) == n else attention_layers.index(layer)
+            if index < len(hf.attentions) and hf.attentions[index] is not None:
+                ok, d = _close(v[("attention_probs", layer)], hf.attentions[index])
+                checks.add(["attention_probs"], "output_attentions == attention_probs", ok, d)
         if have("attention_input_norm", layer=layer) and ("attentions_input", layer) in attn_inputs:
             ok, d = _close(
                 v[("attention_input_norm", layer)], attn_inputs[("attentions_input", layer)]
@@ -199,6 +210,8 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             }
         else:
             result[name] = {"state": "ok", "checks": sorted({c[0] for c in done})}
+        if name in partial:
+            result[name].update(partial[name])
     return result
 
 
