@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -246,7 +245,10 @@ def _raw_outputs(
                 saved.append((kind, layer, comp._interior_op(model, what).inputs[1].get("scaling")))
             else:
                 out = _module(model, layer, what).output
-                saved.append((kind, layer, (out[0] if isinstance(out, tuple) else out).save()))
+                # a copy: a layer may change a module's output in place afterwards (Falcon)
+                saved.append(
+                    (kind, layer, (out[0] if isinstance(out, tuple) else out).clone().save())
+                )
     return {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
 
 
@@ -435,30 +437,59 @@ def run_one(spec: str) -> Result:
 # ---------------------------------------------------------------------- the sweep
 
 
-def _worker(model_type: str, timeout: float) -> Result:
-    command = [sys.executable, "-m", "causalab_mini.sweep", model_type]
-    started = time.perf_counter()
-    env = {
-        **os.environ,
-        "PYTHONWARNINGS": "ignore",
-        "TOKENIZERS_PARALLELISM": "false",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-    }
+_PRELOAD = [
+    "torch",
+    "transformers",
+    "nnsight",
+    "nnterp",
+    "causalab_mini.model",
+    "causalab_mini.sweep",
+]
+
+
+def _child(model_type: str, conn: Any) -> None:
+    """In a forked worker: certify one architecture and send the result back."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return Result(model_type, "timeout", f"no answer within {timeout:.0f} s", seconds=timeout)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            data = json.loads(line)
-            return Result(**data)
-    tail = " ".join((proc.stderr or "").strip().splitlines()[-3:])[:500]
-    return Result(
-        model_type,
-        "crashed",
-        f"exit {proc.returncode}: {tail}",
-        seconds=time.perf_counter() - started,
-    )
+        import torch
+
+        torch.set_num_threads(1)
+        conn.send(json.dumps(run_one(model_type).__dict__))
+    finally:
+        conn.close()
+
+
+def _worker(model_type: str, timeout: float, context: Any) -> Result:
+    """Run one architecture in its own process (forked from a server that has torch
+    and transformers imported already), with a timeout; a crash or a hang ends that
+    process only."""
+    started = time.perf_counter()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(model_type, send), daemon=True)
+    process.start()
+    send.close()
+    answer: str | None = None
+    try:
+        if receive.poll(timeout):
+            answer = receive.recv()
+    except EOFError:
+        answer = None
+    process.join(5 if answer is not None else 0.1)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        if answer is None:
+            return Result(
+                model_type, "timeout", f"no answer within {timeout:.0f} s", seconds=timeout
+            )
+    if answer is None:
+        return Result(
+            model_type,
+            "crashed",
+            f"the process ended with exit code {process.exitcode}",
+            seconds=time.perf_counter() - started,
+        )
+    return Result(**json.loads(answer))
 
 
 def sweep(
@@ -467,9 +498,13 @@ def sweep(
     timeout: float,
     progress: Callable[[Result], None] | None = None,
 ) -> list[Result]:
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_PRELOAD)
     results: list[Result] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_worker, t, timeout): t for t in model_types}
+        futures = {pool.submit(_worker, t, timeout, context): t for t in model_types}
         for future in as_completed(futures):
             result = future.result()
             results.append(result)
