@@ -33,6 +33,7 @@ CODES: dict[str, str] = {
     "X011": "the default rows are not in forward order",
     "X012": "a structural row or entry without its counterpart",
     "X013": "a component disagrees with the row it names",
+    "X014": "a family that no block-structure rule covers",
 }
 
 

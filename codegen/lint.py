@@ -89,6 +89,8 @@ class FamilyDef:
     # whole new row where the name is not a default row
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
     new_rows: tuple[tuple[str, Address], ...]
+    # why the four interiors do not exist on this family, where they do not
+    interiors_unavailable: str | None = None
 
 
 @dataclass
@@ -889,6 +891,8 @@ def _cross(
         seen[name] = rel
         overrides: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
         new_rows: list[tuple[str, Address]] = []
+        if "interiors_unavailable" in data:
+            check.reasons(fam, d, ("interiors_unavailable",), name, data["interiors_unavailable"])
         for row, raw in data.get("addresses", {}).items():
             path: JsonPath = ("addresses", row)
             check.row_fields(fam, d, path, f"{name}:{row}", raw)
@@ -924,6 +928,11 @@ def _cross(
                 rename=tuple(data.get("rename", {}).items()),
                 overrides=tuple(overrides),
                 new_rows=tuple(new_rows),
+                interiors_unavailable=(
+                    " ".join(data["interiors_unavailable"].split())
+                    if "interiors_unavailable" in data
+                    else None
+                ),
             )
         )
         # new rows' orders must not collide with the defaults'
@@ -966,3 +975,25 @@ def _cross(
                     f"different tensor; a family file matching {who} must replace "
                     f"{', '.join(missing)} (see families/gemma2.yaml)",
                 )
+
+    # -- every family has a block structure
+    if bs is not None:
+        ruled_types = {t for raw in bs.data["rules"] for t in raw.get("model_types", ())}
+        ruled_classes = {c for raw in bs.data["rules"] for c in raw.get("classes", ())}
+        for rel, fam in fam_loaded:
+            match = fam.data["match"]
+            types = set(match.get("model_types", ()))
+            classes = set(match.get("classes", ()))
+            if not types or types & ruled_types or classes & ruled_classes:
+                continue
+            name = fam.data["family"]
+            check.err(
+                fam,
+                disp(rel),
+                ("match", "model_types"),
+                "X014",
+                name,
+                f"no rule in block_structures.yaml gives {', '.join(sorted(types))} a block "
+                "structure, so every structural place is refused on it; add a rule "
+                "(`registry new-family <model_type>` verifies which structure holds)",
+            )

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from causalab_mini.address import Component, Interior
-from causalab_mini.generated import COMPONENTS, INTERIORS
+from causalab_mini.generated import COMPONENTS, FAMILY_INTERIORS_UNAVAILABLE, INTERIORS
 
 from .internals import PlaceUnavailable, _installed, child
-from .ops import OperationNotFound, find_op
+from .ops import OperationNotFound, find_op, op_name
 
 
 class ComponentError(LookupError):
@@ -132,7 +132,7 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
         place = model.internals["mlps_neurons"]
         at = 0 if layer is None else layer
         if place.unavailable_on(at) is None:
-            module = child(model.layers[at], place.address_at(at).module)
+            module = child(model.internals.layer_envoy(at), place.address_at(at).module)
             measured = _in_features(module._module) if module is not None else None
             if measured is not None:
                 return measured
@@ -223,11 +223,11 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
     address = place.address_at(at)
     op = None
     if address.source:
-        base = model.layers[at] if address.per_layer else model
+        base = internals.layer_envoy(at) if address.per_layer else model
         envoy = child(base, address.module)
         try:
-            first = find_op(
-                envoy.source,
+            op = op_name(
+                envoy,
                 address.source[0],
                 row=spec.target,
                 module=address.module,
@@ -235,7 +235,6 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
             )
         except OperationNotFound as exc:
             raise _refuse(spec.name, str(exc)) from None
-        op = first.path.split(".")[-1]
     width = width_of(model, spec.width, at)
     if head is not None and hd is not None and spec.width is not None:
         width = hd
@@ -275,6 +274,11 @@ def _interior(
     reason = within.unavailable_on(at)
     if reason is not None:
         raise _refuse(spec.name, reason)
+    for family in model.families:
+        if family in FAMILY_INTERIORS_UNAVAILABLE:
+            raise _refuse(
+                spec.name, FAMILY_INTERIORS_UNAVAILABLE[family].replace("{place}", spec.name)
+            )
     for package, rng in interior.versions:
         installed = _installed(package)
         if installed is not None and Version(installed) not in SpecifierSet(rng):
@@ -296,10 +300,10 @@ def _interior(
             ),
         )
     module = within.address_at(at).module
-    envoy = child(model.layers[at], module)
+    envoy = child(internals.layer_envoy(at), module)
     try:
-        op = find_op(
-            envoy.source,
+        op = op_name(
+            envoy,
             interior.needles[0],
             row=spec.name,
             module=f"layers.{at}.{module}",
@@ -318,7 +322,7 @@ def _interior(
         component=spec.name,
         layer=at,
         head=head,
-        op=op.path.split(".")[-1],
+        op=op,
         kind="interior",
         accessor=interior.name,
         module=module,
@@ -366,7 +370,7 @@ def _user_row(model: Any, name: str, layer: int | None, head: int | None) -> Com
 
 
 def _interior_op(model: Any, address: ComponentAddress) -> Any:
-    envoy = child(model.layers[address.layer], address.module)
+    envoy = child(model.internals.layer_envoy(address.layer), address.module)
     return getattr(envoy.source, str(address.op))
 
 
