@@ -87,3 +87,13 @@ def coverage(session: nox.Session) -> None:
         "docs/coverage.md",
         *session.posargs,
     )
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks, every figure a ratio against a baseline of the same run (tracing
+    overhead, resolve cost on a 70B-class meta model, tooling speed): writes bench.json
+    and prints the table. Not a test: nothing here fails on a slow machine."""
+    session.install(TORCH)
+    session.install("-e", ".[dev]")
+    session.run("python", "tests/bench/bench.py", "--out", "bench.json", *session.posargs)

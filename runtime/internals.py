@@ -148,7 +148,7 @@ class Place:
         if hit is not None:
             return hit
         address = self.address_at(layer)
-        base = internals.model.layers[layer] if address.per_layer else internals.model
+        base = internals.layer_envoy(layer) if address.per_layer else internals.model
         envoy = child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
             raise PlaceUnavailable(
@@ -238,6 +238,15 @@ class Internals(Mapping[str, Place]):
         self._resolved: dict[tuple[str, int], tuple[Address | None, str | None]] = {}
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
+        self._layer_envoys: list[Any] | None = None
+
+    def layer_envoy(self, layer: int) -> Any:
+        """The Envoy of layer ``layer`` (``model.layers[i]`` rebuilds the list of the
+        ModuleList's children on every index; the Envoys themselves never change)."""
+        if self._layer_envoys is None:
+            layers = self.model.layers
+            self._layer_envoys = [layers[i] for i in range(self.num_layers)]
+        return self._layer_envoys[layer]
 
     # ------------------------------------------------------------ mapping
 
@@ -376,7 +385,7 @@ class Internals(Mapping[str, Place]):
         key = (name, -1 if layer is None else layer)
         if key in self._resolved:
             return self._resolved[key]
-        base = self.model.layers[layer] if row.per_layer else self.model
+        base = self.layer_envoy(layer) if row.per_layer else self.model
         result: tuple[Address | None, str | None]
         if row.is_structural:
             result = self._structural(name, row, base)

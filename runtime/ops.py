@@ -76,6 +76,41 @@ def find_op(
     return getattr(source_envoy, name)
 
 
+# Operation names by (the module's true forward, needle): every module whose forward
+# is the same function has the same operations under the same names.
+_OP_NAMES: dict[tuple[Any, str], str] = {}
+
+
+def op_name(envoy: Any, needle: str, *, row: str, module: str, model_class: str) -> str:
+    """The name of the operation ``needle`` names in the forward of ``envoy``'s module.
+
+    Resolved once per forward function: the layers of one class share it, so
+    resolving layer 79 neither opens that layer's ``.source`` (nnsight parses and
+    rewrites the forward for every module it opens) nor searches it again.
+    """
+    forward = _true_forward(envoy._module)
+    key = (forward, needle)
+    name = _OP_NAMES.get(key) if forward is not None else None
+    if name is None:
+        op = find_op(envoy.source, needle, row=row, module=module, model_class=model_class)
+        name = str(op.path.split(".")[-1])
+        if forward is not None:
+            _OP_NAMES[key] = name
+    return name
+
+
+def _true_forward(module: Any) -> Any | None:
+    """The function nnsight reads the source of (None where that cannot be said)."""
+    try:
+        from nnsight.intervention.source import resolve_true_forward
+    except ImportError:
+        return None
+    try:
+        return resolve_true_forward(module)
+    except Exception:
+        return None
+
+
 def _message(
     accessor: Any, needle: str, hits: list[str], row: str, module: str, model_class: str
 ) -> str:

@@ -1,0 +1,1064 @@
+"""Benchmarks of causalab-mini, every figure a ratio against a baseline of the same run.
+
+    python tests/bench/bench.py --out bench.json        (or: nox -s bench)
+
+Not a test: pytest never collects it (the name does not start with ``test_``), and no
+test asserts a time. Four parts, each timed in this one run:
+
+1. tracing overhead: reads of every boundary place at every layer in one trace
+   through ``model.internals`` and through a ``Plan``, against the same reads
+   hand-written on nnsight's module paths, against a bare PyTorch forward whose
+   ``register_forward_hook``s save the same tensors (the floor); the same for writes
+   (``layers_mid`` patched at every layer) and for the four attention interiors
+   (``locate`` + ``Plan`` against hand-written ``.source``); and, where Python
+   overhead dominates (a small model), the cost of one read: (trace with N reads -
+   trace with none) / N.
+2. resolve cost at scale: ``internals.status()`` and ``locate`` of every component at
+   every layer of a 70B-class Llama on the meta device, against building that meta
+   model; no forward may run and no weight may load. ``registry model`` on the same
+   config, beyond its model construction.
+3. tooling: ``registry lint``, ``registry gen --check`` and importing
+   ``causalab_mini.generated``, against starting the interpreter.
+4. sweep throughput: pending (the sweep command is not there yet).
+
+Variants of one figure run interleaved (A B C, B C A, ...) so that load from other
+processes falls on all of them alike; each figure reports min and median over the
+repeats, and a ratio of mins and a ratio of medians. A target is judged on the ratio
+of mins, the figure least disturbed by other work on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The models of part 1 (built locally by causalab_mini.tiny, cached after the first run).
+READS_MODEL = {
+    "num_hidden_layers": 4,
+    "hidden_size": 256,
+    "intermediate_size": 688,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "max_position_embeddings": 256,
+}
+READS_BATCH, READS_SEQ = 4, 128
+SMALL_MODEL = {"num_hidden_layers": 8}  # the tiny default: hidden 64, 4 heads (2 kv)
+SMALL_BATCH, SMALL_SEQ = 1, 8
+# Part 2: a 70B-class Llama config, never given weights.
+BIG_CONFIG = {
+    "num_hidden_layers": 80,
+    "hidden_size": 8192,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "intermediate_size": 28672,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+}
+
+TARGETS = {
+    "reads": 1.05,
+    "reads_plan": 1.05,
+    "writes": 1.05,
+    "writes_plan": 1.05,
+    "interiors": 1.05,
+    "per_read": 1.10,
+    "resolve": 0.10,
+    "registry_model_s": 2.0,
+    "lint_s": 0.5,
+    "gen_check_s": 0.5,
+    "import_s": 0.050,
+}
+
+
+# ---------------------------------------------------------------------- timing
+
+
+def stats(values: list[float]) -> dict[str, Any]:
+    return {"min": min(values), "median": statistics.median(values), "n": len(values)}
+
+
+def ratio(a: list[float], b: list[float]) -> dict[str, float]:
+    return {
+        "min": min(a) / min(b),
+        "median": statistics.median(a) / statistics.median(b),
+    }
+
+
+def interleaved(
+    variants: dict[str, Callable[[], Any]], repeats: int, warmup: int = 2
+) -> dict[str, list[float]]:
+    """Time each variant ``repeats`` times, rotating their order every round."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    enabled = gc.isenabled()
+    try:
+        for r in range(repeats):
+            for name in names[r % len(names) :] + names[: r % len(names)]:
+                gc.collect()
+                gc.disable()
+                start = time.perf_counter()
+                variants[name]()
+                times[name].append(time.perf_counter() - start)
+                if enabled:
+                    gc.enable()
+    finally:
+        if enabled:
+            gc.enable()
+    return times
+
+
+def figure(
+    times: dict[str, list[float]], numerator: str, baseline: str, target: float | None
+) -> dict[str, Any]:
+    r = ratio(times[numerator], times[baseline])
+    return {
+        "ratio": r,
+        "numerator": numerator,
+        "baseline": baseline,
+        "target": target,
+        "met": None if target is None else r["min"] <= target,
+    }
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def quiet() -> None:
+    warnings.filterwarnings("ignore")
+    for name in ("nnterp", "transformers", "torch", "nnsight"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------- part 1
+
+
+def _tokens(batch: int, seq: int, vocab: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(16, vocab - 16, (batch, seq), generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, tuple) else value
+
+
+# The boundary rows of a pre-norm Llama block, hand-written on nnsight's module paths
+# (row name -> how to read it from the layer's Envoy). In forward order.
+HAND_LAYER: dict[str, Callable[[Any], Any]] = {
+    "layers_input": lambda layer: layer.input,
+    "attentions_norm_output": lambda layer: layer.input_layernorm.output,
+    "attentions_input": lambda layer: layer.self_attn.input,
+    "attentions_premix": lambda layer: layer.self_attn.o_proj.input,
+    "attentions_output": lambda layer: layer.self_attn.output[0],
+    "layers_mid": lambda layer: layer.post_attention_layernorm.input,
+    "mlps_norm_output": lambda layer: layer.post_attention_layernorm.output,
+    "mlps_input": lambda layer: layer.mlp.input,
+    "mlps_activation": lambda layer: layer.mlp.act_fn.output,
+    "mlps_neurons": lambda layer: layer.mlp.down_proj.input,
+    "mlps_output": lambda layer: layer.mlp.output,
+    "layers_output": lambda layer: _first(layer.output),
+}
+HAND_BEFORE: dict[str, Callable[[Any], Any]] = {
+    "embeddings_input": lambda model: model.model.embed_tokens.input,
+    "embeddings_output": lambda model: model.model.embed_tokens.output,
+}
+HAND_AFTER: dict[str, Callable[[Any], Any]] = {
+    "ln_final_output": lambda model: model.model.norm.output,
+    "lm_head_output": lambda model: model.lm_head.output,
+    "logits": lambda model: model.output["logits"],
+}
+# The same tensors for the bare-PyTorch floor: (child path of the layer or model,
+# "in" for a forward pre-hook's first argument, "out" for a forward hook's output).
+TORCH_LAYER: dict[str, tuple[str, str]] = {
+    "layers_input": ("", "in"),
+    "attentions_norm_output": ("input_layernorm", "out"),
+    "attentions_input": ("self_attn", "in"),
+    "attentions_premix": ("self_attn.o_proj", "in"),
+    "attentions_output": ("self_attn", "out"),
+    "layers_mid": ("post_attention_layernorm", "in"),
+    "mlps_norm_output": ("post_attention_layernorm", "out"),
+    "mlps_input": ("mlp", "in"),
+    "mlps_activation": ("mlp.act_fn", "out"),
+    "mlps_neurons": ("mlp.down_proj", "in"),
+    "mlps_output": ("mlp", "out"),
+    "layers_output": ("", "out"),
+}
+TORCH_MODEL: dict[str, tuple[str, str]] = {
+    "embeddings_input": ("model.embed_tokens", "in"),
+    "embeddings_output": ("model.embed_tokens", "out"),
+    "ln_final_output": ("model.norm", "out"),
+    "lm_head_output": ("lm_head", "out"),
+}
+
+
+def _module(root: Any, path: str) -> Any:
+    return root.get_submodule(path) if path else root
+
+
+class TorchHooks:
+    """A bare forward of the same checkpoint (its own copy, never wrapped by nnsight),
+    with hooks that save (or overwrite) the same tensors."""
+
+    def __init__(self, path: Path, **kwargs: Any) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
+        self.layers = list(self.hf.model.layers)
+
+    def reads(
+        self, inputs: dict[str, Any], before: list[str], per: list[str], after: list[str]
+    ) -> list[Any]:
+        import torch
+
+        layers = len(self.layers)
+        saved: dict[tuple[str, int | None], Any] = {}
+        handles = []
+
+        def add(module: Any, key: tuple[str, int | None], kind: str) -> None:
+            if kind == "in":
+
+                def pre(_m: Any, args: Any, kwargs: Any) -> None:
+                    saved[key] = args[0] if args else next(iter(kwargs.values()))
+
+                handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+            else:
+
+                def post(_m: Any, _args: Any, output: Any) -> None:
+                    saved[key] = _first(output)
+
+                handles.append(module.register_forward_hook(post))
+
+        for name in [*before, *after]:
+            if name in TORCH_MODEL:
+                path, kind = TORCH_MODEL[name]
+                add(_module(self.hf, path), (name, None), kind)
+        for name in per:
+            path, kind = TORCH_LAYER[name]
+            for i in range(layers):
+                add(_module(self.layers[i], path), (name, i), kind)
+        try:
+            with torch.no_grad():
+                saved[("logits", None)] = self.hf(**inputs)["logits"]
+        finally:
+            for h in handles:
+                h.remove()
+        return [
+            *(saved[(n, None)] for n in before),
+            *(saved[(n, i)] for i in range(layers) for n in per),
+            *(saved[(n, None)] for n in after),
+        ]
+
+    def write_mid(self, values: list[Any], inputs: dict[str, Any]) -> Any:
+        import torch
+
+        handles = []
+        for i, layer in enumerate(self.layers):
+
+            def pre(_m: Any, args: Any, kwargs: Any, v: Any = values[i]) -> None:
+                (args[0] if args else next(iter(kwargs.values())))[...] = v
+
+            handles.append(
+                layer.post_attention_layernorm.register_forward_pre_hook(pre, with_kwargs=True)
+            )
+        try:
+            with torch.no_grad():
+                return self.hf(**inputs)["logits"]
+        finally:
+            for h in handles:
+                h.remove()
+
+    def forward(self, inputs: dict[str, Any]) -> Any:
+        import torch
+
+        with torch.no_grad():
+            return self.hf(**inputs)["logits"]
+
+
+def _split_rows(model: Any) -> tuple[list[str], list[str], list[str]]:
+    """The available tensor rows: whole-model before the layers, per layer, after."""
+    internals = model.internals
+    status = internals.status()
+    names = [n for n in internals if status[n] is None and internals[n].row.io.value != "module"]
+    per = [n for n in names if internals[n].per_layer]
+    before = [n for n in names if not internals[n].per_layer and internals[n].row.order < 0]
+    after = [n for n in names if not internals[n].per_layer and internals[n].row.order >= 0]
+    return before, per, after
+
+
+def internals_reads(
+    model: Any, inputs: Any, before: list[str], per: list[str], after: list[str]
+) -> list[Any]:
+    internals = model.internals
+    out: list[Any] = []
+    with model.trace(inputs):
+        for name in before:
+            out.append(internals[name]().save())
+        for i in range(internals.num_layers):
+            for name in per:
+                out.append(internals[name][i].save())
+        for name in after:
+            out.append(internals[name]().save())
+    return out
+
+
+def hand_reads(
+    model: Any, inputs: Any, before: list[str], per: list[str], after: list[str]
+) -> list[Any]:
+    out: list[Any] = []
+    layer_reads = [HAND_LAYER[n] for n in per]
+    with model.trace(inputs):
+        for name in before:
+            out.append(HAND_BEFORE[name](model).save())
+        for i in range(len(model.model.layers)):
+            layer = model.model.layers[i]
+            for read in layer_reads:
+                out.append(read(layer).save())
+        for name in after:
+            out.append(HAND_AFTER[name](model).save())
+    return out
+
+
+def empty_trace(model: Any, inputs: Any) -> None:
+    with model.trace(inputs):
+        pass
+
+
+def _values(out: Any) -> list[Any]:
+    if isinstance(out, dict):
+        out = list(out.values())
+    return [getattr(t, "value", t) for t in out]
+
+
+def _same(a: list[Any], b: list[Any]) -> bool:
+    import torch
+
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def bench_boundary(repeats: int) -> dict[str, Any]:
+    """Reads of every boundary place at every layer, and writes of layers_mid."""
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import Plan, locate
+    from causalab_mini.tiny import build_tiny
+
+    out: dict[str, Any] = {}
+
+    # -- reads and writes at module boundaries
+    log("part 1: tiny llama 4x256, batch 4, seq 128")
+    path = build_tiny("llama", overrides=READS_MODEL)
+    model = StandardizedTransformer(str(path))
+    inputs = _tokens(READS_BATCH, READS_SEQ, model._model.config.vocab_size)
+    before, per, after = _split_rows(model)
+    n_layers = model.internals.num_layers
+    floor = TorchHooks(path)
+
+    # the same places as components, for the Plan
+    plan_components = {
+        "block_input": "layers_input",
+        "attention_input_norm": "attentions_norm_output",
+        "attention_premix": "attentions_premix",
+        "attention_output": "attentions_output",
+        "block_mid": "layers_mid",
+        "mlp_input_norm": "mlps_norm_output",
+        "mlp_input": "mlps_input",
+        "mlp_activation": "mlps_activation",
+        "mlp_neuron_output": "mlps_neurons",
+        "mlp_output": "mlps_output",
+        "block_output": "layers_output",
+    }
+    whole = {"input_ids": "embeddings_input", "embeddings": "embeddings_output"}
+    whole_after = {"ln_final": "ln_final_output", "lm_head": "lm_head_output", "logits": "logits"}
+    addresses = [locate(model, c) for c in whole]
+    addresses += [locate(model, c, i) for i in range(n_layers) for c in plan_components]
+    addresses += [locate(model, c) for c in whole_after]
+    plan = Plan.of(reads=addresses)
+    plan_per = list(plan_components.values())
+    plan_rows = (list(whole.values()), plan_per, list(whole_after.values()))
+
+    a = internals_reads(model, inputs, before, per, after)
+    b = hand_reads(model, inputs, before, per, after)
+    c = floor.reads(inputs, before, per, after)
+    d = _values(plan.run(model, inputs))
+    e = hand_reads(model, inputs, *plan_rows)
+    checks = {
+        "reads: internals == hand-written": _same(_values(a), _values(b)),
+        "reads: hooks == hand-written": _same(c, _values(b)),
+        "reads: plan == hand-written": _same(d, _values(e)),
+    }
+    log(f"reads: {len(a)} tensors per trace ({len(plan.steps)} through the plan)")
+    times = interleaved(
+        {
+            "torch_hooks": lambda: floor.reads(inputs, before, per, after),
+            "nnsight_hand": lambda: hand_reads(model, inputs, before, per, after),
+            "internals": lambda: internals_reads(model, inputs, before, per, after),
+            "nnsight_hand_plan_rows": lambda: hand_reads(model, inputs, *plan_rows),
+            "plan": lambda: plan.run(model, inputs),
+        },
+        repeats,
+    )
+    out["reads"] = {
+        "model": {**READS_MODEL, "batch": READS_BATCH, "seq": READS_SEQ},
+        "reads_per_trace": len(a),
+        "plan_reads_per_trace": len(plan.steps),
+        "times": {k: stats(v) for k, v in times.items()},
+        "figures": {
+            "internals / nnsight hand-written": figure(
+                times, "internals", "nnsight_hand", TARGETS["reads"]
+            ),
+            "plan / nnsight hand-written": figure(
+                times, "plan", "nnsight_hand_plan_rows", TARGETS["reads_plan"]
+            ),
+            "nnsight hand-written / torch hooks": figure(
+                times, "nnsight_hand", "torch_hooks", None
+            ),
+            "internals / torch hooks": figure(times, "internals", "torch_hooks", None),
+        },
+    }
+
+    # -- writes: layers_mid patched at every layer with the values of another input
+    other = _tokens(READS_BATCH, READS_SEQ, model._model.config.vocab_size - 1)
+    other["input_ids"] = other["input_ids"].flip(1)
+    saved: list[Any] = []
+    with model.trace(other):
+        for i in range(n_layers):
+            saved.append(model.internals["layers_mid"][i].save())
+    clean = [getattr(t, "value", t) for t in saved]
+    mid = model.internals["layers_mid"]
+    logits = model.internals["logits"]
+    mid_addresses = [locate(model, "block_mid", i) for i in range(n_layers)]
+    write_plan = Plan.of(
+        reads=[locate(model, "logits")], writes=list(zip(mid_addresses, clean, strict=True))
+    )
+
+    def internals_writes() -> Any:
+        with model.trace(inputs):
+            for i in range(n_layers):
+                mid[i] = clean[i]
+            result = logits().save()
+        return result
+
+    def hand_writes() -> Any:
+        with model.trace(inputs):
+            for i in range(n_layers):
+                model.model.layers[i].post_attention_layernorm.input[...] = clean[i]
+            result = model.output["logits"].save()
+        return result
+
+    def plan_writes() -> Any:
+        return next(iter(write_plan.run(model, inputs).values()))
+
+    w = [internals_writes(), hand_writes(), floor.write_mid(clean, inputs), plan_writes()]
+    w = [getattr(t, "value", t) for t in w]
+    checks["writes: internals == hand-written == hooks == plan"] = all(
+        torch.equal(w[0], x) for x in w[1:]
+    )
+    checks["writes: the patch changes the logits"] = not torch.equal(w[0], floor.forward(inputs))
+    times = interleaved(
+        {
+            "torch_hooks": lambda: floor.write_mid(clean, inputs),
+            "nnsight_hand": hand_writes,
+            "internals": internals_writes,
+            "plan": plan_writes,
+        },
+        repeats,
+    )
+    out["writes"] = {
+        "writes_per_trace": n_layers,
+        "times": {k: stats(v) for k, v in times.items()},
+        "figures": {
+            "internals / nnsight hand-written": figure(
+                times, "internals", "nnsight_hand", TARGETS["writes"]
+            ),
+            "plan / nnsight hand-written": figure(
+                times, "plan", "nnsight_hand", TARGETS["writes_plan"]
+            ),
+            "nnsight hand-written / torch hooks": figure(
+                times, "nnsight_hand", "torch_hooks", None
+            ),
+        },
+    }
+    out["checks"] = checks
+    return out
+
+
+def bench_interiors(repeats: int) -> dict[str, Any]:
+    """The four interiors (eager attention, so the scores exist): locate + Plan against
+    the same tensors hand-written through ``.source``, flattened the way the Plan hands
+    them on."""
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import Plan, locate
+    from causalab_mini.ops import find_op
+    from causalab_mini.tiny import build_tiny
+
+    log("part 1: interiors (eager attention)")
+    path = build_tiny("llama", overrides=READS_MODEL)
+    model = StandardizedTransformer(str(path), attn_implementation="eager")
+    inputs = _tokens(READS_BATCH, READS_SEQ, model._model.config.vocab_size)
+    n_layers = model.internals.num_layers
+    floor = TorchHooks(path, attn_implementation="eager")
+    kinds = ["attention_query", "attention_key", "attention_scores", "attention_z"]
+    plan = Plan.of(reads=[locate(model, k, i) for i in range(n_layers) for k in kinds])
+    # nnsight hands a trace body's new names back to the frame, not to closures
+    names: dict[str, str] = {}
+    with model.trace(inputs):
+        found = find_op(
+            model.model.layers[0].self_attn.source.attention_interface_0.source,
+            "nn.functional.softmax(",
+            row="bench",
+            module="self_attn.attention_interface_0",
+            model_class="bench",
+        )
+        names["softmax"] = str(found.path.split(".")[-1])
+    softmax = names["softmax"]
+
+    def hand() -> list[Any]:
+        saved: list[Any] = []
+        with model.trace(inputs):
+            for i in range(n_layers):
+                call = model.model.layers[i].self_attn.source.attention_interface_0
+                inner = call.source
+                args = call.inputs[0]
+                saved.append(args[1].transpose(1, 2).flatten(2).save())
+                saved.append(args[2].transpose(1, 2).flatten(2).save())
+                saved.append(getattr(inner, softmax).inputs[0][0].save())
+                saved.append(call.output[0].flatten(2).save())
+        return saved
+
+    same = _same(_values(plan.run(model, inputs)), _values(hand()))
+    times = interleaved(
+        {
+            "torch_forward": lambda: floor.forward(inputs),
+            "nnsight_hand": hand,
+            "plan": lambda: plan.run(model, inputs),
+        },
+        repeats,
+    )
+    return {
+        "reads_per_trace": len(plan.steps),
+        "softmax_op": softmax,
+        "check": same,
+        "times": {k: stats(v) for k, v in times.items()},
+        "figures": {
+            "plan / nnsight hand-written .source": figure(
+                times, "plan", "nnsight_hand", TARGETS["interiors"]
+            ),
+            "nnsight hand-written / bare forward (no capture)": figure(
+                times, "nnsight_hand", "torch_forward", None
+            ),
+        },
+    }
+
+
+def bench_per_read(repeats: int) -> dict[str, Any]:
+    """Where Python overhead dominates (a small model): the cost of one read,
+    (trace with N reads - trace with none) / N."""
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.tiny import build_tiny
+
+    log("part 1: small llama 8x64, seq 8: the cost of one read")
+    model = StandardizedTransformer(str(build_tiny("llama", overrides=SMALL_MODEL)))
+    inputs = _tokens(SMALL_BATCH, SMALL_SEQ, model._model.config.vocab_size)
+    before, per, after = _split_rows(model)
+    first = internals_reads(model, inputs, before, per, after)
+    n_reads = len(first)
+    same = _same(_values(first), _values(hand_reads(model, inputs, before, per, after)))
+    times = interleaved(
+        {
+            "empty_trace": lambda: empty_trace(model, inputs),
+            "nnsight_hand": lambda: hand_reads(model, inputs, before, per, after),
+            "internals": lambda: internals_reads(model, inputs, before, per, after),
+        },
+        repeats,
+        warmup=3,
+    )
+
+    def per_read(name: str, how: Callable[[list[float]], float]) -> float:
+        return (how(times[name]) - how(times["empty_trace"])) / n_reads
+
+    cost = {
+        name: {"min": per_read(name, min), "median": per_read(name, statistics.median)}
+        for name in ("nnsight_hand", "internals")
+    }
+    r = {k: cost["internals"][k] / cost["nnsight_hand"][k] for k in ("min", "median")}
+    return {
+        "model": {**SMALL_MODEL, "hidden_size": 64, "batch": SMALL_BATCH, "seq": SMALL_SEQ},
+        "reads_per_trace": n_reads,
+        "check": same,
+        "times": {k: stats(v) for k, v in times.items()},
+        "per_read_seconds": cost,
+        "figures": {
+            "internals / nnsight hand-written, per read": {
+                "ratio": r,
+                "numerator": "internals",
+                "baseline": "nnsight_hand",
+                "target": TARGETS["per_read"],
+                "met": r["min"] <= TARGETS["per_read"],
+            }
+        },
+    }
+
+
+def bench_tracing(repeats: int, small_repeats: int) -> dict[str, Any]:
+    out = bench_boundary(repeats)
+    out["interiors"] = bench_interiors(repeats)
+    out["checks"]["interiors: plan == hand-written .source"] = out["interiors"]["check"]
+    out["per_read"] = bench_per_read(small_repeats)
+    out["checks"]["small model: internals == hand-written"] = out["per_read"]["check"]
+    return out
+
+
+# ---------------------------------------------------------------------- part 2
+
+
+def _cold_caches() -> None:
+    """Empty the process-wide caches of causalab-mini, so every repeat resolves cold."""
+    from causalab_mini import internals, ops
+
+    for module in (internals, ops):
+        for value in vars(module).values():
+            clear = getattr(value, "cache_clear", None)
+            if callable(clear):
+                clear()
+    for name in ("_CACHE", "_OP_NAMES"):
+        cache = getattr(ops, name, None)
+        if isinstance(cache, dict):
+            cache.clear()
+
+
+def big_config_dir(root: Path) -> Path:
+    from transformers import LlamaConfig
+
+    from causalab_mini.tiny import tiny_tokenizer
+
+    out = root / "llama-70b-class-config"
+    config = LlamaConfig(**BIG_CONFIG)
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(out)
+    tiny_tokenizer().save_pretrained(out)
+    return out
+
+
+def resolve_all(model: Any) -> tuple[float, float, int, int]:
+    from causalab_mini.components import ComponentError, locate
+    from causalab_mini.generated import COMPONENTS
+
+    start = time.perf_counter()
+    model.internals.status()
+    status_s = time.perf_counter() - start
+    ok = refused = 0
+    start = time.perf_counter()
+    for name, spec in COMPONENTS.items():
+        for layer in range(model.internals.num_layers) if spec.per_layer else [None]:
+            try:
+                locate(model, name, layer)
+                ok += 1
+            except ComponentError:
+                refused += 1
+    return status_s, time.perf_counter() - start, ok, refused
+
+
+def bench_resolve(repeats: int, root: Path) -> dict[str, Any]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from causalab_mini import StandardizedTransformer
+
+    log("part 2: 70B-class llama on the meta device")
+    config_dir = big_config_dir(root)
+    times: dict[str, list[float]] = {
+        k: [] for k in ("build", "status", "locate", "resolve", "hf_meta")
+    }
+    untouched = True
+    counts: tuple[int, int] = (0, 0)
+    for _ in range(repeats):
+        _cold_caches()
+        gc.collect()
+        start = time.perf_counter()
+        with torch.device("meta"):
+            LlamaForCausalLM(LlamaConfig(**BIG_CONFIG))
+        times["hf_meta"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        model = StandardizedTransformer(str(config_dir), check_renaming=False)
+        times["build"].append(time.perf_counter() - start)
+        calls: list[int] = []
+        hook = model._model.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
+        status_s, locate_s, ok, refused = resolve_all(model)
+        hook.remove()
+        counts = (ok, refused)
+        times["status"].append(status_s)
+        times["locate"].append(locate_s)
+        times["resolve"].append(status_s + locate_s)
+        untouched = untouched and not calls and not getattr(model, "dispatched", False)
+        untouched = untouched and all(p.is_meta for p in model._model.parameters())
+        del model
+    figures = {
+        "status + locate / meta-model build": figure(times, "resolve", "build", TARGETS["resolve"]),
+        "status / meta-model build": figure(times, "status", "build", None),
+        "locate / meta-model build": figure(times, "locate", "build", None),
+    }
+    out: dict[str, Any] = {
+        "config": BIG_CONFIG,
+        "located": {"ok": counts[0], "refused": counts[1]},
+        "no_forward_no_weights": untouched,
+        "times": {k: stats(v) for k, v in times.items()},
+        "figures": figures,
+    }
+    out["registry_model"] = bench_registry_model(config_dir, max(1, repeats - 1))
+    return out
+
+
+_REGISTRY_MODEL = r"""
+import contextlib, io, json, sys, time
+t0 = time.perf_counter()
+import causalab_mini.model as M
+from causalab_mini.cli import main
+spent = []
+class Timed(M.StandardizedTransformer):
+    def __init__(self, *args, **kwargs):
+        start = time.perf_counter()
+        super().__init__(*args, **kwargs)
+        spent.append(time.perf_counter() - start)
+M.StandardizedTransformer = Timed
+buf = io.StringIO()
+t1 = time.perf_counter()
+code = 0
+with contextlib.redirect_stdout(buf):
+    try:
+        main(["model", sys.argv[1]], standalone_mode=False)
+    except SystemExit as exc:
+        code = exc.code or 0
+t2 = time.perf_counter()
+print(json.dumps({"imports": t1 - t0, "command": t2 - t1, "construction": spent[0],
+                  "lines": buf.getvalue().count("\n"), "exit": code}))
+"""
+
+
+def bench_registry_model(config_dir: Path, repeats: int) -> dict[str, Any]:
+    log("part 2: registry model on the 70B-class config")
+    runs = []
+    for _ in range(repeats):
+        proc = subprocess.run(
+            [sys.executable, "-c", _REGISTRY_MODEL, str(config_dir)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    beyond = [r["command"] - r["construction"] for r in runs]
+    construction = [r["construction"] for r in runs]
+    r = ratio(beyond, construction)
+    return {
+        "runs": runs,
+        "beyond_construction_s": stats(beyond),
+        "construction_s": stats(construction),
+        "figures": {
+            "registry model beyond construction / construction": {
+                "ratio": r,
+                "numerator": "beyond construction",
+                "baseline": "construction",
+                "target": None,
+                "met": None,
+            },
+            "registry model beyond construction (s)": {
+                "seconds": stats(beyond),
+                "target_s": TARGETS["registry_model_s"],
+                "met": min(beyond) <= TARGETS["registry_model_s"],
+            },
+        },
+    }
+
+
+# ---------------------------------------------------------------------- part 3
+
+
+_IMPORT = (
+    "import sys, time\n"
+    "t = time.perf_counter()\n"
+    "import causalab_mini.generated\n"
+    "d = time.perf_counter() - t\n"
+    "print(d, 'torch' in sys.modules)\n"
+)
+
+
+def _run(args: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, cwd=REPO, check=False)
+
+
+def bench_tooling(repeats: int) -> dict[str, Any]:
+    log("part 3: registry lint, registry gen --check, import causalab_mini.generated")
+    registry = shutil.which("registry", path=str(Path(sys.executable).parent)) or shutil.which(
+        "registry"
+    )
+    if registry is None:
+        raise SystemExit("bench: the `registry` command is not installed (pip install -e .)")
+    import_seconds: list[float] = []
+    torch_imported = False
+    failures: list[str] = []
+
+    def importing() -> None:
+        nonlocal torch_imported
+        proc = _run([sys.executable, "-c", _IMPORT])
+        seconds, torch_flag = proc.stdout.split()
+        import_seconds.append(float(seconds))
+        torch_imported = torch_imported or torch_flag == "True"
+
+    def command(*args: str) -> Callable[[], None]:
+        def run() -> None:
+            proc = _run([registry, *args])
+            if proc.returncode != 0:
+                failures.append(f"registry {' '.join(args)}: exit {proc.returncode}")
+
+        return run
+
+    times = interleaved(
+        {
+            "python_startup": lambda: _run([sys.executable, "-c", "pass"]),
+            "lint": command("lint"),
+            "gen_check": command("gen", "--check"),
+            "import_generated": importing,
+        },
+        repeats,
+        warmup=1,
+    )
+    import_seconds = import_seconds[1:]  # the warm-up's
+    figures: dict[str, Any] = {}
+    for name, key in (("registry lint", "lint"), ("registry gen --check", "gen_check")):
+        figures[f"{name} / python startup"] = figure(times, key, "python_startup", None)
+        figures[f"{name} (s)"] = {
+            "seconds": stats(times[key]),
+            "target_s": TARGETS[f"{key}_s"],
+            "met": min(times[key]) <= TARGETS[f"{key}_s"],
+        }
+    figures["import causalab_mini.generated / python startup"] = figure(
+        times, "import_generated", "python_startup", None
+    )
+    figures["import causalab_mini.generated, in-process (s)"] = {
+        "seconds": stats(import_seconds),
+        "target_s": TARGETS["import_s"],
+        "met": min(import_seconds) <= TARGETS["import_s"] and not torch_imported,
+    }
+    return {
+        "times": {k: stats(v) for k, v in times.items()},
+        "import_seconds": stats(import_seconds),
+        "torch_imported": torch_imported,
+        "failures": failures,
+        "figures": figures,
+    }
+
+
+# ---------------------------------------------------------------------- report
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import version
+
+    out = {"python": platform.python_version()}
+    for package in ("torch", "transformers", "nnsight", "nnterp", "causalab-mini"):
+        try:
+            out[package] = version(package)
+        except Exception:
+            out[package] = "?"
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def ratio_row(label: str, fig: dict[str, Any], target: str | None = None) -> None:
+        r = fig["ratio"]
+        t = (
+            target
+            if target is not None
+            else ("-" if fig["target"] is None else f"<= {fig['target']:.2f}x")
+        )
+        met = {True: "met", False: "MISSED", None: ""}[fig["met"]]
+        rows.append((label, f"{r['min']:.3f}x", f"{r['median']:.3f}x", t, met))
+
+    def seconds_row(label: str, fig: dict[str, Any]) -> None:
+        s = fig["seconds"]
+        met = {True: "met", False: "MISSED"}[fig["met"]]
+        unit = 1000.0 if fig["target_s"] < 0.2 else 1.0
+        suffix = " ms" if unit == 1000.0 else " s"
+        rows.append(
+            (
+                label,
+                f"{s['min'] * unit:.3g}{suffix}",
+                f"{s['median'] * unit:.3g}{suffix}",
+                f"<= {fig['target_s'] * unit:g}{suffix}",
+                met,
+            )
+        )
+
+    t = result.get("tracing")
+    if t:
+        r = t["reads"]["figures"]
+        n = t["reads"]["reads_per_trace"]
+        ratio_row(
+            f"reads ({n}/trace): internals / nnsight hand", r["internals / nnsight hand-written"]
+        )
+        ratio_row("reads: Plan / nnsight hand", r["plan / nnsight hand-written"])
+        ratio_row(
+            "reads: nnsight hand / torch hooks (floor)", r["nnsight hand-written / torch hooks"]
+        )
+        ratio_row("reads: internals / torch hooks (floor)", r["internals / torch hooks"])
+        w = t["writes"]["figures"]
+        ratio_row(
+            "writes layers_mid: internals / nnsight hand", w["internals / nnsight hand-written"]
+        )
+        ratio_row("writes layers_mid: Plan / nnsight hand", w["plan / nnsight hand-written"])
+        ratio_row(
+            "writes: nnsight hand / torch hooks (floor)", w["nnsight hand-written / torch hooks"]
+        )
+        i = t["interiors"]["figures"]
+        ratio_row(
+            "interiors q/k/scores/z: Plan / hand .source", i["plan / nnsight hand-written .source"]
+        )
+        ratio_row(
+            "interiors: hand .source / bare forward",
+            i["nnsight hand-written / bare forward (no capture)"],
+        )
+        p = t["per_read"]
+        fig = p["figures"]["internals / nnsight hand-written, per read"]
+        ratio_row(f"per read, small model ({p['reads_per_trace']}/trace): internals / hand", fig)
+    r2 = result.get("resolve")
+    if r2:
+        f = r2["figures"]
+        ratio_row("70B meta: status + locate / meta build", f["status + locate / meta-model build"])
+        ratio_row("70B meta: status / meta build", f["status / meta-model build"])
+        ratio_row("70B meta: locate / meta build", f["locate / meta-model build"])
+        rm = r2["registry_model"]["figures"]
+        ratio_row(
+            "registry model 70B: beyond construction / construction",
+            rm["registry model beyond construction / construction"],
+        )
+        seconds_row(
+            "registry model 70B: beyond construction", rm["registry model beyond construction (s)"]
+        )
+    r3 = result.get("tooling")
+    if r3:
+        f = r3["figures"]
+        ratio_row("registry lint / python startup", f["registry lint / python startup"])
+        seconds_row("registry lint", f["registry lint (s)"])
+        ratio_row(
+            "registry gen --check / python startup", f["registry gen --check / python startup"]
+        )
+        seconds_row("registry gen --check", f["registry gen --check (s)"])
+        ratio_row(
+            "import causalab_mini.generated / python startup",
+            f["import causalab_mini.generated / python startup"],
+        )
+        seconds_row(
+            "import causalab_mini.generated (in-process)",
+            f["import causalab_mini.generated, in-process (s)"],
+        )
+    rows.append(("sweep throughput", "pending", "pending", "-", "pending"))
+    head = ("figure", "min", "median", "target", "")
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(5)]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench.json"), help="where the JSON goes")
+    parser.add_argument("--repeats", type=int, default=15, help="repeats of each traced figure")
+    parser.add_argument(
+        "--small-repeats", type=int, default=60, help="repeats of the per-read figure"
+    )
+    parser.add_argument("--resolve-repeats", type=int, default=3, help="meta-model builds")
+    parser.add_argument("--tool-repeats", type=int, default=7, help="runs of each command")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: least noise)"
+    )
+    parser.add_argument(
+        "--only",
+        default="tracing,resolve,tooling",
+        help="comma-separated parts: tracing, resolve, tooling",
+    )
+    args = parser.parse_args(argv)
+    parts = set(args.only.split(","))
+    quiet()
+    started = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    result: dict[str, Any] = {
+        "meta": {
+            **_versions(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": args.threads,
+            "repeats": {
+                "traced": args.repeats,
+                "per_read": args.small_repeats,
+                "resolve": args.resolve_repeats,
+                "tooling": args.tool_repeats,
+            },
+            "judged_on": "ratio of mins",
+        }
+    }
+    if "tracing" in parts:
+        result["tracing"] = bench_tracing(args.repeats, args.small_repeats)
+    if "resolve" in parts:
+        with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
+            result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))
+    if "tooling" in parts:
+        result["tooling"] = bench_tooling(args.tool_repeats)
+    result["sweep"] = {"status": "pending: the sweep command does not exist yet"}
+    result["meta"]["bench_seconds"] = time.perf_counter() - started
+    result["table"] = table(result)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(result["table"])
+    checks = result.get("tracing", {}).get("checks", {})
+    bad = [k for k, v in checks.items() if not v]
+    if result.get("resolve") and not result["resolve"]["no_forward_no_weights"]:
+        bad.append("resolve: a forward ran or a weight loaded")
+    bad += result.get("tooling", {}).get("failures", [])
+    for item in bad:
+        print(f"bench: check failed: {item}", file=sys.stderr)
+    print(f"\nwrote {args.out} in {result['meta']['bench_seconds']:.0f} s", file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
