@@ -138,9 +138,11 @@ def model_command(
 
 
 def _register() -> None:
+    from causalab_mini.scaffold import new_family_command
     from causalab_mini.sweep import sweep_command
 
     main.add_command(sweep_command)
+    main.add_command(new_family_command)
 
 
 _register()

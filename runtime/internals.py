@@ -18,7 +18,7 @@ from packaging.version import Version
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import LAYER_KINDS, STRUCTURAL_ADDRESSES
 
-from .ops import find_op
+from .ops import find_op, op_path
 
 
 class PlaceUnavailable(LookupError):
@@ -177,7 +177,7 @@ class Place:
                     op.source,
                     needle,
                     row=self.name,
-                    module=f"{module}.{op.path.split('.')[-1]}",
+                    module=f"{module}.{op_path(op).split('.')[-1]}",
                     model_class=internals.model_class,
                 )
             envoy = op

@@ -59,6 +59,19 @@ def _text_config(config: Any) -> Any:
     return config
 
 
+def _versions_hold(row: Address) -> bool:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    from .internals import _installed
+
+    for package, spec in row.versions:
+        installed = _installed(package)
+        if installed is not None and Version(installed) not in SpecifierSet(spec):
+            return False
+    return True
+
+
 def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
     return [
         name
@@ -167,6 +180,15 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             },
         )
         probs = rows.get("attention_probabilities")
+        if probs is not None and not _versions_hold(probs):
+            # our row does not hold for the installed versions: it is refused (with the
+            # reason), and nnterp is not asked to check a path we do not vouch for
+            if enable_attention_probs:
+                kwargs["attn_implementation"] = "eager"
+            probs = None
+            enable_for_nnterp = False
+        else:
+            enable_for_nnterp = True
         if probs is not None and probs.source:
             model_class = class_names[0] if class_names else "model"
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
@@ -174,7 +196,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             kwargs.setdefault("allow_multimodal", True)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
-        nnterp_probs = enable_attention_probs and not merged.ignore_attn
+        nnterp_probs = enable_attention_probs and enable_for_nnterp and not merged.ignore_attn
         if enable_attention_probs and not nnterp_probs:
             kwargs["attn_implementation"] = "eager"
         rename = dict(kwargs.pop("rename", None) or {})

@@ -52,6 +52,11 @@ def _calls(text: str, needle: str) -> bool:
     return False
 
 
+def op_path(op: Any) -> str:
+    """An operation's dotted path (``.path`` in nnsight 0.7, ``.name`` in 0.6)."""
+    return str(getattr(op, "path", None) or op.name)
+
+
 _CACHE: dict[tuple[int, str], str] = {}
 
 
@@ -64,7 +69,8 @@ def find_op(
     model_class: str,
 ) -> Any:
     """The OperationEnvoy of ``source_envoy`` that ``needle`` names, or a refusal."""
-    accessor = source_envoy.accessor
+    # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
+    accessor = getattr(source_envoy, "accessor", source_envoy)
     key = (id(accessor), needle)
     name = _CACHE.get(key)
     if name is None:
@@ -93,7 +99,7 @@ def op_name(envoy: Any, needle: str, *, row: str, module: str, model_class: str)
     name = _OP_NAMES.get(key) if forward is not None else None
     if name is None:
         op = find_op(envoy.source, needle, row=row, module=module, model_class=model_class)
-        name = str(op.path.split(".")[-1])
+        name = op_path(op).split(".")[-1]
         if forward is not None:
             _OP_NAMES[key] = name
     return name

@@ -101,6 +101,9 @@ def test_identities_oracles_and_write(family: str) -> None:
 def test_attention_probabilities_match_output_attentions(family: str) -> None:
     spec, _ = FAMILIES[family]
     model = load(spec, probs=True)
+    reason = model.internals.status()["attention_probabilities"]
+    if reason is not None and "'s row holds for transformers" in reason:
+        pytest.skip(reason)  # refused for this transformers release, with the reason
     checks = c.attention_oracle(model, c.sample_inputs(model))
     assert len(checks) == model.internals.num_layers
     assert all(check.ok for check in checks), checks
