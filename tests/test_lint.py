@@ -212,6 +212,18 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "components.yaml:44:51: X013 [block_mid] per_layer is False but layers_mid is per layer; the component table is what to fix",
         ],
     ),
+    "X014": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family no rule covers.\nmatch:\n  model_types: [zeta]\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:5:16: X014 [zeta] no rule in block_structures.yaml gives zeta a block structure, so every structural place is refused on it; add a rule (`registry new-family <model_type>` verifies which structure holds)",
+        ],
+    ),
 }
 
 
