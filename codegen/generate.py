@@ -162,6 +162,35 @@ def ruff_format(text: str, filename: str) -> str:
     return proc.stdout
 
 
+def ruff_format_many(texts: Mapping[str, str]) -> dict[str, str]:
+    """``ruff_format`` of every module in one ruff process (one start instead of seven;
+    the same settings, so the same bytes)."""
+    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
+    with tempfile.TemporaryDirectory(prefix="registry-gen-") as tmp:
+        paths = {name: Path(tmp) / name for name in texts}
+        for name, path in paths.items():
+            path.write_text(texts[name], encoding="utf-8", newline="\n")
+        proc = subprocess.run(
+            [
+                ruff,
+                "format",
+                "--isolated",
+                "--line-length",
+                "100",
+                "--target-version",
+                "py311",
+                *(str(p) for p in paths.values()),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            names = ", ".join(texts)
+            raise GenerationError(f"ruff format failed on {names}: {proc.stderr.strip()}")
+        return {name: path.read_text(encoding="utf-8") for name, path in paths.items()}
+
+
 def render(registry: Registry) -> dict[str, str]:
     """Every emitted module's text, in memory. Raises if any is not valid Python."""
     env = _environment()
@@ -176,18 +205,18 @@ def render(registry: Registry) -> dict[str, str]:
         "components": registry.components,
     }
     header_sha = _sha(_template_bytes("_header.py.j2"))
-    out: dict[str, str] = {}
+    raw: dict[str, str] = {}
     for module, (template, patterns) in MODULES.items():
         tsha = _sha(_template_bytes(template) + header_sha.encode())
-        text = env.get_template(template).render(
+        raw[module] = env.get_template(template).render(
             sources=_sources(registry, patterns), template=_Source(template, tsha), **context
         )
-        text = ruff_format(text, module)
+    out = ruff_format_many(raw)
+    for module, text in out.items():
         try:
             ast.parse(text, filename=module)
         except SyntaxError as exc:
             raise GenerationError(f"{module} would not be valid Python: {exc}") from exc
-        out[module] = text
     return out
 
 
