@@ -295,6 +295,8 @@ def _condition(raw: Any) -> Condition:
         return Condition("always")
     if raw == "attention_probs_disabled":
         return Condition("attention_probs_disabled")
+    if raw == "structure_unknown":
+        return Condition("structure_unknown")
     if "layer_kind" in raw:
         return Condition("layer_kind", layer_kind=raw["layer_kind"])
     return Condition(

@@ -85,7 +85,9 @@ def replace_part(value: Any, key: int | str, new: Any) -> Any:
     )
 
 
-ConditionKind = Literal["always", "attention_probs_disabled", "layer_kind", "config"]
+ConditionKind = Literal[
+    "always", "attention_probs_disabled", "structure_unknown", "layer_kind", "config"
+]
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,8 @@ class Condition:
     """When a reason for unavailability applies.
 
     ``always``; ``attention_probs_disabled`` (the model was loaded without
-    ``enable_attention_probs``); ``layer_kind`` (the layer's module tree is of that
+    ``enable_attention_probs``); ``structure_unknown`` (no block-structure rule
+    matches the model); ``layer_kind`` (the layer's module tree is of that
     kind, see ``LAYER_KINDS``); ``config`` (every ``config`` item equals the model's
     config attribute and no ``config_not`` item does).
     """

@@ -368,6 +368,8 @@ class Internals(Mapping[str, Place]):
                 hit = True
             elif cond.kind == "attention_probs_disabled":
                 hit = not self.model.attention_probs_enabled
+            elif cond.kind == "structure_unknown":
+                hit = self.model.block_structure is None
             elif cond.kind == "layer_kind":
                 assert cond.layer_kind is not None
                 hit = layer is not None and self._layer_kind(cond.layer_kind, layer)

@@ -242,7 +242,10 @@ def _raw_outputs(
     with model.trace(inputs):
         for kind, layer, what in wanted:
             if kind == "scaling":
-                saved.append((kind, layer, comp._interior_op(model, what).inputs[1].get("scaling")))
+                args, kwargs = comp._interior_op(model, what).inputs
+                saved.append((kind, layer, kwargs.get("scaling")))
+                if len(args) > 3:
+                    saved.append(("value", layer, args[3].save()))
             else:
                 out = _module(model, layer, what).output
                 # a copy: a layer may change a module's output in place afterwards (Falcon)
@@ -307,6 +310,12 @@ def _interior_checks(
         s, p = v[key("attention_scores")], v[key("attention_probs")]
         ok, d = _close(torch.softmax(s.float(), -1).to(p.dtype), p, atol=1e-5)
         checks.add(["attention_scores"], "softmax(attention_scores) == attention_probs", ok, d)
+    if key("attention_z") in v and key("attention_probs") in v and ("value", layer) in raw:
+        probs, values = v[key("attention_probs")], raw[("value", layer)]
+        values = values.repeat_interleave(probs.shape[1] // values.shape[1], dim=1)
+        mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
+        ok, d = _close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
+        checks.add(["attention_z"], "attention_z == attention_probs · V", ok, d)
     if key("attention_z") in v and key("attention_premix") in v:
         ok, d = _close(v[key("attention_z")], v[key("attention_premix")])
         checks.add(["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d)
