@@ -290,3 +290,81 @@ def write(rendered: dict[str, str], out_dir: Path) -> Plan:
         for name in todo.orphans:
             (out_dir / name).unlink(missing_ok=True)
     return todo
+
+
+# ------------------------------------------------------------------- documentation
+
+# generated page -> (template, registry sources it is built from); written into the
+# repository's docs/ when `registry gen` runs on the package's own registry
+DOCS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "places.md": (
+        "places.md.j2",
+        ("places.yaml", "block_structures.yaml", "structural.yaml", "interiors.yaml"),
+    ),
+    "families.md": (
+        "families.md.j2",
+        ("places.yaml", "block_structures.yaml", "families/*.yaml"),
+    ),
+}
+
+
+def default_docs() -> Path | None:
+    """The repository's docs/ beside generated/, when the package runs from a checkout
+    (an installed wheel has no docs/ to keep up to date)."""
+    try:
+        out = default_output()
+    except GenerationError:
+        return None
+    root = out.parent
+    if (
+        out.name == "generated"
+        and (root / "pyproject.toml").is_file()
+        and (root / "registry").is_dir()
+    ):
+        return root / "docs"
+    return None
+
+
+def render_docs(registry: Registry) -> dict[str, str]:
+    """docs/places.md and docs/families.md, from the same rows as the modules."""
+    from .docs import context, md
+
+    env = _environment()
+    env.filters["md"] = md
+    header_sha = _sha(_template_bytes("_header.md.j2"))
+    data = context(registry)
+    out: dict[str, str] = {}
+    for page, (template, patterns) in DOCS.items():
+        tsha = _sha(_template_bytes(template) + header_sha.encode())
+        text = env.get_template(template).render(
+            sources=_sources(registry, patterns), template=_Source(template, tsha), **data
+        )
+        text = "\n".join(line.rstrip() for line in text.split("\n"))
+        while "\n\n\n" in text:  # blank lines the layout's loops leave
+            text = text.replace("\n\n\n", "\n\n")
+        out[page] = text.rstrip("\n") + "\n"
+    return out
+
+
+def plan_docs(rendered: dict[str, str], docs_dir: Path) -> Plan:
+    """Like ``plan``, for pages in a directory that also holds hand-written files: a
+    page that is not generated is never an orphan."""
+    todo = plan(rendered, docs_dir)
+    return Plan(todo.write, todo.stale, todo.missing, [])
+
+
+def write_docs(rendered: dict[str, str], docs_dir: Path) -> Plan:
+    """Write the changed pages atomically (nothing else in docs/ is touched)."""
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    with _lock_for(docs_dir):
+        todo = plan_docs(rendered, docs_dir)
+        for name in [*todo.missing, *todo.stale]:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=docs_dir)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(rendered[name].encode("utf-8"))
+                os.replace(tmp, docs_dir / name)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    return todo

@@ -75,6 +75,7 @@ RELATIONS = ("attentions_norm_output", "attentions_premix", "mlps_neurons", "mlp
 # Config attributes that may scale a sublayer's contribution (Granite's
 # residual_multiplier); other floats (eps, dropout, rope theta) are never tried.
 SCALE_NAME = re.compile(r"multiplier|scale|scaling|factor|coef|alpha", re.IGNORECASE)
+ACTIVATION_NAME = re.compile(r"act|gelu|silu|relu|swish|xielu|glu|tanh|sigmoid|mish", re.I)
 NOT_SCALE = re.compile(r"rope|eps|init|dropout|theta|router|aux|z_loss|temperature", re.I)
 
 
@@ -341,9 +342,11 @@ def detect_containers(hf_model: Any) -> tuple[dict[str, str | bool], list[str]]:
     if len(mlp) == 1:
         out["mlp_name"] = mlp[0]
     elif not mlp:
+        out["ignore_mlp"] = True  # nnterp refuses to load a model without one otherwise
         notes.append(
-            "MLP: no child of the layer looks like one; if its parts sit in the layer "
-            "itself (OPT), write rename: {ignore_mlp: true} and refuse the MLP places"
+            "no child of the layer is an MLP module (its parts sit in the layer itself, "
+            f"as on OPT: {', '.join(children)}), so rename says ignore_mlp: true and the "
+            "places on the MLP cannot be found; refuse them with a reason (see opt.yaml)"
         )
     else:
         notes.append(f"MLP: several children look like it: {', '.join(mlp)}")
@@ -971,7 +974,12 @@ def _relation(
         passing = []
         branches = under("mlp", "output")
         for c in under("mlp", "output"):
-            if c.module == down.module:
+            # an activation function: no weights of its own (xIELU has a few, and says
+            # so in its name), and not a norm or a dropout that happens to sit there
+            kind = cap.kinds.get(c.module, "")
+            if c.module == down.module or re.search(r"norm|dropout|linear", kind, re.I):
+                continue
+            if cap.params.get(c.module) and not ACTIVATION_NAME.search(kind):
                 continue
             if same(down, c):
                 passing.append(c)
@@ -1103,15 +1111,18 @@ def _first_reason(exc: BaseException) -> str:
     """The most specific message in an exception chain, on one line."""
     from causalab_mini.ops import OperationNotFound
 
+    # nnsight re-raises an error inside a trace as text holding the traceback
+    found = re.search(
+        r"OperationNotFound: (.*?)(?: Fix the row's needle| Its operations are:|$)", str(exc), re.S
+    )
+    if found:
+        return " ".join(found.group(1).split())[:300]
     seen: BaseException | None = exc
     while seen is not None:
         if isinstance(seen, OperationNotFound):
-            return str(seen).split(" Its operations are:")[0][:300]
+            text = re.split(r" Fix the row's needle| Its operations are:", str(seen))[0]
+            return " ".join(text.split())[:300]
         seen = seen.__cause__ or seen.__context__
-    # nnsight re-raises an error inside a trace as text holding the traceback
-    found = re.search(r"OperationNotFound: (.*?)(?: Its operations are:|$)", str(exc), re.S)
-    if found:
-        return " ".join(found.group(1).split())[:300]
     raised = re.findall(
         r"^[\w.]*(?:Error|Exception|Unavailable|NotFound|Refused): (.+)$", str(exc), re.M
     )

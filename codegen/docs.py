@@ -1,0 +1,259 @@
+"""The view of the registry that ``docs/places.md`` and ``docs/families.md`` show.
+
+Built from the same typed rows ``registry gen`` compiles into ``generated/``; the
+templates (``places.md.j2``, ``families.md.j2``) hold the layout only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from causalab_mini.address import Address, Condition, IOType, Unavailable
+
+from .lint import FamilyDef, Registry
+
+_IDENTITY = re.compile(r"\w+")
+
+
+def md(text: object) -> str:
+    """Text for one markdown table cell: one line, pipes escaped."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def condition_text(when: Condition) -> str:
+    if when.kind == "always":
+        return "always"
+    if when.kind == "attention_probs_disabled":
+        return "the model is loaded without enable_attention_probs=True"
+    if when.kind == "layer_kind":
+        return f"on a layer of kind {when.layer_kind}"
+    parts = [f"{k}={v!r}" for k, v in when.config]
+    parts += [f"{k}!={v!r}" for k, v in when.config_not]
+    return "config " + ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    when: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlaceView:
+    name: str
+    doc: str
+    rank: str
+    scope: str
+    where: str
+    write: str
+    identities: tuple[tuple[str, str], ...]  # (identity, structures it holds on)
+    per_structure: tuple[tuple[str, str, str], ...]  # (structure, short cell, full text)
+    refusals: tuple[Refusal, ...]
+    extras: tuple[str, ...]  # scale, snapshot, versions, source
+
+
+def _refusals(items: tuple[Unavailable, ...], name: str) -> tuple[Refusal, ...]:
+    return tuple(Refusal(condition_text(u.when), u.message(name)) for u in items)
+
+
+def _rank(row: Address) -> str:
+    if row.per_layer:
+        return f"(i, {row.order})"
+    return f"(-1, {row.order})" if row.order < 0 else f"(n, {row.order})"
+
+
+def _extras(row: Address) -> tuple[str, ...]:
+    out = []
+    if row.source:
+        out.append("operations inside the forward: " + " → ".join(f"`{n}`" for n in row.source))
+    if row.scale:
+        out.append(f"multiplied by config.{row.scale}")
+    if row.snapshot:
+        out.append("read as a copy (the forward modifies it in place later)")
+    for package, spec in row.versions:
+        out.append(f"holds for {package} {spec}")
+    return tuple(out)
+
+
+def places(registry: Registry) -> list[PlaceView]:
+    structures = list(registry.structures)
+    holds: dict[str, list[str]] = {}
+    for name, structure in registry.structures.items():
+        for text in structure.identities:
+            holds.setdefault(text, []).append(name)
+    out = []
+    for name, row in registry.places.items():
+        identities = tuple(
+            (text, ", ".join(names))
+            for text, names in holds.items()
+            if name in _IDENTITY.findall(text)
+        )
+        cells = []
+        for structure in structures:
+            entry = registry.structural.get(name, {}).get(structure)
+            required = name in registry.structures[structure].requires_rows
+            if entry is not None and entry.reason is not None:
+                reason = entry.reason.replace("{place}", name)
+                cells.append((structure, "—", reason))
+            elif entry is not None:
+                names = " · ".join(f"`{c}`" for c in entry.candidates)
+                cells.append(
+                    (structure, names, f"the one of {', '.join(entry.candidates)} the layer has")
+                )
+            elif required:
+                cells.append(
+                    (structure, "✎ family row", "a family of this structure replaces the row")
+                )
+            else:
+                cells.append((structure, "✓", "the default row"))
+        out.append(
+            PlaceView(
+                name=name,
+                doc=row.doc,
+                rank=_rank(row),
+                scope="per layer" if row.per_layer else "whole model",
+                where=row.describe(),
+                write="in place" if row.write == "in_place" else "replace",
+                identities=identities,
+                per_structure=tuple(cells),
+                refusals=_refusals(row.unavailable, name),
+                extras=_extras(row),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class FamilyRow:
+    name: str
+    cell: str  # · default, ✎ replaced, ✗ refused always, ~ refused under a condition, + new
+    where: str
+    changed: str
+    refusals: tuple[Refusal, ...]
+
+
+@dataclass(frozen=True)
+class FamilyView:
+    name: str
+    file: str
+    doc: str
+    match: str
+    structures: str
+    structure_short: str
+    containers: str
+    rows: tuple[FamilyRow, ...]
+    interiors_unavailable: str | None
+
+
+def _structures_for(registry: Registry, family: FamilyDef) -> str:
+    found = []
+    for rule in registry.rules:
+        m = rule.match
+        if set(m.model_types) & set(family.match.model_types) or set(m.classes) & set(
+            family.match.classes
+        ):
+            when = ", ".join(f"{k}={v}" for k, v in m.config)
+            text = rule.structure + (f" when {when}" if when else "")
+            if text not in found:
+                found.append(text)
+    return "; ".join(found) or "no rule (every structural place is refused)"
+
+
+def _match(family: FamilyDef) -> str:
+    parts = []
+    if family.match.model_types:
+        parts.append("model_type " + ", ".join(f"`{t}`" for t in family.match.model_types))
+    if family.match.classes:
+        parts.append("class " + ", ".join(f"`{c}`" for c in family.match.classes))
+    if family.match.config:
+        parts.append("config " + ", ".join(f"{k}={v}" for k, v in family.match.config))
+    return "; ".join(parts)
+
+
+def _cell(changed: dict[str, Any], row: Address) -> str:
+    kinds = {u.when.kind for u in row.unavailable} if "unavailable" in changed else set()
+    if "always" in kinds:
+        return "✗"
+    mark = "✎" if set(changed) - {"doc", "unavailable"} else ""
+    if kinds:
+        mark += "~"
+    return mark or "✎"
+
+
+def families(registry: Registry) -> list[FamilyView]:
+    out = []
+    for family in sorted(registry.families, key=lambda f: f.name):
+        rows = []
+        for name, fields in family.overrides:
+            changed = dict(fields)
+            row = dataclasses.replace(registry.places[name], **changed)
+            shown = [k for k in changed if k not in ("doc", "unavailable")]
+            rows.append(
+                FamilyRow(
+                    name=name,
+                    cell=_cell(changed, row),
+                    where=row.describe() if row.io is not IOType.MODULE or shown else "",
+                    changed=", ".join(shown),
+                    refusals=_refusals(row.unavailable, name) if "unavailable" in changed else (),
+                )
+            )
+        for name, row in family.new_rows:
+            rows.append(
+                FamilyRow(name, "+", row.describe(), "new row", _refusals(row.unavailable, name))
+            )
+        out.append(
+            FamilyView(
+                name=family.name,
+                file=family.file,
+                doc=family.doc,
+                match=_match(family),
+                structures=_structures_for(registry, family),
+                structure_short=" / ".join(
+                    dict.fromkeys(
+                        r.structure
+                        for r in registry.rules
+                        if set(r.match.model_types) & set(family.match.model_types)
+                        or set(r.match.classes) & set(family.match.classes)
+                    )
+                )
+                or "—",
+                containers=", ".join(f"{k}=`{v}`" for k, v in family.rename),
+                rows=tuple(rows),
+                interiors_unavailable=(
+                    family.interiors_unavailable.replace("{place}", "each interior")
+                    if family.interiors_unavailable
+                    else None
+                ),
+            )
+        )
+    return out
+
+
+def matrix(registry: Registry, views: list[FamilyView]) -> list[tuple[str, list[str]]]:
+    """place -> one cell per family (in the order of ``views``)."""
+    names = list(registry.places)
+    for view in views:
+        names += [r.name for r in view.rows if r.name not in names]
+    out = []
+    for name in names:
+        cells = []
+        for view in views:
+            found = next((r.cell for r in view.rows if r.name == name), "·")
+            cells.append(found)
+        out.append((name, cells))
+    return out
+
+
+def context(registry: Registry) -> dict[str, Any]:
+    views = families(registry)
+    return {
+        "place_views": places(registry),
+        "structure_names": list(registry.structures),
+        "structure_defs": registry.structures,
+        "interior_defs": registry.interiors,
+        "family_views": views,
+        "family_matrix": matrix(registry, views),
+    }
