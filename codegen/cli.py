@@ -25,8 +25,21 @@ def _print_diagnostics(diags: list[Diagnostic], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps([d.to_json() for d in diags], indent=2))
         return
-    for diag in diags:
-        click.echo(str(diag))
+    if diags and sys.stdout.isatty():  # a terminal: the same lines, in colour
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False)
+        for diag in diags:
+            where = f"{diag.path}:{diag.line}:{diag.col}:"
+            console.print(
+                f"[bold]{escape(where)}[/] [red]{diag.code}[/] [cyan]\\[{escape(diag.row)}][/] "
+                f"{escape(diag.message)}",
+                soft_wrap=True,
+            )
+    else:
+        for diag in diags:
+            click.echo(str(diag))
     if diags:
         noun = "error" if len(diags) == 1 else "errors"
         click.echo(f"{len(diags)} {noun}; the registry was not changed.", err=True)
@@ -41,6 +54,13 @@ def main() -> None:
     Example:
       registry lint
       registry gen --check
+      registry model tiny:llama
+      registry new-family starcoder2
+      registry diagram tiny:gpt_neox parallel.svg
+
+    \b
+    Shell completion (bash; zsh_source and fish_source for the others):
+      eval "$(_REGISTRY_COMPLETE=bash_source registry)"
     """
 
 

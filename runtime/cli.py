@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
 from causalab_mini.codegen.cli import main as _group
+from causalab_mini.completion import complete_spec
 
 __all__ = ["main"]
 
@@ -15,7 +17,7 @@ main: click.Group = _group
 
 
 @main.command("model")
-@click.argument("spec")
+@click.argument("spec", shell_complete=complete_spec)
 @click.option(
     "--layer", type=int, default=None, help="Answer for one layer (default: every layer)."
 )
@@ -29,8 +31,21 @@ main: click.Group = _group
     is_flag=True,
     help="List the Address rows of model.internals instead of the components.",
 )
+@click.option(
+    "--diagram",
+    "diagram_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw the block (of --layer, default 0) as SVG to this file.",
+)
 def model_command(
-    spec: str, layer: int | None, as_json: bool, eager: bool, strict: bool, places: bool
+    spec: str,
+    layer: int | None,
+    as_json: bool,
+    eager: bool,
+    strict: bool,
+    places: bool,
+    diagram_path: Path | None,
 ) -> None:
     """Load a model and print every component as ok (with its width, and the
     operation for an interior) or refused (with the reason).
@@ -43,6 +58,7 @@ def model_command(
       registry model tiny:llama
       registry model tiny:gpt_neox --layer 1 --json
       registry model tiny:gemma2 --eager --places
+      registry model tiny:gpt_neox --diagram block.svg
     """
     import logging
     import warnings
@@ -110,9 +126,16 @@ def model_command(
         "attn_implementation": getattr(model._model.config, "_attn_implementation", None),
         "padding_side": getattr(model.tokenizer, "padding_side", None),
     }
+    if diagram_path is not None:
+        from causalab_mini.diagram import diagram
+
+        diagram_path.write_text(diagram(model, layer or 0, spec), encoding="utf-8")
+        click.echo(f"wrote {diagram_path}", err=True)
     if as_json:
         key = "places" if places else "components"
         click.echo(json.dumps({**header, "layer": layer, key: rows}, indent=2))
+    elif sys.stdout.isatty():  # a terminal: a table, in colour (piped: the plain text below)
+        _print_table(spec, header, rows, places)
     else:
         families = ", ".join(model.families) or "defaults only"
         click.echo(
@@ -137,12 +160,47 @@ def model_command(
         sys.exit(1)
 
 
+def _print_table(
+    spec: str, header: dict[str, object], rows: list[dict[str, object]], places: bool
+) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    families = ", ".join(str(f) for f in header["families"]) or "defaults only"  # type: ignore[attr-defined]
+    table = Table(
+        title=(
+            f"{spec}: {header['model_class']}, {header['layers']} layers, block "
+            f"{header['block_structure']}, family {families}, attention "
+            f"{header['attn_implementation']}"
+        ),
+        title_justify="left",
+    )
+    table.add_column("place" if places else "component")
+    table.add_column("")
+    table.add_column("where" if places else "width / op")
+    for r in rows:
+        if r["ok"]:
+            if places:
+                detail = str(r["where"])
+            else:
+                detail = "" if r["width"] is None else f"width={r['width']}"
+                detail += f"  op={r['op']}" if r["op"] else ""
+            table.add_row(str(r["name"]), "[green]ok[/]", escape(detail.strip()))
+        else:
+            reason = str(r["reason"]).split("\n", 1)[0]
+            table.add_row(str(r["name"]), "[red]--[/]", f"[red]{escape(reason)}[/]")
+    Console().print(table)
+
+
 def _register() -> None:
+    from causalab_mini.diagram import diagram_command
     from causalab_mini.scaffold import new_family_command
     from causalab_mini.sweep import sweep_command
 
     main.add_command(sweep_command)
     main.add_command(new_family_command)
+    main.add_command(diagram_command)
 
 
 _register()

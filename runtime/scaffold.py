@@ -48,6 +48,7 @@ from typing import Any
 import click
 
 from causalab_mini.address import Address, IOType, RenameConfig
+from causalab_mini.completion import complete_spec
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     BLOCK_STRUCTURES,
@@ -1759,7 +1760,7 @@ def print_summary(sc: Scaffold, written: Written | None) -> None:
 
 
 @click.command("new-family")
-@click.argument("spec")
+@click.argument("spec", shell_complete=complete_spec)
 @click.option("--family", default=None, help="The family's name (default: the model type).")
 @click.option(
     "--registry",

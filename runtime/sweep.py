@@ -630,8 +630,14 @@ def coverage_markdown(report: dict[str, Any]) -> str:
     default=None,
     help="Write the coverage table (markdown) here, e.g. docs/coverage.md.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def sweep_command(
-    only: str | None, jobs: int, timeout: float, out: Path | None, doc: Path | None
+    only: str | None,
+    jobs: int,
+    timeout: float,
+    out: Path | None,
+    doc: Path | None,
+    as_json: bool = False,
 ) -> None:
     """Certify every causal-LM architecture of the installed transformers: each of
     the 21 components ok (identities and oracles pass), refused (with the reason),
@@ -672,6 +678,10 @@ def sweep_command(
 
         results = sweep(chosen, jobs, timeout, advance)
     seconds = time.perf_counter() - started
+    if as_json:  # the report, as --out writes it, on stdout instead of the table
+        report = {"seconds": round(seconds, 1), "summary": summarize(results)}
+        report["results"] = [r.__dict__ for r in results]
+        click.echo(json.dumps(report, indent=1, sort_keys=True))
     table = Table(title=f"registry sweep: {len(results)} architectures in {seconds:.0f} s")
     for column in ("architecture", "structure", "outcome", "ok", "refused", "broken"):
         table.add_column(column)
@@ -685,9 +695,9 @@ def sweep_command(
             str(c["refused"]),
             str(c["broken"]),
         )
-    Console().print(table)
-    totals = summarize(results)
-    click.echo(json.dumps(totals))
+    if not as_json:
+        Console().print(table)
+        click.echo(json.dumps(summarize(results)))
     if out is not None:
         write_report(results, out, seconds)
     if doc is not None:

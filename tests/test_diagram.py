@@ -1,0 +1,112 @@
+"""A picture of a block: valid SVG for every structure, drawn from the model's own rows,
+naming the places the block refuses (and why), and the committed docs/diagrams fresh."""
+
+from __future__ import annotations
+
+import functools
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from causalab_mini.cli import main
+from causalab_mini.diagram import Scene, Tap, diagram, render_svg
+from causalab_mini.model import StandardizedTransformer
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+SVG = "{http://www.w3.org/2000/svg}"
+# structure -> the model docs/diagrams/<structure>.svg is drawn from, and what it refuses
+STRUCTURES = {
+    "pre_norm": ("tiny:llama", set()),
+    "sandwich_norm": ("tiny:gemma2", set()),
+    "post_norm": ("tiny:olmo2", {"attentions_norm_output", "mlps_norm_output"}),
+    "parallel": ("tiny:gpt_neox", {"layers_mid", "mlps_norm_output"}),
+    "residual_inside": ("tiny:bloom", set()),
+}
+
+
+def cli(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+@functools.cache
+def load(spec: str) -> StandardizedTransformer:
+    return StandardizedTransformer(spec, enable_attention_probs=True)
+
+
+def _texts(root: ET.Element) -> str:
+    return "\n".join("".join(t.itertext()) for t in root.iter(f"{SVG}text"))
+
+
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
+def test_one_valid_svg_per_structure_naming_what_it_refuses(structure: str) -> None:
+    spec, refused = STRUCTURES[structure]
+    model = load(spec)
+    assert model.block_structure == structure
+    svg = diagram(model, 0, spec)
+    root = ET.fromstring(svg)  # well-formed XML
+    assert root.tag == f"{SVG}svg" and int(root.get("width", "0")) > 0
+    text = _texts(root)
+    assert f"block '{structure}'" in text
+    status = model.internals.status(0)
+    assert {name for name, reason in status.items() if reason is not None} == refused
+    marked = {
+        "".join(g.find(f"{SVG}text").itertext())  # type: ignore[union-attr]
+        for g in root.iter(f"{SVG}g")
+        if g.get("class") == "place refused"
+    }
+    assert marked == refused  # each refused place is marked where it would sit
+    for name in refused:  # ... and listed with the registry's whole reason
+        assert " ".join(status[name].split()[:6]) in " ".join(text.split())
+    boxes = {
+        "".join(g.find(f"{SVG}text").itertext())
+        for g in root.iter(f"{SVG}g")  # type: ignore[union-attr]
+        if (g.get("class") or "").startswith("box")
+    }
+    assert {"self_attn", "mlp"} <= boxes
+    streams = [p for p in root.iter(f"{SVG}path") if p.get("class") == "stream"]
+    assert len(streams) == 1
+    adds = [g for g in root.iter(f"{SVG}g") if g.get("class") == "add"]
+    assert len(adds) == (1 if structure == "parallel" else 2)  # one add for both sublayers
+    if structure == "residual_inside":
+        frames = [g for g in root.iter(f"{SVG}g") if g.get("class") == "frame"]
+        assert len(frames) == 2 and "adds the residual itself" in text
+    assert diagram(model, 0, spec) == svg  # the same model, the same bytes
+
+
+@pytest.mark.parametrize("structure", sorted(STRUCTURES))
+def test_committed_docs_diagrams_are_fresh(structure: str) -> None:
+    spec, _ = STRUCTURES[structure]
+    path = REPO / "docs" / "diagrams" / f"{structure}.svg"
+    assert path.read_text() == diagram(load(spec), 0, spec), (
+        f"run `registry diagram {spec} docs/diagrams/{structure}.svg`"
+    )
+
+
+def test_diagram_command_and_model_diagram(tmp_path: Path) -> None:
+    out = tmp_path / "parallel.svg"
+    result = cli("diagram", "tiny:gpt_neox", str(out))
+    assert result.exit_code == 0
+    assert result.stdout == (
+        f"wrote {out}: block parallel, layer 0; refused: layers_mid, mlps_norm_output\n"
+    )
+    ET.fromstring(out.read_text())
+    plain = cli("model", "tiny:gpt_neox")
+    drawn = cli("model", "tiny:gpt_neox", "--diagram", str(tmp_path / "m.svg"))
+    assert drawn.exit_code == 0 and drawn.stdout == plain.stdout  # piped text unchanged
+    ET.fromstring((tmp_path / "m.svg").read_text())
+    assert cli("diagram", "tiny:llama", str(out), "--layer", "9").exit_code == 2
+
+
+def test_text_from_rows_is_escaped() -> None:
+    hostile = '<script>alert(1)</script> & "quotes"'
+    scene = Scene(400, 300, hostile, (hostile,))
+    scene.taps.append(Tap(10, 10, hostile, (hostile,), False))
+    scene.refused.append((hostile, (hostile,)))
+    root = ET.fromstring(render_svg(scene))
+    assert not list(root.iter(f"{SVG}script"))
+    assert hostile in _texts(root)
