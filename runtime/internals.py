@@ -98,6 +98,9 @@ class Place:
         self._internals = internals
         self.name = name
         self.row = row
+        # layer as given (an int or None) -> (Envoy, "input" | "output", the address
+        # where the value needs more than reading); filled by the first read
+        self._reads: dict[int | None, tuple[Any, str, Address | None]] = {}
 
     # ------------------------------------------------------------ description
 
@@ -184,10 +187,22 @@ class Place:
         return address, envoy
 
     def get(self, layer: int | None = None) -> Any:
+        if layer is None or type(layer) is int:  # never a bool: it would hash as 0 or 1
+            read = self._reads.get(layer)
+            if read is not None:  # a module boundary read before: no resolving again
+                envoy, attr, needs = read
+                value = getattr(envoy, attr)
+                return value if needs is None else self._finish(needs, value)
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
             return envoy
-        value = envoy.input if address.io is IOType.INPUT else envoy.output
+        attr = "input" if address.io is IOType.INPUT else "output"
+        if not address.source:
+            plain = address.select is None and not address.snapshot and address.scale is None
+            self._reads[layer] = (envoy, attr, None if plain else address)
+        return self._finish(address, getattr(envoy, attr))
+
+    def _finish(self, address: Address, value: Any) -> Any:
         if address.select is not None:
             value = address.select.get(value)
         if address.snapshot:

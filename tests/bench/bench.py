@@ -35,6 +35,7 @@ import json
 import logging
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -101,43 +102,77 @@ def ratio(a: list[float], b: list[float]) -> dict[str, float]:
     }
 
 
+def cpu_now() -> float:
+    """CPU seconds of this process (all its threads) and of its finished children."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+# CPU seconds of every timed call, by the id of its wall-time table: recorded beside
+# the wall times, which are what the figures judge; on a machine that other work keeps
+# busy the CPU ratios show how much of a wall ratio is that work.
+CPU: dict[int, dict[str, list[float]]] = {}
+
+
 def interleaved(
     variants: dict[str, Callable[[], Any]], repeats: int, warmup: int = 2
 ) -> dict[str, list[float]]:
-    """Time each variant ``repeats`` times, rotating their order every round."""
+    """Wall time of each variant ``repeats`` times, rotating their order every round."""
     names = list(variants)
     for _ in range(warmup):
         for name in names:
             variants[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
     enabled = gc.isenabled()
+    gc.collect()
+    gc.freeze()  # what exists now is never scanned again: each round's collect is cheap
     try:
         for r in range(repeats):
+            gc.collect()  # once a round, never inside a timed call
+            gc.disable()
             for name in names[r % len(names) :] + names[: r % len(names)]:
-                gc.collect()
-                gc.disable()
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), cpu_now()
                 variants[name]()
                 times[name].append(time.perf_counter() - start)
-                if enabled:
-                    gc.enable()
+                cpu[name].append(cpu_now() - start_cpu)
+            if enabled:
+                gc.enable()
     finally:
+        gc.unfreeze()
         if enabled:
             gc.enable()
+    CPU[id(times)] = cpu
     return times
 
 
-def figure(
-    times: dict[str, list[float]], numerator: str, baseline: str, target: float | None
-) -> dict[str, Any]:
-    r = ratio(times[numerator], times[baseline])
+def timing(times: dict[str, list[float]]) -> dict[str, Any]:
+    """Wall and CPU statistics of every variant."""
+    cpu = CPU.get(id(times), {})
     return {
+        name: {"wall": stats(values), **({"cpu": stats(cpu[name])} if name in cpu else {})}
+        for name, values in times.items()
+    }
+
+
+def figure(
+    times: dict[str, list[float]],
+    numerator: str,
+    baseline: str,
+    target: float | None,
+) -> dict[str, Any]:
+    cpu = CPU.get(id(times))
+    r = ratio(times[numerator], times[baseline])
+    out: dict[str, Any] = {
         "ratio": r,
         "numerator": numerator,
         "baseline": baseline,
         "target": target,
         "met": None if target is None else r["min"] <= target,
     }
+    if cpu is not None:
+        out["ratio_cpu"] = ratio(cpu[numerator], cpu[baseline])
+    return out
 
 
 def log(message: str) -> None:
@@ -433,7 +468,7 @@ def bench_boundary(repeats: int) -> dict[str, Any]:
         "model": {**READS_MODEL, "batch": READS_BATCH, "seq": READS_SEQ},
         "reads_per_trace": len(a),
         "plan_reads_per_trace": len(plan.steps),
-        "times": {k: stats(v) for k, v in times.items()},
+        "times": timing(times),
         "figures": {
             "internals / nnsight hand-written": figure(
                 times, "internals", "nnsight_hand", TARGETS["reads"]
@@ -497,7 +532,7 @@ def bench_boundary(repeats: int) -> dict[str, Any]:
     )
     out["writes"] = {
         "writes_per_trace": n_layers,
-        "times": {k: stats(v) for k, v in times.items()},
+        "times": timing(times),
         "figures": {
             "internals / nnsight hand-written": figure(
                 times, "internals", "nnsight_hand", TARGETS["writes"]
@@ -570,7 +605,7 @@ def bench_interiors(repeats: int) -> dict[str, Any]:
         "reads_per_trace": len(plan.steps),
         "softmax_op": softmax,
         "check": same,
-        "times": {k: stats(v) for k, v in times.items()},
+        "times": timing(times),
         "figures": {
             "plan / nnsight hand-written .source": figure(
                 times, "plan", "nnsight_hand", TARGETS["interiors"]
@@ -605,6 +640,39 @@ def bench_per_read(repeats: int) -> dict[str, Any]:
         warmup=3,
     )
 
+    # The same reads, timed from inside the trace body by the CPU clock of the thread
+    # nnsight runs it in: the model's compute (another thread) and waiting are not in
+    # it, nor is other work on the machine, so it shows the Python cost of a read.
+    layer_reads = [HAND_LAYER[n] for n in per]
+    internals = model.internals
+
+    def body_internals(acc: list[float]) -> None:
+        with model.trace(inputs):
+            for i in range(internals.num_layers):
+                for name in per:
+                    start = time.thread_time()
+                    internals[name][i].save()
+                    acc.append(time.thread_time() - start)
+
+    def body_hand(acc: list[float]) -> None:
+        with model.trace(inputs):
+            for i in range(len(model.model.layers)):
+                start = time.thread_time()
+                layer = model.model.layers[i]
+                acc.append(time.thread_time() - start)
+                for read in layer_reads:
+                    start = time.thread_time()
+                    read(layer).save()
+                    acc.append(time.thread_time() - start)
+
+    thread: dict[str, list[float]] = {"internals": [], "nnsight_hand": []}
+    n_body = internals.num_layers * len(per)
+    for _ in range(max(10, repeats // 4)):
+        for name, body in (("internals", body_internals), ("nnsight_hand", body_hand)):
+            acc: list[float] = []
+            body(acc)
+            thread[name].append(sum(acc) / n_body)
+
     def per_read(name: str, how: Callable[[list[float]], float]) -> float:
         return (how(times[name]) - how(times["empty_trace"])) / n_reads
 
@@ -613,20 +681,38 @@ def bench_per_read(repeats: int) -> dict[str, Any]:
         for name in ("nnsight_hand", "internals")
     }
     r = {k: cost["internals"][k] / cost["nnsight_hand"][k] for k in ("min", "median")}
+    cpu = CPU[id(times)]
+
+    def cpu_read(name: str, how: Callable[[list[float]], float]) -> float:
+        return (how(cpu[name]) - how(cpu["empty_trace"])) / n_reads
+
+    r_cpu = {
+        k: cpu_read("internals", how) / cpu_read("nnsight_hand", how)
+        for k, how in (("min", min), ("median", statistics.median))
+    }
     return {
         "model": {**SMALL_MODEL, "hidden_size": 64, "batch": SMALL_BATCH, "seq": SMALL_SEQ},
         "reads_per_trace": n_reads,
         "check": same,
-        "times": {k: stats(v) for k, v in times.items()},
+        "times": timing(times),
         "per_read_seconds": cost,
+        "thread_cpu_per_read_seconds": {k: stats(v) for k, v in thread.items()},
         "figures": {
+            "internals / nnsight hand-written, worker-thread CPU per read": {
+                "ratio": ratio(thread["internals"], thread["nnsight_hand"]),
+                "numerator": "internals",
+                "baseline": "nnsight_hand",
+                "target": None,
+                "met": None,
+            },
             "internals / nnsight hand-written, per read": {
                 "ratio": r,
+                "ratio_cpu": r_cpu,
                 "numerator": "internals",
                 "baseline": "nnsight_hand",
                 "target": TARGETS["per_read"],
                 "met": r["min"] <= TARGETS["per_read"],
-            }
+            },
         },
     }
 
@@ -701,6 +787,8 @@ def bench_resolve(repeats: int, root: Path) -> dict[str, Any]:
     times: dict[str, list[float]] = {
         k: [] for k in ("build", "status", "locate", "resolve", "hf_meta")
     }
+    cpu: dict[str, list[float]] = {"build": [], "resolve": []}
+    CPU[id(times)] = cpu
     untouched = True
     counts: tuple[int, int] = (0, 0)
     for _ in range(repeats):
@@ -710,12 +798,15 @@ def bench_resolve(repeats: int, root: Path) -> dict[str, Any]:
         with torch.device("meta"):
             LlamaForCausalLM(LlamaConfig(**BIG_CONFIG))
         times["hf_meta"].append(time.perf_counter() - start)
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), cpu_now()
         model = StandardizedTransformer(str(config_dir), check_renaming=False)
         times["build"].append(time.perf_counter() - start)
+        cpu["build"].append(cpu_now() - start_cpu)
         calls: list[int] = []
         hook = model._model.register_forward_pre_hook(lambda *_, c=calls: c.append(1))
+        start_cpu = cpu_now()
         status_s, locate_s, ok, refused = resolve_all(model)
+        cpu["resolve"].append(cpu_now() - start_cpu)
         hook.remove()
         counts = (ok, refused)
         times["status"].append(status_s)
@@ -726,14 +817,16 @@ def bench_resolve(repeats: int, root: Path) -> dict[str, Any]:
         del model
     figures = {
         "status + locate / meta-model build": figure(times, "resolve", "build", TARGETS["resolve"]),
-        "status / meta-model build": figure(times, "status", "build", None),
-        "locate / meta-model build": figure(times, "locate", "build", None),
     }
+    CPU.pop(id(times))  # status and locate alone have no CPU figure
+    figures["status / meta-model build"] = figure(times, "status", "build", None)
+    figures["locate / meta-model build"] = figure(times, "locate", "build", None)
+    CPU[id(times)] = cpu
     out: dict[str, Any] = {
         "config": BIG_CONFIG,
         "located": {"ok": counts[0], "refused": counts[1]},
         "no_forward_no_weights": untouched,
-        "times": {k: stats(v) for k, v in times.items()},
+        "times": timing(times),
         "figures": figures,
     }
     out["registry_model"] = bench_registry_model(config_dir, max(1, repeats - 1))
@@ -748,20 +841,21 @@ from causalab_mini.cli import main
 spent = []
 class Timed(M.StandardizedTransformer):
     def __init__(self, *args, **kwargs):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         super().__init__(*args, **kwargs)
-        spent.append(time.perf_counter() - start)
+        spent.append((time.perf_counter() - start, time.process_time() - start_cpu))
 M.StandardizedTransformer = Timed
 buf = io.StringIO()
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), time.process_time()
 code = 0
 with contextlib.redirect_stdout(buf):
     try:
         main(["model", sys.argv[1]], standalone_mode=False)
     except SystemExit as exc:
         code = exc.code or 0
-t2 = time.perf_counter()
-print(json.dumps({"imports": t1 - t0, "command": t2 - t1, "construction": spent[0],
+t2, c2 = time.perf_counter(), time.process_time()
+print(json.dumps({"imports": t1 - t0, "command": t2 - t1, "construction": spent[0][0],
+                  "command_cpu": c2 - c1, "construction_cpu": spent[0][1],
                   "lines": buf.getvalue().count("\n"), "exit": code}))
 """
 
@@ -780,6 +874,8 @@ def bench_registry_model(config_dir: Path, repeats: int) -> dict[str, Any]:
         runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     beyond = [r["command"] - r["construction"] for r in runs]
     construction = [r["construction"] for r in runs]
+    beyond_cpu = [r["command_cpu"] - r["construction_cpu"] for r in runs]
+    construction_cpu = [r["construction_cpu"] for r in runs]
     r = ratio(beyond, construction)
     return {
         "runs": runs,
@@ -788,6 +884,7 @@ def bench_registry_model(config_dir: Path, repeats: int) -> dict[str, Any]:
         "figures": {
             "registry model beyond construction / construction": {
                 "ratio": r,
+                "ratio_cpu": ratio(beyond_cpu, construction_cpu),
                 "numerator": "beyond construction",
                 "baseline": "construction",
                 "target": None,
@@ -795,6 +892,7 @@ def bench_registry_model(config_dir: Path, repeats: int) -> dict[str, Any]:
             },
             "registry model beyond construction (s)": {
                 "seconds": stats(beyond),
+                "cpu_seconds": stats(beyond_cpu),
                 "target_s": TARGETS["registry_model_s"],
                 "met": min(beyond) <= TARGETS["registry_model_s"],
             },
@@ -807,10 +905,10 @@ def bench_registry_model(config_dir: Path, repeats: int) -> dict[str, Any]:
 
 _IMPORT = (
     "import sys, time\n"
-    "t = time.perf_counter()\n"
+    "t, c = time.perf_counter(), time.process_time()\n"
     "import causalab_mini.generated\n"
-    "d = time.perf_counter() - t\n"
-    "print(d, 'torch' in sys.modules)\n"
+    "d, e = time.perf_counter() - t, time.process_time() - c\n"
+    "print(d, e, 'torch' in sys.modules)\n"
 )
 
 
@@ -826,14 +924,16 @@ def bench_tooling(repeats: int) -> dict[str, Any]:
     if registry is None:
         raise SystemExit("bench: the `registry` command is not installed (pip install -e .)")
     import_seconds: list[float] = []
+    import_cpu: list[float] = []
     torch_imported = False
     failures: list[str] = []
 
     def importing() -> None:
         nonlocal torch_imported
         proc = _run([sys.executable, "-c", _IMPORT])
-        seconds, torch_flag = proc.stdout.split()
+        seconds, cpu_seconds, torch_flag = proc.stdout.split()
         import_seconds.append(float(seconds))
+        import_cpu.append(float(cpu_seconds))
         torch_imported = torch_imported or torch_flag == "True"
 
     def command(*args: str) -> Callable[[], None]:
@@ -854,12 +954,13 @@ def bench_tooling(repeats: int) -> dict[str, Any]:
         repeats,
         warmup=1,
     )
-    import_seconds = import_seconds[1:]  # the warm-up's
+    import_seconds, import_cpu = import_seconds[1:], import_cpu[1:]  # not the warm-up's
     figures: dict[str, Any] = {}
     for name, key in (("registry lint", "lint"), ("registry gen --check", "gen_check")):
         figures[f"{name} / python startup"] = figure(times, key, "python_startup", None)
         figures[f"{name} (s)"] = {
             "seconds": stats(times[key]),
+            "cpu_seconds": stats(CPU[id(times)][key]),
             "target_s": TARGETS[f"{key}_s"],
             "met": min(times[key]) <= TARGETS[f"{key}_s"],
         }
@@ -868,11 +969,12 @@ def bench_tooling(repeats: int) -> dict[str, Any]:
     )
     figures["import causalab_mini.generated, in-process (s)"] = {
         "seconds": stats(import_seconds),
+        "cpu_seconds": stats(import_cpu),
         "target_s": TARGETS["import_s"],
         "met": min(import_seconds) <= TARGETS["import_s"] and not torch_imported,
     }
     return {
-        "times": {k: stats(v) for k, v in times.items()},
+        "times": timing(times),
         "import_seconds": stats(import_seconds),
         "torch_imported": torch_imported,
         "failures": failures,
@@ -896,30 +998,44 @@ def _versions() -> dict[str, str]:
 
 
 def table(result: dict[str, Any]) -> str:
-    rows: list[tuple[str, str, str, str, str]] = []
+    """The figures as a Markdown table: wall-time ratio min and median, the target and
+    whether the min meets it, and the CPU-time ratio of the mins beside it."""
+    rows: list[tuple[str, ...]] = []
 
-    def ratio_row(label: str, fig: dict[str, Any], target: str | None = None) -> None:
+    def verdict(met: bool | None) -> str:
+        return {True: "met", False: "MISSED", None: ""}[met]
+
+    def ratio_row(label: str, fig: dict[str, Any]) -> None:
         r = fig["ratio"]
-        t = (
-            target
-            if target is not None
-            else ("-" if fig["target"] is None else f"<= {fig['target']:.2f}x")
-        )
-        met = {True: "met", False: "MISSED", None: ""}[fig["met"]]
-        rows.append((label, f"{r['min']:.3f}x", f"{r['median']:.3f}x", t, met))
-
-    def seconds_row(label: str, fig: dict[str, Any]) -> None:
-        s = fig["seconds"]
-        met = {True: "met", False: "MISSED"}[fig["met"]]
-        unit = 1000.0 if fig["target_s"] < 0.2 else 1.0
-        suffix = " ms" if unit == 1000.0 else " s"
+        target = "-" if fig["target"] is None else f"<= {fig['target']:.2f}x"
+        cpu = fig.get("ratio_cpu")
         rows.append(
             (
                 label,
-                f"{s['min'] * unit:.3g}{suffix}",
-                f"{s['median'] * unit:.3g}{suffix}",
-                f"<= {fig['target_s'] * unit:g}{suffix}",
-                met,
+                f"{r['min']:.3f}x",
+                f"{r['median']:.3f}x",
+                f"{cpu['min']:.3f}x" if cpu else "-",
+                target,
+                verdict(fig["met"]),
+            )
+        )
+
+    def seconds_row(label: str, fig: dict[str, Any]) -> None:
+        s, cpu = fig["seconds"], fig.get("cpu_seconds")
+        ms = fig["target_s"] < 0.2
+        unit, suffix = (1000.0, " ms") if ms else (1.0, " s")
+
+        def show(x: float) -> str:
+            return f"{x * unit:.3g}{suffix}"
+
+        rows.append(
+            (
+                label,
+                show(s["min"]),
+                show(s["median"]),
+                show(cpu["min"]) if cpu else "-",
+                f"<= {show(fig['target_s'])}",
+                verdict(fig["met"]),
             )
         )
 
@@ -954,6 +1070,10 @@ def table(result: dict[str, Any]) -> str:
         p = t["per_read"]
         fig = p["figures"]["internals / nnsight hand-written, per read"]
         ratio_row(f"per read, small model ({p['reads_per_trace']}/trace): internals / hand", fig)
+        ratio_row(
+            "per read: trace-body thread CPU, internals / hand",
+            p["figures"]["internals / nnsight hand-written, worker-thread CPU per read"],
+        )
     r2 = result.get("resolve")
     if r2:
         f = r2["figures"]
@@ -985,25 +1105,24 @@ def table(result: dict[str, Any]) -> str:
             "import causalab_mini.generated (in-process)",
             f["import causalab_mini.generated, in-process (s)"],
         )
-    rows.append(("sweep throughput", "pending", "pending", "-", "pending"))
-    head = ("figure", "min", "median", "target", "")
-    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(5)]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    lines += [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
-    ]
-    return "\n".join(lines)
+    rows.append(("sweep throughput", "pending", "pending", "-", "-", "pending"))
+    head = ("figure", "wall min", "wall median", "cpu min", "target", "")
+    widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join(
+        [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench.json"), help="where the JSON goes")
-    parser.add_argument("--repeats", type=int, default=15, help="repeats of each traced figure")
+    parser.add_argument("--repeats", type=int, default=25, help="repeats of each traced figure")
     parser.add_argument(
-        "--small-repeats", type=int, default=60, help="repeats of the per-read figure"
+        "--small-repeats", type=int, default=150, help="repeats of the per-read figure"
     )
     parser.add_argument("--resolve-repeats", type=int, default=3, help="meta-model builds")
     parser.add_argument("--tool-repeats", type=int, default=7, help="runs of each command")
