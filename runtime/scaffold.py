@@ -998,11 +998,12 @@ def _relation(
         check = f"mlps_neurons == {place} (x gate)"
     verdict = _pick(place, passing, default, evidence, row, same, check)
     if verdict.status == "missing" and default is not None:
-        verdict.status = "unchecked"
-        verdict.chosen = default
+        # the runtime would read the structural table's module, which failed the check:
+        # a person decides (keep it, name another module, or refuse the place)
         verdict.evidence = (
-            f"structural.yaml resolves it to {default.module}, and the check found no "
-            f"module that passes ({evidence})"
+            f"structural.yaml resolves it to {default.module}, which fails {check}, and no "
+            f"other module passes ({evidence}); with no row the runtime reads "
+            f"{default.describe()}"
         )
     return verdict
 

@@ -84,9 +84,12 @@ NEW = {
             "mlps_norm_output": {"module": "post_attention_layernorm"},
             "mlps_output": {"module": "post_mlp_layernorm", "select": None},
         },
+        # a fused gate_up_proj: what the down projection reads is act(gate) * up with
+        # `up` a slice of one module's output, so no module is the activation's check
+        {"mlps_activation"},
     ),
-    "phi3": ("tiny:phi3", "pre_norm", {}),
-    "cohere": ("tiny:cohere", "parallel", {}),
+    "phi3": ("tiny:phi3", "pre_norm", {}, {"mlps_activation"}),  # fused gate_up_proj too
+    "cohere": ("tiny:cohere", "parallel", {}, set()),
 }
 
 
@@ -94,7 +97,7 @@ NEW = {
 def test_one_command_adds_a_family_that_lints_clean_and_proves(
     model_type: str, package_registry_copy: Path
 ) -> None:
-    spec, structure, rows = NEW[model_type]
+    spec, structure, rows, decide = NEW[model_type]
     family = f"new_{model_type}"  # a name no family file has, whatever the registry holds
     had_rule = any(model_type in r.match.model_types for r in lint(package_registry_copy)[0].rules)
     result = cli(
@@ -107,7 +110,9 @@ def test_one_command_adds_a_family_that_lints_clean_and_proves(
     assert "registry lint: clean" in result.output
     text = written.read_text()
     assert text.startswith("# yaml-language-server: $schema=../../schema/family.schema.json\n")
-    assert "# DECIDE" not in text
+    decided = {line.split(":")[0].split()[-1] for line in text.splitlines() if "# DECIDE " in line}
+    assert decided == decide, decided
+    assert "registry lint: clean" in result.output  # a choice left to a person is a comment
     data = load_yaml(text)
     assert data["family"] == family and data["match"]["model_types"] == [model_type]
     assert (data.get("addresses") or {}) == rows
@@ -204,6 +209,21 @@ def test_undecided_places_are_comments_and_lint_says_what_is_missing(
     assert "  # DECIDE mlps_activation: no candidate passes (nothing passes)." in text
     data = load_yaml(text)
     assert "addresses" not in data  # nothing undecided is a row
+    _, diags = lint(package_registry_copy)
+    assert [(d.code, d.row) for d in diags] == [("X014", "zeta")]
+    # a person decides: the first choice, and the refusal stub, uncommented as written
+    lines = text.splitlines()
+    start = lines.index("  # attentions_output:")
+    chosen = [line.replace("  # ", "  ", 1) for line in lines[start : start + 3]]
+    stub = lines.index("  #   unavailable:") - 1
+    refusal = [line.replace("  # ", "  ", 1) for line in lines[stub : stub + 6]]
+    refusal[-1] = refusal[-1].replace("<why>", "its MLP has no separate activation")
+    decided = "\n".join([text, "addresses:", *chosen, *refusal]) + "\n"
+    assert written.family_file is not None
+    written.family_file.write_text(decided)
+    data = load_yaml(decided)
+    assert data["addresses"]["attentions_output"] == {"module": "self_attn.dense", "select": None}
+    assert data["addresses"]["mlps_activation"]["unavailable"][0]["when"] == "always"
     _, diags = lint(package_registry_copy)
     assert [(d.code, d.row) for d in diags] == [("X014", "zeta")]
 
