@@ -1120,9 +1120,9 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench.json"), help="where the JSON goes")
-    parser.add_argument("--repeats", type=int, default=25, help="repeats of each traced figure")
+    parser.add_argument("--repeats", type=int, default=40, help="repeats of each traced figure")
     parser.add_argument(
-        "--small-repeats", type=int, default=150, help="repeats of the per-read figure"
+        "--small-repeats", type=int, default=300, help="repeats of the per-read figure"
     )
     parser.add_argument("--resolve-repeats", type=int, default=3, help="meta-model builds")
     parser.add_argument("--tool-repeats", type=int, default=7, help="runs of each command")
