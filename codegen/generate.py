@@ -136,34 +136,12 @@ def _template_bytes(name: str) -> bytes:
     return resources.files("causalab_mini.codegen").joinpath("templates", name).read_bytes()
 
 
-def ruff_format(text: str, filename: str) -> str:
-    """Format with ruff; fixed settings so output does not depend on the caller's config."""
-    ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
-    proc = subprocess.run(
-        [
-            ruff,
-            "format",
-            "--isolated",
-            "--line-length",
-            "100",
-            "--target-version",
-            "py311",
-            "--stdin-filename",
-            filename,
-            "-",
-        ],
-        input=text,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise GenerationError(f"ruff format failed on {filename}: {proc.stderr.strip()}")
-    return proc.stdout
+# Fixed settings, so the output does not depend on the caller's ruff configuration.
+RUFF_FORMAT = ("format", "--isolated", "--line-length", "100", "--target-version", "py311")
 
 
 def ruff_format_many(texts: Mapping[str, str]) -> dict[str, str]:
-    """``ruff_format`` of every module in one ruff process (one start instead of seven;
+    """ruff format of every module in one ruff process (one start instead of seven;
     the same settings, so the same bytes)."""
     ruff = shutil.which("ruff") or str(Path(sys.executable).with_name("ruff"))
     with tempfile.TemporaryDirectory(prefix="registry-gen-") as tmp:
@@ -173,12 +151,7 @@ def ruff_format_many(texts: Mapping[str, str]) -> dict[str, str]:
         proc = subprocess.run(
             [
                 ruff,
-                "format",
-                "--isolated",
-                "--line-length",
-                "100",
-                "--target-version",
-                "py311",
+                *RUFF_FORMAT,
                 *(str(p) for p in paths.values()),
             ],
             capture_output=True,

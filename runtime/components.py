@@ -205,6 +205,23 @@ def _refuse(component: str, reason: str) -> ComponentError:
     return ComponentError(f"component {component!r}: {reason}")
 
 
+def _policy(
+    spec: Component, heads: int | None, hd: int | None, width: int | None
+) -> dict[str, Any]:
+    """The component table's policy fields, with the widths measured on the model."""
+    return {
+        "per_head": spec.per_head,
+        "layout": spec.layout,
+        "head_dim": hd,
+        "heads": heads,
+        "width": width,
+        "sequence_axis": spec.sequence_axis,
+        "keys_axis": spec.keys_axis,
+        "writable": spec.writable,
+        "why_read_only": spec.why_read_only,
+    }
+
+
 def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) -> ComponentAddress:
     internals = model.internals
     place = internals[spec.target]
@@ -249,15 +266,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
         module=address.module,
         io=address.io.value,
         needles=address.source,
-        per_head=spec.per_head,
-        layout=spec.layout,
-        head_dim=hd,
-        heads=heads,
-        width=width,
-        sequence_axis=spec.sequence_axis,
-        keys_axis=spec.keys_axis,
-        writable=spec.writable,
-        why_read_only=spec.why_read_only,
+        **_policy(spec, heads, hd, width),
     )
 
 
@@ -329,15 +338,7 @@ def _interior(
         io="inside",
         needles=interior.needles,
         take=(take[0], int(take[1])),
-        per_head=spec.per_head,
-        layout=spec.layout,
-        head_dim=hd,
-        heads=heads,
-        width=width,
-        sequence_axis=spec.sequence_axis,
-        keys_axis=spec.keys_axis,
-        writable=spec.writable,
-        why_read_only=spec.why_read_only,
+        **_policy(spec, heads, hd, width),
     )
 
 

@@ -215,10 +215,10 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _module(model: Any, layer: int, path: str) -> Any:
-    envoy = model.layers[layer]
-    for part in path.split(".") if path else ():
-        envoy = getattr(envoy, part)
-    return envoy
+    """The Envoy at ``path`` in layer ``layer`` (the internals' own tree walk)."""
+    from causalab_mini.internals import child
+
+    return child(model.layers[layer], path)
 
 
 def _raw_outputs(
@@ -358,10 +358,7 @@ def _mlp_checks(
     if key("mlp_neuron_output") not in v:
         return
     neurons = v[key("mlp_neuron_output")]
-    down = model.internals["mlps_neurons"].address_at(layer).module
-    module = model.layers[layer]
-    for part in down.split("."):
-        module = getattr(module, part)
+    module = _module(model, layer, model.internals["mlps_neurons"].address_at(layer).module)
     mlp = model.internals["mlps"]
     with torch.no_grad():
         projected = module._module(neurons)
@@ -375,9 +372,7 @@ def _mlp_checks(
         act, x = v[key("mlp_activation")], v[key("mlp_input")]
         ok, _ = _close(neurons, act)
         if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears
-            mlp_module = model.layers[layer]
-            for part in mlp.address_at(layer).module.split("."):
-                mlp_module = getattr(mlp_module, part)
+            mlp_module = _module(model, layer, mlp.address_at(layer).module)
             with torch.no_grad():
                 for child in mlp_module._module.children():
                     if isinstance(child, torch.nn.Linear) and child.out_features == act.shape[-1]:
