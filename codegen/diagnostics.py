@@ -34,6 +34,7 @@ CODES: dict[str, str] = {
     "X012": "a structural row or entry without its counterpart",
     "X013": "a component disagrees with the row it names",
     "X014": "a family that no block-structure rule covers",
+    "X015": "a family without a final norm that does not refuse ln_final_output",
 }
 
 

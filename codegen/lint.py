@@ -916,6 +916,20 @@ def _cross(
                 new_rows.append((row, Address(**_fields(raw))))
             else:
                 overrides.append((row, tuple(_fields(raw).items())))
+        rename = data.get("rename", {})
+        if rename.get("ignore_ln_final"):
+            ln_final = data.get("addresses", {}).get("ln_final_output", {})
+            if not any(u.get("when") == "always" for u in ln_final.get("unavailable", ())):
+                check.err(
+                    fam,
+                    d,
+                    ("rename", "ignore_ln_final"),
+                    "X015",
+                    name,
+                    "ignore_ln_final says the model has no final norm, so ln_final_output "
+                    "must be refused: give it 'unavailable: [{when: always, reason: ...}]' "
+                    "under addresses, naming what to read instead",
+                )
         match = data["match"]
         reg.families.append(
             FamilyDef(

@@ -24,14 +24,15 @@ class IOType(Enum):
 
 @dataclass(frozen=True)
 class FirstIfTuple:
-    """The tensor is the value itself, or its first element when the value is a tuple."""
+    """The tensor is the value itself, or its first element when the value is a tuple
+    (or a list: GPT-1's blocks and attention return lists)."""
 
     def get(self, value: Any) -> Any:
-        return value[0] if isinstance(value, tuple) else value
+        return value[0] if isinstance(value, (tuple, list)) else value
 
     def put(self, value: Any, new: Any) -> Any:
         """Hand back ``value`` with its tensor replaced by ``new``."""
-        return replace_part(value, 0, new) if isinstance(value, tuple) else new
+        return replace_part(value, 0, new) if isinstance(value, (tuple, list)) else new
 
     def __repr__(self) -> str:
         return "FirstIfTuple()"
@@ -199,6 +200,8 @@ class RenameConfig:
     The container fields are nnterp's (``attn_name`` … ``layers_name``) with
     ``embed_name`` beside them; ``mixed_layers`` says the layers are not all of one
     class (hybrid attention / state-space stacks), which nnterp refuses unless told;
+    ``ignore_ln_final`` says the model has no final norm (the last block's output
+    goes straight to the unembedding), which nnterp's load-time checks cannot accept;
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -212,6 +215,7 @@ class RenameConfig:
     lm_head_name: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
+    ignore_ln_final: bool | None = None
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 

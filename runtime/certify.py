@@ -38,6 +38,29 @@ def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
     return match.group(1), tuple(p.strip() for p in match.group(2).split("+"))
 
 
+def identity_rows(text: str) -> tuple[str, ...]:
+    """Every row an identity names, left side first."""
+    left, right = parse_identity(text)
+    return (left, *right)
+
+
+def structure_identities(model: Any) -> tuple[str, ...]:
+    """The identities of the model's block structure (none if it has no known one)."""
+    structure = BLOCK_STRUCTURES.get(model.block_structure or "")
+    return structure.identities if structure is not None else ()
+
+
+def mid_write_target(model: Any) -> str | None:
+    """The row that must carry a write to layers_mid on: the left side of the
+    structure's identity ``X == layers_mid + mlps_output`` (layers_output on a
+    pre-norm block, layers_output_prenorm where a norm follows the add)."""
+    for text in structure_identities(model):
+        left, right = parse_identity(text)
+        if sorted(right) == ["layers_mid", "mlps_output"]:
+            return left
+    return None
+
+
 def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str, Any]:
     """A padded batch of two (the first row left-padded), as tensors."""
     texts = texts or (
@@ -172,16 +195,19 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
 def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> Check | None:
     """Write at the stream between the sublayers and check the block carries the
     written value on: after ``layers_mid[i] = mid + delta``,
-    ``layers_output[i] == (mid + delta) + mlps_output[i]``. On a parallel block the
+    ``layers_output[i] == (mid + delta) + mlps_output[i]`` (on a post_ln block the sum
+    before the last norm, ``layers_output_prenorm``). On a parallel block the
     equivalent is ``attentions_output[i] += delta``, which must shift
     ``layers_output[i]`` by exactly delta."""
     import torch
 
     internals = model.internals
     torch.manual_seed(0)
+    target = mid_write_target(model) or "layers_output"
     if (
         internals["layers_mid"].unavailable_on(layer) is None
         and internals["mlps_output"].unavailable_on(layer) is None
+        and internals[target].unavailable_on(layer) is None
     ):
         box: dict[str, Any] = {}
         with model.trace(inputs):
@@ -190,10 +216,10 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             box["written"] = (mid + delta).clone().save()
             internals["layers_mid"][layer] = mid + delta
             box["mlp"] = internals["mlps_output"][layer].save()
-            box["out"] = internals["layers_output"][layer].save()
+            box["out"] = internals[target][layer].save()
         got = _value(box["out"])
         return compare(
-            "layers_output == written layers_mid + mlps_output",
+            f"{target} == written layers_mid + mlps_output",
             layer,
             got,
             _value(box["written"]) + _value(box["mlp"]),

@@ -398,9 +398,14 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
         lay.tap(COLUMN_X, a_end - GAP / 2 + 2, ["attentions_output"], COLUMN_X + BOX_W / 2 + 20)
         _scale(scene, b, "attentions_output", COLUMN_X, a_end - GAP / 2 + 6)
         scene.adds.append((STREAM_X, add1))
-        mid_y = add1 + 34
+        # where a norm follows each add (post_ln), the sum before it is a place too
+        post_ln = b.structure == "post_ln"
+        extra = 34 if post_ln else 0
+        if post_ln:
+            lay.tap(STREAM_X, add1 + 30, ["layers_mid_prenorm"], room=40)
+        mid_y = add1 + 34 + extra
         lay.tap(STREAM_X, mid_y, ["layers_mid"], room=40)
-        branch2 = add1 + 62
+        branch2 = add1 + 62 + extra
         mlp_pre = b.module.get("mlps_norm_output")
         m_end, _ = lay.column(COLUMN_X, branch2 + GAP, "mlps", "mlp", mlp_pre)
         add2 = m_end + 4
@@ -411,7 +416,9 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
         lay.tap(COLUMN_X, m_end - GAP / 2 + 2, ["mlps_output"], COLUMN_X + BOX_W / 2 + 20)
         _scale(scene, b, "mlps_output", COLUMN_X, m_end - GAP / 2 + 6)
         scene.adds.append((STREAM_X, add2))
-        bottom = add2 + 46
+        if post_ln:
+            lay.tap(STREAM_X, add2 + 30, ["layers_output_prenorm"], room=40)
+        bottom = add2 + 46 + extra
     scene.paths.insert(0, Path(((STREAM_X, stream_top), (STREAM_X, bottom)), "stream"))
     lay.tap(STREAM_X, bottom - 6, ["layers_output"], room=40)
     # the places the model refuses, with the registry's reason

@@ -42,6 +42,13 @@ def has_attr(envoy: Any, name: str) -> bool:
     return module is None or hasattr(module, name)
 
 
+def boundary(attr: str, envoy: Any) -> str:
+    """The attribute that reads a module's ``input``/``output`` boundary: nnsight mounts
+    it at ``nns_input``/``nns_output`` on a module that has a child of that name (a
+    BERT layer's ``output`` submodule)."""
+    return f"nns_{attr}" if attr in envoy.__dict__ else attr
+
+
 def child(envoy: Any, path: str) -> Any | None:
     """The Envoy at dotted ``path`` below ``envoy`` (standardized names), or None."""
     from nnsight.intervention.envoy import Envoy
@@ -49,6 +56,8 @@ def child(envoy: Any, path: str) -> Any | None:
     current = envoy
     for part in path.split(".") if path else ():
         try:
+            if part not in current.__dict__ and hasattr(Envoy, part):
+                return None  # nnsight's own attribute (output, input, source ...), no module
             if not has_attr(current, part):
                 return None
             current = getattr(current, part)
@@ -196,7 +205,7 @@ class Place:
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
             return envoy
-        attr = "input" if address.io is IOType.INPUT else "output"
+        attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
             plain = address.select is None and not address.snapshot and address.scale is None
             self._reads[layer] = (envoy, attr, None if plain else address)
@@ -220,7 +229,7 @@ class Place:
             )
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
-        attr = "input" if address.io is IOType.INPUT else "output"
+        attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if address.write == "in_place":
             current = getattr(envoy, attr)
             if address.select is not None:

@@ -48,6 +48,7 @@ CONTAINERS = (
     "lm_head_name",
     "ignore_mlp",
     "ignore_attn",
+    "ignore_ln_final",
     "mixed_layers",
 )
 
@@ -197,6 +198,12 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and enable_for_nnterp and not merged.ignore_attn
+        if merged.ignore_ln_final:
+            # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
+            # model has none; they are skipped (with its probability check). Every
+            # place is still certified by our identities and transformers' oracles.
+            kwargs["check_renaming"] = False
+            nnterp_probs = False
         if enable_attention_probs and not nnterp_probs:
             kwargs["attn_implementation"] = "eager"
         rename = dict(kwargs.pop("rename", None) or {})

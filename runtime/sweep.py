@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from causalab_mini.generated import COMPONENTS
+from causalab_mini.internals import boundary
 
 GENERIC = ("not found", "unknown error", "failed")
 
@@ -124,6 +125,15 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for spec in [COMPONENTS[name]]
         if spec.kind == "boundary"
     }
+    # rows an identity names that no component reads (post_ln's sums before the norms)
+    wanted = {
+        row
+        for text in cert.structure_identities(model)
+        for row in cert.identity_rows(text)
+        if row not in row_of
+    }
+    if wanted:
+        place_values.update(cert.read_places(model, inputs, sorted(wanted)))
     for check in cert.identities(model, place_values):
         left, right = cert.parse_identity(check.name)
         checks.add(
@@ -164,7 +174,15 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             checks.add(["attention_input_norm"], "attention_input_norm == attention's input", ok, d)
         _interior_checks(model, v, raw, layer, checks)
         _mlp_checks(model, v, raw, layer, checks)
-    if have("ln_final") and len(hidden) == n + 1:
+    # Most models end output_hidden_states with the final norm's output; some (BERT-
+    # and BART-style, whose norm sits in the LM head or nowhere) end it with the last
+    # block's output, and the final norm is then certified by what the head computes.
+    stream_ends_at_block = (
+        len(hidden) == n + 1
+        and have("block_output", layer=n - 1)
+        and _close(v[("block_output", n - 1)], hidden[n])[0]
+    )
+    if have("ln_final") and len(hidden) == n + 1 and not stream_ends_at_block:
         ok, d = _close(v[("ln_final", None)], hidden[n])
         checks.add(["ln_final"], "output_hidden_states[-1] == ln_final", ok, d)
     if have("logits"):
@@ -182,7 +200,17 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         head = model._model.get_output_embeddings()
         if have("lm_head", "ln_final") and head is not None:
             ok, d = _close(v[("lm_head", None)], head(v[("ln_final", None)]))
-            checks.add(["lm_head"], "lm_head == get_output_embeddings()(ln_final)", ok, d)
+            covered = ["lm_head", "ln_final"] if stream_ends_at_block else ["lm_head"]
+            checks.add(covered, "lm_head == get_output_embeddings()(ln_final)", ok, d)
+        if (
+            have("lm_head")
+            and not have("ln_final")
+            and have("block_output", layer=n - 1)
+            and head is not None
+        ):
+            # no final norm: the unembedding reads the last block's output
+            ok, d = _close(v[("lm_head", None)], head(v[("block_output", n - 1)]))
+            checks.add(["lm_head"], "lm_head == get_output_embeddings()(block_output[-1])", ok, d)
     write = cert.write_reaches_stream(model, inputs, layer=min(1, n - 1))
     if write is not None:
         checks.add(
@@ -247,10 +275,15 @@ def _raw_outputs(
                 if len(args) > 3:
                     saved.append(("value", layer, args[3].save()))
             else:
-                out = _module(model, layer, what).output
+                module = _module(model, layer, what)
+                out = getattr(module, boundary("output", module))
                 # a copy: a layer may change a module's output in place afterwards (Falcon)
                 saved.append(
-                    (kind, layer, (out[0] if isinstance(out, tuple) else out).clone().save())
+                    (
+                        kind,
+                        layer,
+                        (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
+                    )
                 )
     return {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
 

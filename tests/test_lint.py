@@ -224,6 +224,19 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "families/zeta.yaml:5:16: X014 [zeta] no rule in block_structures.yaml gives zeta a block structure, so every structural place is refused on it; add a rule (`registry new-family <model_type>` verifies which structure holds)",
         ],
     ),
+    "X015": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family without a final norm.\n"
+                "match:\n  model_types: [llama]\nrename:\n  ignore_ln_final: true\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:7:20: X015 [zeta] ignore_ln_final says the model has no final norm, so ln_final_output must be refused: give it 'unavailable: [{when: always, reason: ...}]' under addresses, naming what to read instead",
+        ],
+    ),
 }
 
 
