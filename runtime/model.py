@@ -73,6 +73,16 @@ def _versions_hold(row: Address) -> bool:
     return True
 
 
+def _refused_by_config(row: Address, config: Any) -> bool:
+    """Whether the row is refused on every layer of a model with this config before it
+    is loaded: an ``always`` reason, or a config reason that holds."""
+    for item in row.unavailable:
+        kind = item.when.kind
+        if kind == "always" or (kind == "config" and item.when.holds_for_config(config)):
+            return True
+    return False
+
+
 def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
     return [
         name
@@ -181,9 +191,10 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             },
         )
         probs = rows.get("attention_probabilities")
-        if probs is not None and not _versions_hold(probs):
-            # our row does not hold for the installed versions: it is refused (with the
-            # reason), and nnterp is not asked to check a path we do not vouch for
+        if probs is not None and (not _versions_hold(probs) or _refused_by_config(probs, config)):
+            # our row does not hold for the installed versions, or is refused on this
+            # model (with the reason): nnterp is not asked to check a path we do not
+            # vouch for
             if enable_attention_probs:
                 kwargs["attn_implementation"] = "eager"
             probs = None

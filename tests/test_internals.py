@@ -46,6 +46,9 @@ FAMILIES: dict[str, tuple[str, str]] = {
     "qwen2_moe": ("tiny:qwen2_moe", "pre_norm"),
     "qwen3_moe": ("tiny:qwen3_moe", "pre_norm"),
     "deepseek_v3": ("tiny:deepseek_v3", "pre_norm"),
+    "ctrl": ("tiny:ctrl", "pre_norm"),
+    "persimmon": ("tiny:persimmon", "pre_norm"),
+    "biogpt": ("tiny:biogpt", "pre_norm"),
     # the config values that change a block's structure
     "gpt_neox_sequential": ("tiny:gpt_neox?use_parallel_residual=false", "pre_norm"),
     "stablelm_parallel": ("tiny:stablelm?use_parallel_residual=true", "parallel"),
@@ -63,6 +66,7 @@ NNTERP_DIFFERS = {
     "falcon_alibi": {"mlps_output"},
     "granite": {"attentions_output", "mlps_output"},  # unscaled by residual_multiplier
     "opt": {"mlps_output"},  # no MLP module
+    "biogpt": {"mlps_output"},  # no MLP module (our row reads fc2)
 }
 
 pytestmark = pytest.mark.slow
@@ -379,3 +383,22 @@ def test_every_layer_of_a_mixture_refuses_the_mlp_interiors(family: str) -> None
         reason = status[name]
         assert reason is not None and "top-k of N experts" in reason, (name, reason)
     assert status["mlps_input"] is None and status["mlps_output"] is None
+
+
+def test_a_refused_attention_probabilities_row_is_not_handed_to_nnterp() -> None:
+    # a family (XGLM) or a user that refuses the row on every layer: nnterp is not
+    # asked to check the row's needles at load (here they name no call, so the check
+    # would fail), and the place says the row's own reason
+    import dataclasses
+
+    from causalab_mini.address import Condition, Unavailable
+
+    refused = dataclasses.replace(
+        DEFAULT_ADDRESSES["attention_probabilities"],
+        source=("no_such_call(",),
+        unavailable=(Unavailable(Condition("always"), "{place} is refused by this test."),),
+    )
+    config = RenameConfig(addresses={"attention_probabilities": refused})
+    model = StandardizedTransformer("tiny:llama", rename_config=config, enable_attention_probs=True)
+    reason = model.internals.status(layer=0)["attention_probabilities"]
+    assert reason is not None and "attention_probabilities is refused by this test." in reason
