@@ -82,7 +82,7 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import torch
 
     from causalab_mini import certify as cert
-    from causalab_mini.components import ComponentError, Plan, locate
+    from causalab_mini.components import ComponentError, locate
 
     n = model.internals.num_layers
     addresses: dict[tuple[str, int | None], Any] = {}
@@ -108,7 +108,7 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "refused_layers": sorted(k for k in refusals if k is not None),
                 "reason": reason,
             }
-    values_by_address = Plan.of(reads=addresses.values()).run(model, inputs)
+    values_by_address = _read_all(model, inputs, addresses, result, partial)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
     layers = range(n)
@@ -214,6 +214,49 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return result
 
 
+def _read_all(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    result: dict[str, dict[str, Any]],
+    partial: dict[str, dict[str, Any]],
+) -> dict[Any, Any]:
+    """Read every address in one trace. A needle after the first is looked up inside
+    the function the previous call dispatches to, so only a trace finds that it names
+    no operation there: such a component is refused where it does not resolve (with
+    the lookup's own message), and the rest are read."""
+    from causalab_mini.components import Plan
+    from causalab_mini.ops import OperationNotFound
+
+    try:
+        return Plan.of(reads=addresses.values()).run(model, inputs)
+    except OperationNotFound:
+        failing: dict[str, dict[int | None, str]] = {}
+        for key, address in addresses.items():
+            if len(address.needles) < 2:
+                continue
+            try:
+                Plan.of(reads=[address]).run(model, inputs)
+            except OperationNotFound as exc:
+                failing.setdefault(key[0], {})[key[1]] = str(exc)
+        if not failing:
+            raise
+    for name, by_layer in failing.items():
+        for layer in by_layer:
+            del addresses[(name, layer)]
+        reason = f"component {name!r}: {next(iter(by_layer.values()))}"
+        if any(key[0] == name for key in addresses):  # resolved on the other layers
+            earlier = partial.get(name, {}).get("refused_layers", [])
+            partial[name] = {
+                "refused_layers": sorted({*earlier, *(k for k in by_layer if k is not None)}),
+                "reason": reason,
+            }
+        else:
+            result[name] = {"state": "refused", "reason": reason}
+            partial.pop(name, None)
+    return Plan.of(reads=addresses.values()).run(model, inputs)
+
+
 def _module(model: Any, layer: int, path: str) -> Any:
     """The Envoy at ``path`` in layer ``layer`` (the internals' own tree walk)."""
     from causalab_mini.internals import child
@@ -246,6 +289,9 @@ def _raw_outputs(
                 saved.append((kind, layer, kwargs.get("scaling")))
                 if len(args) > 3:
                     saved.append(("value", layer, args[3].save()))
+                mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
+                if mask is not None:
+                    saved.append(("mask", layer, mask.save()))
             else:
                 out = _module(model, layer, what).output
                 # a copy: a layer may change a module's output in place afterwards (Falcon)
@@ -320,29 +366,88 @@ def _interior_checks(
         ok, d = _close(v[key("attention_z")], v[key("attention_premix")])
         checks.add(["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d)
     if all(key(n) in v for n in ("attention_query", "attention_key", "attention_scores")):
-        q, k, s = v[key("attention_query")], v[key("attention_key")], v[key("attention_scores")]
-        b, heads, seq = s.shape[0], s.shape[1], s.shape[2]
-        hd = q.shape[-1] // heads
-        qn = q.reshape(b, seq, heads, hd).transpose(1, 2)
-        kn = k.reshape(b, seq, -1, hd).transpose(1, 2)
-        kn = kn.repeat_interleave(heads // kn.shape[1], dim=1)
-        config = model._model.config
-        scaling = raw.get(("scaling", layer))
-        if scaling is None:
-            scaling = hd**-0.5
-        product = (qn @ kn.transpose(-1, -2)) * scaling
-        cap = getattr(config, "attn_logit_softcapping", None)
-        if cap:
-            product = cap * torch.tanh(product / cap)
-        # the scores include the additive mask (0 where a query sees a key)
-        diff = s - product
+        s = v[key("attention_scores")]
         visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
-        ok = bool(visible.any()) and bool(
-            torch.allclose(diff[visible], torch.zeros_like(diff[visible]), atol=1e-4)
-        )
+        s = s.double()
+        product = _qk_product(model, v, raw, layer, s.shape[1]).double()
+        additive, seen = _mask(raw, layer, s.shape)
+        # the scores are q·kᵀ·scaling plus the additive mask the attention function is
+        # given: 0 where a query sees a key, unless the model biases the keys it sees
+        # (Doge's dynamic mask)
+        visible = visible & seen
+        diff = (s - product - additive)[visible]
+        ok = bool(visible.any()) and bool(torch.allclose(diff, torch.zeros_like(diff), atol=1e-4))
+        worst = float(diff.abs().max()) if diff.numel() else float("nan")
         checks.add(
-            ["attention_query", "attention_key"], "attention_scores == q·kᵀ·scaling (+ mask)", ok
+            ["attention_query", "attention_key"],
+            "attention_scores == q·kᵀ·scaling + the attention function's mask",
+            ok,
+            f"max error {worst:.3g}",
         )
+    elif all(key(n) in v for n in ("attention_query", "attention_key", "attention_probs")):
+        # no scores to compare with (refused): the probabilities are a softmax of
+        # q·kᵀ·scaling + mask over the keys a query sees, so their log is that plus one
+        # constant per query (the normalizer, whatever else it sums: a sink, say)
+        p = v[key("attention_probs")].double()
+        product = _qk_product(model, v, raw, layer, p.shape[1]).double()
+        additive, seen = _mask(raw, layer, p.shape)
+        visible = (p > 0) & seen
+        diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
+        mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
+        spread = float(torch.where(visible, diff - mean, 0.0).abs().max())
+        ok = bool(visible.any()) and spread <= 1e-4 * max(1.0, float(product.abs().max()))
+        checks.add(
+            ["attention_query", "attention_key"],
+            "log attention_probs == q·kᵀ·scaling + mask + a constant per query",
+            ok,
+            f"max spread {spread:.3g}",
+        )
+
+
+def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
+    """The attention function's mask at ``layer`` as (additive part, where a query
+    sees a key), both broadcast to ``shape`` (no mask: 0, everywhere)."""
+    import torch
+
+    mask = raw.get(("mask", layer))
+    if mask is None:
+        return torch.zeros(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.bool)
+    mask = mask[..., : shape[-1]]
+    if mask.dtype == torch.bool:
+        seen = mask.expand(shape)
+        return torch.zeros(shape, dtype=torch.float64), seen
+    seen = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
+    additive = torch.where(seen, mask.double().expand(shape), 0.0)
+    return additive, seen
+
+
+def _qk_product(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+    heads: int,
+) -> Any:
+    """q·kᵀ·scaling per query head (soft-capped where the config caps the logits), from
+    the attention_query and attention_key read at ``layer``."""
+    import torch
+
+    from causalab_mini.internals import layer_config
+
+    q, k = v[("attention_query", layer)], v[("attention_key", layer)]
+    b, seq = q.shape[0], q.shape[1]
+    hd = q.shape[-1] // heads
+    qn = q.reshape(b, seq, heads, hd).transpose(1, 2)
+    kn = k.reshape(b, k.shape[1], -1, hd).transpose(1, 2)
+    kn = kn.repeat_interleave(heads // kn.shape[1], dim=1)
+    scaling = raw.get(("scaling", layer))
+    if scaling is None:
+        scaling = hd**-0.5
+    product = (qn @ kn.transpose(-1, -2)) * scaling
+    cap = getattr(layer_config(model.text_config, layer), "attn_logit_softcapping", None)
+    if cap:
+        product = cap * torch.tanh(product / cap)
+    return product
 
 
 def _mlp_checks(
