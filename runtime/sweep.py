@@ -82,7 +82,7 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     import torch
 
     from causalab_mini import certify as cert
-    from causalab_mini.components import ComponentError, locate
+    from causalab_mini.components import ComponentError, Plan, locate
 
     n = model.internals.num_layers
     addresses: dict[tuple[str, int | None], Any] = {}
@@ -111,6 +111,15 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     values_by_address = _read_all(model, inputs, addresses, result, partial)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
+    # a whole-model place must not depend on what else the trace reads: where its
+    # module runs more than once (Dory's norm), nnsight hands on the call after the
+    # last place read before it
+    whole = {key: a for key, a in addresses.items() if key[1] is None}
+    if whole:
+        alone = Plan.of(reads=whole.values()).run(model, inputs)
+        for key, address in whole.items():
+            ok, d = _close(alone[address], v[key]) if hasattr(v[key], "shape") else (True, "")
+            checks.add([key[0]], "read alone == read with the layers' places", ok, d)
     layers = range(n)
 
     def have(*names: str, layer: int | None = None) -> bool:
@@ -167,6 +176,13 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if have("ln_final") and len(hidden) == n + 1:
         ok, d = _close(v[("ln_final", None)], hidden[n])
         checks.add(["ln_final"], "output_hidden_states[-1] == ln_final", ok, d)
+    elif have("ln_final"):
+        # hidden states counted per layer call (Dory runs some layers more than once):
+        # the base model's own output is the final norm's
+        last = _last_hidden_state(model, inputs)
+        if last is not None:
+            ok, d = _close(v[("ln_final", None)], last)
+            checks.add(["ln_final"], "the base model's last_hidden_state == ln_final", ok, d)
     if have("logits"):
         ok, d = _close(v[("logits", None)], hf.logits)
         checks.add(["logits"], "the model's logits == logits", ok, d)
@@ -180,9 +196,21 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             )
             checks.add(["embeddings"], "embeddings == get_input_embeddings()(input_ids)", ok, d)
         head = model._model.get_output_embeddings()
-        if have("lm_head", "ln_final") and head is not None:
-            ok, d = _close(v[("lm_head", None)], head(v[("ln_final", None)]))
-            checks.add(["lm_head"], "lm_head == get_output_embeddings()(ln_final)", ok, d)
+        if have("lm_head") and head is not None:
+            # the unembedding reads the final norm's output, or (MiniCPM3) a scaled copy
+            # of it: ln_final is held to output_hidden_states[-1] above
+            given = raw.get(("lm_head_input", -1))
+            if have("ln_final") and (given is None or _close(given, v[("ln_final", None)])[0]):
+                ok, d = _close(v[("lm_head", None)], head(v[("ln_final", None)]))
+                checks.add(["lm_head"], "lm_head == get_output_embeddings()(ln_final)", ok, d)
+            elif given is not None:
+                ok, d = _close(v[("lm_head", None)], head(given))
+                checks.add(
+                    ["lm_head"],
+                    "lm_head == get_output_embeddings()(the unembedding's input)",
+                    ok,
+                    d,
+                )
     write = cert.write_reaches_stream(model, inputs, layer=min(1, n - 1))
     if write is not None:
         checks.add(
@@ -257,6 +285,18 @@ def _read_all(
     return Plan.of(reads=addresses.values()).run(model, inputs)
 
 
+def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
+    """``last_hidden_state`` of the causal LM's base model (None where it has none)."""
+    import torch
+
+    base = getattr(model._model, "base_model", None)
+    if base is None or base is model._model:
+        return None
+    with torch.no_grad():
+        out = base(**inputs)
+    return getattr(out, "last_hidden_state", None)
+
+
 def _module(model: Any, layer: int, path: str) -> Any:
     """The Envoy at ``path`` in layer ``layer`` (the internals' own tree walk)."""
     from causalab_mini.internals import child
@@ -267,8 +307,9 @@ def _module(model: Any, layer: int, path: str) -> Any:
 def _raw_outputs(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
-    """The attention and MLP modules' own outputs, and the scaling the attention call
-    is given, per layer, from one more trace (in forward order)."""
+    """The attention and MLP modules' own outputs, and the scaling, values and mask
+    the attention call is given, per layer, and the unembedding's input, from one more
+    trace (in forward order)."""
     from causalab_mini import components as comp
 
     internals = model.internals
@@ -281,9 +322,16 @@ def _raw_outputs(
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
                 wanted.append((row, layer, internals[row].address_at(layer).module))
+    if ("lm_head", None) in addresses:
+        wanted.append(("lm_head_input", -1, None))
     saved: list[tuple[str, int, Any]] = []  # bound before the trace
     with model.trace(inputs):
         for kind, layer, what in wanted:
+            if kind == "lm_head_input":
+                args, kwargs = model.lm_head.inputs
+                given = args[0] if args else next(iter(kwargs.values()))
+                saved.append((kind, layer, given.save()))
+                continue
             if kind == "scaling":
                 args, kwargs = comp._interior_op(model, what).inputs
                 saved.append((kind, layer, kwargs.get("scaling")))
@@ -292,13 +340,34 @@ def _raw_outputs(
                 mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
                 if mask is not None:
                     saved.append(("mask", layer, mask.save()))
+            elif kind == "mlps":
+                envoy = _module(model, layer, what)
+                args, kwargs = envoy.inputs
+                # the arguments besides the first (Zaya's router state, MPT's residual)
+                rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
+                saved.append(("mlp_rest", layer, rest))
+                out = envoy.output
+                saved.append(
+                    (kind, layer, (out[0] if isinstance(out, tuple) else out).clone().save())
+                )
             else:
                 out = _module(model, layer, what).output
                 # a copy: a layer may change a module's output in place afterwards (Falcon)
                 saved.append(
                     (kind, layer, (out[0] if isinstance(out, tuple) else out).clone().save())
                 )
-    return {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
+        out[key] = (
+            [getattr(a, "value", a) for a in args],
+            {k: getattr(a, "value", a) for k, a in kwargs.items()},
+        )
+    return out
+
+
+def _kept(value: Any) -> Any:
+    """A module argument kept past the trace: a tensor copied and saved, else itself."""
+    return value.clone().save() if hasattr(value, "clone") and hasattr(value, "save") else value
 
 
 def _consistency_checks(
@@ -331,15 +400,21 @@ def _consistency_checks(
             checks.add(covered, "output projection(attention_premix) == attention's output", ok)
         if key("mlp_input") in v and ("mlps", layer) in raw:
             mlp = _module(model, layer, internals["mlps"].address_at(layer).module)._module
+            args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
             try:
-                out = mlp(v[key("mlp_input")])
-            except TypeError:  # an MLP that takes the residual too (MPT, BLOOM)
+                # with the other arguments it was given (Zaya's router state from the
+                # layer before, MPT's and BLOOM's residual)
+                out = mlp(v[key("mlp_input")], *args, **kwargs)
+            except TypeError:
                 out = None
             if isinstance(out, tuple):
                 out = out[0]
             if out is not None:
+                name = "mlp(mlp_input) == the MLP's output"
+                if args or kwargs:
+                    name = "mlp(mlp_input, its other arguments) == the MLP's output"
                 ok, d = _close(out, raw[("mlps", layer)])
-                checks.add(["mlp_input"], "mlp(mlp_input) == the MLP's output", ok, d)
+                checks.add(["mlp_input"], name, ok, d)
 
 
 def _interior_checks(

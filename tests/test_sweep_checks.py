@@ -87,3 +87,35 @@ def test_a_wrong_query_fails_the_query_key_check(with_scores: bool) -> None:
         checks = sweep._Checks()
         sweep._interior_checks(model, tampered, raw, 1, checks)
         assert [ok for _, ok, _ in checks.by_component["attention_query"]] == [holds]
+
+
+def test_the_unembedding_is_checked_on_what_it_reads() -> None:
+    # MiniCPM3 divides the final norm's output by logits_scaling before lm_head: the
+    # norm's output is still output_hidden_states[-1], and lm_head is checked on the
+    # input it was given; where that input is ln_final (Llama) the check says so
+    cpm = run_one("tiny:minicpm3").components
+    assert cpm["ln_final"]["state"] == "ok"
+    assert "output_hidden_states[-1] == ln_final" in cpm["ln_final"]["checks"]
+    assert cpm["lm_head"]["state"] == "ok"
+    assert "lm_head == get_output_embeddings()(the unembedding's input)" in cpm["lm_head"]["checks"]
+    llama = run_one("tiny:llama").components
+    assert "lm_head == get_output_embeddings()(ln_final)" in llama["lm_head"]["checks"]
+
+
+def test_the_mlp_is_called_with_the_other_arguments_it_was_given() -> None:
+    # Zaya's MLP takes the router state of the layer before; MPT's the residual
+    for model_type in ("zaya", "mpt"):
+        item = run_one(f"tiny:{model_type}").components["mlp_input"]
+        assert item["state"] == "ok", item
+        assert "mlp(mlp_input, its other arguments) == the MLP's output" in item["checks"]
+
+
+def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
+    # Dory's model.norm runs 2 + n_recurrent_loops times: ln_final read with the
+    # layers' places is the final call, read alone the first; the sweep says so
+    components = run_one("tiny:dory").components
+    ln_final = components["ln_final"]
+    assert ln_final["state"] == "broken"
+    assert ln_final["reason"].startswith("read alone == read with the layers' places")
+    assert "the base model's last_hidden_state == ln_final" in ln_final["checks"]
+    assert components["logits"]["state"] == "ok"
