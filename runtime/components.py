@@ -19,7 +19,7 @@ from typing import Any
 from causalab_mini.address import Component, Interior
 from causalab_mini.generated import COMPONENTS, FAMILY_INTERIORS_UNAVAILABLE, INTERIORS
 
-from .internals import PlaceUnavailable, _installed, child
+from .internals import PlaceUnavailable, _installed, child, layer_config
 from .ops import OperationNotFound, find_op, op_name
 
 
@@ -74,12 +74,41 @@ class ComponentAddress:
 # ---------------------------------------------------------------------- widths
 
 
-def _config(model: Any) -> Any:
-    return model.text_config
+def _config(model: Any, layer: int | None = None) -> Any:
+    """The text config, or layer ``layer``'s own where the config varies by layer."""
+    return layer_config(model.text_config, layer)
 
 
-def num_heads(model: Any) -> int:
-    config = _config(model)
+def _attention_module(model: Any, layer: int | None) -> Any | None:
+    """The torch module of layer ``layer``'s attention (None where it has none)."""
+    if layer is None:
+        return None
+    place = model.internals["attentions"]
+    if place.unavailable_on(layer) is not None:
+        return None
+    envoy = child(model.internals.layer_envoy(layer), place.address_at(layer).module)
+    return None if envoy is None else envoy._module
+
+
+def _measured(module: Any, *keys: str) -> int | None:
+    """The first of ``keys`` the module holds as a positive int (None if none)."""
+    for key in keys:
+        value = getattr(module, key, None) if module is not None else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+# Head geometry is read off the layer's attention module where it says (a layer may
+# differ from the config: MiMo-V2-Flash doubles the key/value heads of its
+# sliding-window layers), else from the layer's config.
+
+
+def num_heads(model: Any, layer: int | None = None) -> int:
+    value = _measured(_attention_module(model, layer), "num_heads", "num_attention_heads")
+    if value is not None:
+        return value
+    config = _config(model, layer)
     for key in ("num_attention_heads", "n_head", "num_heads", "n_heads"):
         value = getattr(config, key, None)
         if isinstance(value, int):
@@ -87,23 +116,32 @@ def num_heads(model: Any) -> int:
     raise ComponentError(f"{model.internals.model_class}'s config names no attention head count")
 
 
-def num_kv_heads(model: Any) -> int:
-    config = _config(model)
+def num_kv_heads(model: Any, layer: int | None = None) -> int:
+    module = _attention_module(model, layer)
+    value = _measured(module, "num_key_value_heads", "num_kv_heads")
+    if value is not None:
+        return value
+    groups = _measured(module, "num_key_value_groups")
+    if groups is not None:
+        return num_heads(model, layer) // groups
+    config = _config(model, layer)
     for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
         value = getattr(config, key, None)
         if isinstance(value, int):
             return value
     if getattr(config, "multi_query", False):
         return 1
-    return num_heads(model)
+    return num_heads(model, layer)
 
 
-def head_dim(model: Any) -> int:
-    config = _config(model)
-    value = getattr(config, "head_dim", None)
+def head_dim(model: Any, layer: int | None = None) -> int:
+    value = _measured(_attention_module(model, layer), "head_dim", "head_size")
+    if value is not None:
+        return value
+    value = getattr(_config(model, layer), "head_dim", None)
     if isinstance(value, int):
         return value
-    return int(model.hidden_size) // num_heads(model)
+    return int(model.hidden_size) // num_heads(model, layer)
 
 
 def _in_features(module: Any) -> int | None:
@@ -125,9 +163,9 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
         out = getattr(head, "out_features", None)
         return int(out) if isinstance(out, int) else int(model.vocab_size)
     if name == "q_width":
-        return num_heads(model) * head_dim(model)
+        return num_heads(model, layer) * head_dim(model, layer)
     if name == "kv_width":
-        return num_kv_heads(model) * head_dim(model)
+        return num_kv_heads(model, layer) * head_dim(model, layer)
     if name == "intermediate_size":
         place = model.internals["mlps_neurons"]
         at = 0 if layer is None else layer
@@ -136,7 +174,7 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
             measured = _in_features(module._module) if module is not None else None
             if measured is not None:
                 return measured
-        value = getattr(_config(model), "intermediate_size", None)
+        value = getattr(_config(model, layer), "intermediate_size", None)
         return int(value) if isinstance(value, int) else None
     raise ComponentError(f"unknown width attribute {name!r}")
 
@@ -183,13 +221,16 @@ def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None)
     return layer % n
 
 
-def _check_head(model: Any, spec: Component, head: int | None) -> tuple[int | None, int | None]:
-    """(head count, head_dim) for a per-head component; refuses a head where none is."""
+def _check_head(
+    model: Any, spec: Component, head: int | None, layer: int | None
+) -> tuple[int | None, int | None]:
+    """(head count, head_dim) at ``layer`` for a per-head component; refuses a head
+    where none is."""
     if spec.per_head == "none":
         if head is not None:
             raise ComponentError(f"component {spec.name!r} is not per head: give no head")
         return None, None
-    count = num_heads(model) if spec.per_head == "q" else num_kv_heads(model)
+    count = num_heads(model, layer) if spec.per_head == "q" else num_kv_heads(model, layer)
     if head is not None and (
         isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < count
     ):
@@ -198,7 +239,7 @@ def _check_head(model: Any, spec: Component, head: int | None) -> tuple[int | No
             f"head {head!r} is out of range for {spec.name}: this model has {count} {kind} heads "
             f"(0..{count - 1})"
         )
-    return count, head_dim(model)
+    return count, head_dim(model, layer)
 
 
 def _refuse(component: str, reason: str) -> ComponentError:
@@ -236,7 +277,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
     reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
     if reason is not None:
         raise _refuse(spec.name, reason)
-    heads, hd = _check_head(model, spec, head)
+    heads, hd = _check_head(model, spec, head, at)
     address = place.address_at(at)
     op = None
     if address.source:
@@ -320,7 +361,7 @@ def _interior(
         )
     except OperationNotFound as exc:
         raise _refuse(spec.name, str(exc)) from None
-    heads, hd = _check_head(model, spec, head)
+    heads, hd = _check_head(model, spec, head, at)
     take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
     assert take[1] is not None
     width = width_of(model, spec.width, at)

@@ -87,6 +87,15 @@ def child_names(envoy: Any, depth: int = 2) -> list[str]:
     return out
 
 
+def layer_config(config: Any, layer: int | None) -> Any:
+    """The config layer ``layer`` was built from. A heterogeneous config (transformers'
+    ``per_layer_config``) refuses to answer a per-layer attribute (head_dim, say) for
+    the whole model; layer i's own config answers it. Elsewhere, the config itself."""
+    if layer is not None and getattr(config, "is_heterogeneous", False):
+        return config.per_layer_config[layer]
+    return config
+
+
 @functools.cache
 def _installed(package: str) -> str | None:
     """The installed version of ``package`` (read once per process: reading package
@@ -398,7 +407,7 @@ class Internals(Mapping[str, Place]):
                 assert cond.layer_kind is not None
                 hit = layer is not None and self._layer_kind(cond.layer_kind, layer)
             else:
-                hit = cond.holds_for_config(self.model.text_config)
+                hit = cond.holds_for_config(layer_config(self.model.text_config, layer))
             if hit:
                 return item.message(name)
         _, reason = self._resolve(name, row, layer)

@@ -109,9 +109,18 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "refused_layers": sorted(k for k in refusals if k is not None),
                 "reason": reason,
             }
-    values_by_address = Plan.of(reads=addresses.values()).run(model, inputs)
+    values_by_address = _read_all(model, inputs, addresses, result, partial)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
+    # a whole-model place must not depend on what else the trace reads: where its
+    # module runs more than once (Dory's norm), nnsight hands on the call after the
+    # last place read before it
+    whole = {key: a for key, a in addresses.items() if key[1] is None}
+    if whole:
+        alone = Plan.of(reads=whole.values()).run(model, inputs)
+        for key, address in whole.items():
+            ok, d = _close(alone[address], v[key]) if hasattr(v[key], "shape") else (True, "")
+            checks.add([key[0]], "read alone == read with the layers' places", ok, d)
     layers = range(n)
 
     def have(*names: str, layer: int | None = None) -> bool:
@@ -185,6 +194,13 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if have("ln_final") and len(hidden) == n + 1 and not stream_ends_at_block:
         ok, d = _close(v[("ln_final", None)], hidden[n])
         checks.add(["ln_final"], "output_hidden_states[-1] == ln_final", ok, d)
+    elif have("ln_final") and len(hidden) != n + 1:
+        # hidden states counted per layer call (Dory runs some layers more than once):
+        # the base model's own output is the final norm's
+        last = _last_hidden_state(model, inputs)
+        if last is not None:
+            ok, d = _close(v[("ln_final", None)], last)
+            checks.add(["ln_final"], "the base model's last_hidden_state == ln_final", ok, d)
     if have("logits"):
         ok, d = _close(v[("logits", None)], hf.logits)
         checks.add(["logits"], "the model's logits == logits", ok, d)
@@ -198,19 +214,28 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             )
             checks.add(["embeddings"], "embeddings == get_input_embeddings()(input_ids)", ok, d)
         head = model._model.get_output_embeddings()
-        if have("lm_head", "ln_final") and head is not None:
-            ok, d = _close(v[("lm_head", None)], head(v[("ln_final", None)]))
-            covered = ["lm_head", "ln_final"] if stream_ends_at_block else ["lm_head"]
-            checks.add(covered, "lm_head == get_output_embeddings()(ln_final)", ok, d)
-        if (
-            have("lm_head")
-            and not have("ln_final")
-            and have("block_output", layer=n - 1)
-            and head is not None
-        ):
-            # no final norm: the unembedding reads the last block's output
-            ok, d = _close(v[("lm_head", None)], head(v[("block_output", n - 1)]))
-            checks.add(["lm_head"], "lm_head == get_output_embeddings()(block_output[-1])", ok, d)
+        if have("lm_head") and head is not None:
+            # the unembedding reads the final norm's output, or (MiniCPM3) a scaled copy
+            # of it: ln_final is held to output_hidden_states[-1] above; with no final
+            # norm it reads the last block's output
+            given = raw.get(("lm_head_input", -1))
+            if have("ln_final") and (given is None or _close(given, v[("ln_final", None)])[0]):
+                ok, d = _close(v[("lm_head", None)], head(v[("ln_final", None)]))
+                covered = ["lm_head", "ln_final"] if stream_ends_at_block else ["lm_head"]
+                checks.add(covered, "lm_head == get_output_embeddings()(ln_final)", ok, d)
+            elif not have("ln_final") and have("block_output", layer=n - 1):
+                ok, d = _close(v[("lm_head", None)], head(v[("block_output", n - 1)]))
+                checks.add(
+                    ["lm_head"], "lm_head == get_output_embeddings()(block_output[-1])", ok, d
+                )
+            elif given is not None:
+                ok, d = _close(v[("lm_head", None)], head(given))
+                checks.add(
+                    ["lm_head"],
+                    "lm_head == get_output_embeddings()(the unembedding's input)",
+                    ok,
+                    d,
+                )
     write = cert.write_reaches_stream(model, inputs, layer=min(1, n - 1))
     if write is not None:
         checks.add(
@@ -242,6 +267,61 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return result
 
 
+def _read_all(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    result: dict[str, dict[str, Any]],
+    partial: dict[str, dict[str, Any]],
+) -> dict[Any, Any]:
+    """Read every address in one trace. A needle after the first is looked up inside
+    the function the previous call dispatches to, so only a trace finds that it names
+    no operation there: such a component is refused where it does not resolve (with
+    the lookup's own message), and the rest are read."""
+    from causalab_mini.components import Plan
+    from causalab_mini.ops import OperationNotFound
+
+    try:
+        return Plan.of(reads=addresses.values()).run(model, inputs)
+    except OperationNotFound:
+        failing: dict[str, dict[int | None, str]] = {}
+        for key, address in addresses.items():
+            if len(address.needles) < 2:
+                continue
+            try:
+                Plan.of(reads=[address]).run(model, inputs)
+            except OperationNotFound as exc:
+                failing.setdefault(key[0], {})[key[1]] = str(exc)
+        if not failing:
+            raise
+    for name, by_layer in failing.items():
+        for layer in by_layer:
+            del addresses[(name, layer)]
+        reason = f"component {name!r}: {next(iter(by_layer.values()))}"
+        if any(key[0] == name for key in addresses):  # resolved on the other layers
+            earlier = partial.get(name, {}).get("refused_layers", [])
+            partial[name] = {
+                "refused_layers": sorted({*earlier, *(k for k in by_layer if k is not None)}),
+                "reason": reason,
+            }
+        else:
+            result[name] = {"state": "refused", "reason": reason}
+            partial.pop(name, None)
+    return Plan.of(reads=addresses.values()).run(model, inputs)
+
+
+def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
+    """``last_hidden_state`` of the causal LM's base model (None where it has none)."""
+    import torch
+
+    base = getattr(model._model, "base_model", None)
+    if base is None or base is model._model:
+        return None
+    with torch.no_grad():
+        out = base(**inputs)
+    return getattr(out, "last_hidden_state", None)
+
+
 def _module(model: Any, layer: int, path: str) -> Any:
     """The Envoy at ``path`` in layer ``layer`` (the internals' own tree walk)."""
     from causalab_mini.internals import child
@@ -252,8 +332,9 @@ def _module(model: Any, layer: int, path: str) -> Any:
 def _raw_outputs(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
-    """The attention and MLP modules' own outputs, and the scaling the attention call
-    is given, per layer, from one more trace (in forward order)."""
+    """The attention and MLP modules' own outputs, and the scaling, values and mask
+    the attention call is given, per layer, and the unembedding's input, from one more
+    trace (in forward order)."""
     from causalab_mini import components as comp
 
     internals = model.internals
@@ -266,14 +347,34 @@ def _raw_outputs(
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
                 wanted.append((row, layer, internals[row].address_at(layer).module))
+    if ("lm_head", None) in addresses:
+        wanted.append(("lm_head_input", -1, None))
     saved: list[tuple[str, int, Any]] = []  # bound before the trace
     with model.trace(inputs):
         for kind, layer, what in wanted:
+            if kind == "lm_head_input":
+                args, kwargs = model.lm_head.inputs
+                given = args[0] if args else next(iter(kwargs.values()))
+                saved.append((kind, layer, given.save()))
+                continue
             if kind == "scaling":
                 args, kwargs = comp._interior_op(model, what).inputs
                 saved.append((kind, layer, kwargs.get("scaling")))
                 if len(args) > 3:
                     saved.append(("value", layer, args[3].save()))
+                mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
+                if mask is not None:
+                    saved.append(("mask", layer, mask.save()))
+            elif kind == "mlps":
+                envoy = _module(model, layer, what)
+                args, kwargs = envoy.inputs
+                # the arguments besides the first (Zaya's router state, MPT's residual)
+                rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
+                saved.append(("mlp_rest", layer, rest))
+                out = envoy.output
+                saved.append(
+                    (kind, layer, (out[0] if isinstance(out, tuple) else out).clone().save())
+                )
             else:
                 module = _module(model, layer, what)
                 out = getattr(module, boundary("output", module))
@@ -285,7 +386,18 @@ def _raw_outputs(
                         (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
                     )
                 )
-    return {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
+        out[key] = (
+            [getattr(a, "value", a) for a in args],
+            {k: getattr(a, "value", a) for k, a in kwargs.items()},
+        )
+    return out
+
+
+def _kept(value: Any) -> Any:
+    """A module argument kept past the trace: a tensor copied and saved, else itself."""
+    return value.clone().save() if hasattr(value, "clone") and hasattr(value, "save") else value
 
 
 def _consistency_checks(
@@ -318,15 +430,21 @@ def _consistency_checks(
             checks.add(covered, "output projection(attention_premix) == attention's output", ok)
         if key("mlp_input") in v and ("mlps", layer) in raw:
             mlp = _module(model, layer, internals["mlps"].address_at(layer).module)._module
+            args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
             try:
-                out = mlp(v[key("mlp_input")])
-            except TypeError:  # an MLP that takes the residual too (MPT, BLOOM)
+                # with the other arguments it was given (Zaya's router state from the
+                # layer before, MPT's and BLOOM's residual)
+                out = mlp(v[key("mlp_input")], *args, **kwargs)
+            except TypeError:
                 out = None
             if isinstance(out, tuple):
                 out = out[0]
             if out is not None:
+                name = "mlp(mlp_input) == the MLP's output"
+                if args or kwargs:
+                    name = "mlp(mlp_input, its other arguments) == the MLP's output"
                 ok, d = _close(out, raw[("mlps", layer)])
-                checks.add(["mlp_input"], "mlp(mlp_input) == the MLP's output", ok, d)
+                checks.add(["mlp_input"], name, ok, d)
 
 
 def _interior_checks(
@@ -353,29 +471,88 @@ def _interior_checks(
         ok, d = _close(v[key("attention_z")], v[key("attention_premix")])
         checks.add(["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d)
     if all(key(n) in v for n in ("attention_query", "attention_key", "attention_scores")):
-        q, k, s = v[key("attention_query")], v[key("attention_key")], v[key("attention_scores")]
-        b, heads, seq = s.shape[0], s.shape[1], s.shape[2]
-        hd = q.shape[-1] // heads
-        qn = q.reshape(b, seq, heads, hd).transpose(1, 2)
-        kn = k.reshape(b, seq, -1, hd).transpose(1, 2)
-        kn = kn.repeat_interleave(heads // kn.shape[1], dim=1)
-        config = model._model.config
-        scaling = raw.get(("scaling", layer))
-        if scaling is None:
-            scaling = hd**-0.5
-        product = (qn @ kn.transpose(-1, -2)) * scaling
-        cap = getattr(config, "attn_logit_softcapping", None)
-        if cap:
-            product = cap * torch.tanh(product / cap)
-        # the scores include the additive mask (0 where a query sees a key)
-        diff = s - product
+        s = v[key("attention_scores")]
         visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
-        ok = bool(visible.any()) and bool(
-            torch.allclose(diff[visible], torch.zeros_like(diff[visible]), atol=1e-4)
-        )
+        s = s.double()
+        product = _qk_product(model, v, raw, layer, s.shape[1]).double()
+        additive, seen = _mask(raw, layer, s.shape)
+        # the scores are q·kᵀ·scaling plus the additive mask the attention function is
+        # given: 0 where a query sees a key, unless the model biases the keys it sees
+        # (Doge's dynamic mask)
+        visible = visible & seen
+        diff = (s - product - additive)[visible]
+        ok = bool(visible.any()) and bool(torch.allclose(diff, torch.zeros_like(diff), atol=1e-4))
+        worst = float(diff.abs().max()) if diff.numel() else float("nan")
         checks.add(
-            ["attention_query", "attention_key"], "attention_scores == q·kᵀ·scaling (+ mask)", ok
+            ["attention_query", "attention_key"],
+            "attention_scores == q·kᵀ·scaling + the attention function's mask",
+            ok,
+            f"max error {worst:.3g}",
         )
+    elif all(key(n) in v for n in ("attention_query", "attention_key", "attention_probs")):
+        # no scores to compare with (refused): the probabilities are a softmax of
+        # q·kᵀ·scaling + mask over the keys a query sees, so their log is that plus one
+        # constant per query (the normalizer, whatever else it sums: a sink, say)
+        p = v[key("attention_probs")].double()
+        product = _qk_product(model, v, raw, layer, p.shape[1]).double()
+        additive, seen = _mask(raw, layer, p.shape)
+        visible = (p > 0) & seen
+        diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
+        mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
+        spread = float(torch.where(visible, diff - mean, 0.0).abs().max())
+        ok = bool(visible.any()) and spread <= 1e-4 * max(1.0, float(product.abs().max()))
+        checks.add(
+            ["attention_query", "attention_key"],
+            "log attention_probs == q·kᵀ·scaling + mask + a constant per query",
+            ok,
+            f"max spread {spread:.3g}",
+        )
+
+
+def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
+    """The attention function's mask at ``layer`` as (additive part, where a query
+    sees a key), both broadcast to ``shape`` (no mask: 0, everywhere)."""
+    import torch
+
+    mask = raw.get(("mask", layer))
+    if mask is None:
+        return torch.zeros(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.bool)
+    mask = mask[..., : shape[-1]]
+    if mask.dtype == torch.bool:
+        seen = mask.expand(shape)
+        return torch.zeros(shape, dtype=torch.float64), seen
+    seen = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
+    additive = torch.where(seen, mask.double().expand(shape), 0.0)
+    return additive, seen
+
+
+def _qk_product(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+    heads: int,
+) -> Any:
+    """q·kᵀ·scaling per query head (soft-capped where the config caps the logits), from
+    the attention_query and attention_key read at ``layer``."""
+    import torch
+
+    from causalab_mini.internals import layer_config
+
+    q, k = v[("attention_query", layer)], v[("attention_key", layer)]
+    b, seq = q.shape[0], q.shape[1]
+    hd = q.shape[-1] // heads
+    qn = q.reshape(b, seq, heads, hd).transpose(1, 2)
+    kn = k.reshape(b, k.shape[1], -1, hd).transpose(1, 2)
+    kn = kn.repeat_interleave(heads // kn.shape[1], dim=1)
+    scaling = raw.get(("scaling", layer))
+    if scaling is None:
+        scaling = hd**-0.5
+    product = (qn @ kn.transpose(-1, -2)) * scaling
+    cap = getattr(layer_config(model.text_config, layer), "attn_logit_softcapping", None)
+    if cap:
+        product = cap * torch.tanh(product / cap)
+    return product
 
 
 def _mlp_checks(

@@ -362,3 +362,42 @@ def test_every_component_reads_on_the_semantic_families() -> None:
         for address, tensor in out.items():
             if address.width is not None:
                 assert tensor.shape[-1] == address.width, (family, address)
+
+
+def test_a_heterogeneous_config_gives_each_layer_its_own_heads() -> None:
+    # Gemma-4's config is heterogeneous: head_dim varies by layer, and transformers
+    # refuses to answer config.head_dim for the whole model; layer i's config answers
+    model = eager("gemma4_text")
+    config = model.text_config
+    assert config.is_heterogeneous
+    n = model.num_layers
+    dims = [config.per_layer_config[i].head_dim for i in range(n)]
+    assert len(set(dims)) > 1  # the tiny checkpoint does vary
+    reads = [locate(model, "attention_query", layer) for layer in range(n)]
+    heads = [locate(model, "attention_query", layer, head=1) for layer in range(n)]
+    keys = [locate(model, "attention_key", layer) for layer in range(n)]
+    out = Plan.of(reads=[*reads, *heads, *keys]).run(model, c.sample_inputs(model))
+    for layer in range(n):
+        q, q1, k = out[reads[layer]], out[heads[layer]], out[keys[layer]]
+        hd = dims[layer]
+        assert reads[layer].head_dim == hd and q.shape[-1] == reads[layer].width
+        assert reads[layer].width == config.num_attention_heads * hd
+        assert k.shape[-1] == keys[layer].width == config.num_key_value_heads * hd
+        assert q1.shape[-1] == heads[layer].width == hd
+        assert torch.equal(q1, q[..., hd : 2 * hd])
+
+
+def test_head_counts_are_read_off_each_layers_attention() -> None:
+    # MiMo-V2-Flash doubles the key/value heads of its sliding-window layers, which
+    # its config does not say: the attention module does (num_key_value_groups)
+    model = eager("mimo_v2_flash")
+    n = model.num_layers
+    kinds = model.text_config.layer_types
+    assert {"sliding_attention", "full_attention"} <= set(kinds[:n])
+    keys = [locate(model, "attention_key", layer) for layer in range(n)]
+    out = Plan.of(reads=keys).run(model, c.sample_inputs(model))
+    kv = model.text_config.num_key_value_heads
+    for layer in range(n):
+        doubled = kinds[layer] == "sliding_attention"
+        assert keys[layer].heads == (2 * kv if doubled else kv)
+        assert out[keys[layer]].shape[-1] == keys[layer].width

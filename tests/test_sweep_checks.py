@@ -1,0 +1,121 @@
+"""The sweep's certify: what it makes of a needle that resolves only in a trace, and
+its query/key checks on attention functions whose mask is more than causal."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from causalab_mini import RenameConfig
+from causalab_mini import certify as c
+from causalab_mini.generated import DEFAULT_ADDRESSES
+from causalab_mini.model import StandardizedTransformer
+from causalab_mini.sweep import certify, run_one
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_nested_needle_that_names_no_operation_is_refused_not_a_crash() -> None:
+    # the second needle is looked up inside the function attention_interface
+    # dispatches to, so only the trace finds it missing
+    moved = dataclasses.replace(
+        DEFAULT_ADDRESSES["attention_probabilities"],
+        source=("attention_interface(", "module.attn_dropout("),
+    )
+    model = StandardizedTransformer(
+        "tiny:gpt2",
+        attn_implementation="eager",
+        rename_config=RenameConfig(addresses={"attention_probabilities": moved}),
+    )
+    model._attention_probs_enabled = True  # loaded eager, without nnterp's own check
+    result = certify(model, c.sample_inputs(model))
+    probs = result["attention_probs"]
+    assert probs["state"] == "refused"
+    assert probs["reason"].startswith(
+        "component 'attention_probs': attention_probabilities: the forward of "
+        "layers.0.self_attn.attention_interface_"
+    )
+    assert "has no operation called as 'module.attn_dropout('" in probs["reason"]
+    assert "Its operations are" in probs["reason"]
+    # the rest is read and checked as before
+    assert result["attention_z"]["state"] == "ok"
+    assert result["block_output"]["state"] == "ok"
+
+
+def test_query_and_key_are_checked_through_the_probabilities_when_scores_are_refused() -> None:
+    # MiMo-V2-Flash's attention function has no nn.functional.softmax call (it calls
+    # F.softmax over the scores, a sink column and less the row max): the scores are
+    # refused, and q and k are checked against the probabilities instead
+    result = run_one("tiny:mimo_v2_flash")
+    assert result.outcome == "certified", result.reason
+    scores = result.components["attention_scores"]
+    assert scores["state"] == "refused"
+    assert "has no operation called as 'nn.functional.softmax('" in scores["reason"]
+    for name in ("attention_query", "attention_key"):
+        item = result.components[name]
+        assert item["state"] == "ok", item
+        assert item["checks"] == [
+            "log attention_probs == q·kᵀ·scaling + mask + a constant per query"
+        ]
+
+
+def test_scores_are_checked_against_the_mask_the_attention_function_is_given() -> None:
+    # Doge's attention adds a dynamic mask computed from the values, nonzero on the
+    # keys a query sees: the scores are q·kᵀ·scaling plus that mask, not plus 0
+    result = run_one("tiny:doge")
+    for name in ("attention_query", "attention_key", "attention_scores"):
+        assert result.components[name]["state"] == "ok", result.components[name]
+
+
+@pytest.mark.parametrize("with_scores", [True, False])
+def test_a_wrong_query_fails_the_query_key_check(with_scores: bool) -> None:
+    from causalab_mini import sweep
+    from causalab_mini.components import Plan, locate
+
+    model = StandardizedTransformer("tiny:llama", enable_attention_probs=True)
+    inputs = c.sample_inputs(model)
+    names = ["attention_query", "attention_key", "attention_probs"]
+    if with_scores:
+        names.append("attention_scores")
+    addresses = {(n, 1): locate(model, n, 1) for n in names}
+    out = Plan.of(reads=addresses.values()).run(model, inputs)
+    values = {key: out[a] for key, a in addresses.items()}
+    raw = sweep._raw_outputs(model, inputs, addresses)
+    for factor, holds in ((1.0, True), (1.1, False)):
+        tampered = {**values, ("attention_query", 1): values[("attention_query", 1)] * factor}
+        checks = sweep._Checks()
+        sweep._interior_checks(model, tampered, raw, 1, checks)
+        assert [ok for _, ok, _ in checks.by_component["attention_query"]] == [holds]
+
+
+def test_the_unembedding_is_checked_on_what_it_reads() -> None:
+    # MiniCPM3 divides the final norm's output by logits_scaling before lm_head: the
+    # norm's output is still output_hidden_states[-1], and lm_head is checked on the
+    # input it was given; where that input is ln_final (Llama) the check says so
+    cpm = run_one("tiny:minicpm3").components
+    assert cpm["ln_final"]["state"] == "ok"
+    assert "output_hidden_states[-1] == ln_final" in cpm["ln_final"]["checks"]
+    assert cpm["lm_head"]["state"] == "ok"
+    assert "lm_head == get_output_embeddings()(the unembedding's input)" in cpm["lm_head"]["checks"]
+    llama = run_one("tiny:llama").components
+    assert "lm_head == get_output_embeddings()(ln_final)" in llama["lm_head"]["checks"]
+
+
+def test_the_mlp_is_called_with_the_other_arguments_it_was_given() -> None:
+    # Zaya's MLP takes the router state of the layer before; MPT's the residual
+    for model_type in ("zaya", "mpt"):
+        item = run_one(f"tiny:{model_type}").components["mlp_input"]
+        assert item["state"] == "ok", item
+        assert "mlp(mlp_input, its other arguments) == the MLP's output" in item["checks"]
+
+
+def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
+    # Dory's model.norm runs 2 + n_recurrent_loops times: ln_final read with the
+    # layers' places is the final call, read alone the first; the sweep says so
+    components = run_one("tiny:dory").components
+    ln_final = components["ln_final"]
+    assert ln_final["state"] == "broken"
+    assert ln_final["reason"].startswith("read alone == read with the layers' places")
+    assert "the base model's last_hidden_state == ln_final" in ln_final["checks"]
+    assert components["logits"]["state"] == "ok"
