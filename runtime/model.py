@@ -72,6 +72,17 @@ def _versions_hold(row: Address) -> bool:
     return True
 
 
+def _refused_at_load(row: Address, config: Any) -> bool:
+    """Whether one of ``row``'s reasons applies before the model exists: ``always``, or
+    a ``config`` condition the (text) config meets. nnterp is not asked to check such a
+    row's path at load time: the place is refused, with its reason, instead."""
+    return any(
+        item.when.kind == "always"
+        or (item.when.kind == "config" and item.when.holds_for_config(config))
+        for item in row.unavailable
+    )
+
+
 def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
     return [
         name
@@ -180,9 +191,10 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             },
         )
         probs = rows.get("attention_probabilities")
-        if probs is not None and not _versions_hold(probs):
-            # our row does not hold for the installed versions: it is refused (with the
-            # reason), and nnterp is not asked to check a path we do not vouch for
+        if probs is not None and (not _versions_hold(probs) or _refused_at_load(probs, config)):
+            # our row does not hold for the installed versions, or says the place does not
+            # exist on this model: it is refused (with the reason), and nnterp is not
+            # asked to check a path we do not vouch for
             if enable_attention_probs:
                 kwargs["attn_implementation"] = "eager"
             probs = None
