@@ -581,14 +581,23 @@ def _mlp_checks(
     if key("mlp_activation") in v and key("mlp_input") in v:
         act, x = v[key("mlp_activation")], v[key("mlp_input")]
         ok, _ = _close(neurons, act)
-        if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears
+        if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears, or
+            # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj)
             mlp_module = _module(model, layer, mlp.address_at(layer).module)
+            width = act.shape[-1]
             with torch.no_grad():
                 for child in mlp_module._module.children():
-                    if isinstance(child, torch.nn.Linear) and child.out_features == act.shape[-1]:
-                        if _close(neurons, act * child(x))[0]:
-                            ok = True
-                            break
+                    if not isinstance(child, torch.nn.Linear):
+                        continue
+                    if child.out_features == width:
+                        branches: tuple[Any, ...] = (child(x),)
+                    elif child.out_features == 2 * width:
+                        branches = child(x).chunk(2, dim=-1)
+                    else:
+                        continue
+                    if any(_close(neurons, act * branch)[0] for branch in branches):
+                        ok = True
+                        break
         checks.add(["mlp_activation"], "mlp_neuron_output == mlp_activation (x a gate)", ok)
 
 

@@ -48,3 +48,13 @@ def test_family_certifies_with_nothing_broken(family: str, spec: str) -> None:
             reason = item["reason"]
             assert name in reason or "{place}" not in reason, reason
             assert not any(reason.strip().lower().endswith(g) for g in GENERIC), reason
+
+
+def test_a_fused_gate_and_up_projection_certifies_the_activation() -> None:
+    """Phi-3's MLP computes gate and up in one linear (gate_up_proj) and multiplies the
+    up half by the activation: the sweep's gated check accepts either half of a linear
+    twice the activation's width, and only a product that matches."""
+    result = run_one("tiny:phi3")
+    item = result.components["mlp_activation"]
+    assert item["state"] == "ok", item
+    assert "mlp_neuron_output == mlp_activation (x a gate)" in item["checks"]

@@ -286,6 +286,41 @@ def test_user_rows_add_and_replace() -> None:
     assert torch.allclose(values[("attentions_gate", 1)], expected, atol=1e-6)
 
 
+def test_attention_probabilities_refused_at_load_are_not_handed_to_nnterp() -> None:
+    """A row refused always (or by a config condition the model meets) is not given to
+    nnterp's load-time check: a needle that names nothing loads, and the place says why."""
+    from dataclasses import replace
+
+    from causalab_mini.address import Condition, Unavailable
+
+    bogus = replace(DEFAULT_ADDRESSES["attention_probabilities"], source=("no_such_call(",))
+
+    def refused(when: Condition) -> RenameConfig:
+        reason = Unavailable(when, "{place} is refused on this test model")
+        return RenameConfig(
+            addresses={"attention_probabilities": replace(bogus, unavailable=(reason,))}
+        )
+
+    for when in (
+        Condition("always"),
+        Condition("config", config=(("model_type", "llama"),)),
+    ):
+        model = StandardizedTransformer(
+            "tiny:llama", rename_config=refused(when), enable_attention_probs=True
+        )
+        assert model.internals.status()["attention_probabilities"] == (
+            "attention_probabilities is refused on this test model"
+        )
+        assert model.attention_probs_enabled
+    # a config condition the model does not meet: nnterp checks the row, and fails
+    with pytest.raises(Exception, match="no_such_call"):
+        StandardizedTransformer(
+            "tiny:llama",
+            rename_config=refused(Condition("config", config=(("model_type", "gpt2"),))),
+            enable_attention_probs=True,
+        )
+
+
 def test_a_row_named_like_an_attribute_is_refused() -> None:
     config = RenameConfig(addresses={"config": Address("self_attn", IOType.OUTPUT, order=31)})
     with pytest.raises(RenameError, match=r"'config'.*rename the row"):
