@@ -239,3 +239,38 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             _value(box["clean"]) + 0.25,
         )
     return None
+
+
+def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | None:
+    """Where the block structure's identities do not name attentions_output (a block
+    whose other mixer adds beside attention, as on Falcon-H1), check that it is
+    attention's contribution all the same: after ``attentions_output[i] += delta``,
+    ``layers_mid[i]`` shifts by exactly delta (through the row's scale, if any). On
+    the first layer where both places exist; None where there is none, or where an
+    identity already checks the row."""
+    structure = BLOCK_STRUCTURES.get(model.block_structure or "")
+    if structure is None or any("attentions_output" in i for i in structure.identities):
+        return None
+    internals = model.internals
+    layers = [
+        i
+        for i in range(internals.num_layers)
+        if internals["attentions_output"].unavailable_on(i) is None
+        and internals["layers_mid"].unavailable_on(i) is None
+    ]
+    if not layers:
+        return None
+    layer = layers[0]
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        box["clean"] = internals["layers_mid"][layer].clone().save()
+    with model.trace(inputs):
+        attn = internals["attentions_output"][layer]
+        internals["attentions_output"][layer] = attn + 0.25
+        box["out"] = internals["layers_mid"][layer].clone().save()
+    return compare(
+        "layers_mid shifts by the delta written to attentions_output",
+        layer,
+        _value(box["out"]),
+        _value(box["clean"]) + 0.25,
+    )

@@ -49,6 +49,26 @@ def boundary(attr: str, envoy: Any) -> str:
     return f"nns_{attr}" if attr in envoy.__dict__ else attr
 
 
+def _unset_module(envoy: Any, name: str) -> bool:
+    """Whether ``name`` (through the Envoy's alias) is an attribute of the module that
+    holds no module: a layer that sets ``self.self_attn = None`` where it has no
+    attention (GraniteMoeHybrid's Mamba layers). nnsight's alias of such a name
+    points back at itself, and getattr would recurse without end."""
+    module = envoy.__dict__.get("_module")
+    if module is None:
+        return False
+    alias = envoy.__dict__.get("_alias")
+    target = alias.alias_to_name.get(name, name) if alias is not None else name
+    value: Any = module
+    for atom in target.split("."):
+        if atom not in getattr(value, "__dict__", {}) and atom not in getattr(
+            value, "_modules", {}
+        ):
+            return False  # not a plain attribute: has_attr and getattr decide
+        value = getattr(value, atom)
+    return value is None
+
+
 def child(envoy: Any, path: str) -> Any | None:
     """The Envoy at dotted ``path`` below ``envoy`` (standardized names), or None."""
     from nnsight.intervention.envoy import Envoy
@@ -58,7 +78,7 @@ def child(envoy: Any, path: str) -> Any | None:
         try:
             if part not in current.__dict__ and hasattr(Envoy, part):
                 return None  # nnsight's own attribute (output, input, source ...), no module
-            if not has_attr(current, part):
+            if not has_attr(current, part) or _unset_module(current, part):
                 return None
             current = getattr(current, part)
         except (AttributeError, IndexError, KeyError, TypeError):

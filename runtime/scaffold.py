@@ -755,6 +755,17 @@ def decide_structure(search: _Search, trials: list[StructureTrial]) -> tuple[str
                 f"{' and '.join(inside)} return{'s' if len(inside) == 1 else ''} the stream "
                 "itself (the residual is added inside the module)"
             )
+    # a structure whose identities are a strict part of another passing structure's
+    # says less about the block: the one that states (and passes) more is the block
+    for t in passed:
+        if t.ruled_out:
+            continue
+        mine = set(BLOCK_STRUCTURES[t.name].identities)
+        for other in passed:
+            theirs = set(BLOCK_STRUCTURES[other.name].identities)
+            if not other.ruled_out and mine < theirs:
+                t.ruled_out = f"{other.name} states all of its identities and more, and they hold"
+                break
     left = [t for t in passed if not t.ruled_out]
     if len(left) == 1:
         return left[0].name, left[0].evidence

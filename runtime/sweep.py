@@ -244,6 +244,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             write.ok,
             f"max error {write.max_error:.3g}",
         )
+    shift = cert.attention_write_shifts_mid(model, inputs)
+    if shift is not None:
+        checks.add(["attention_output"], shift.name, shift.ok, f"max error {shift.max_error:.3g}")
     for name in COMPONENTS:
         if name in result:
             continue
@@ -332,10 +335,13 @@ def _module(model: Any, layer: int, path: str) -> Any:
 def _raw_outputs(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
-    """The attention and MLP modules' own outputs, and the scaling, values and mask
-    the attention call is given, per layer, and the unembedding's input, from one more
-    trace (in forward order)."""
+    """The attention and MLP modules' own outputs, the scaling, values and mask the
+    attention call is given, and a gated attention's output gate (the output of the
+    one torch.sigmoid call in its forward, where it multiplies attention_z before the
+    output projection), per layer, and the unembedding's input, from one more trace
+    (in forward order)."""
     from causalab_mini import components as comp
+    from causalab_mini.ops import OperationNotFound, find_op
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
@@ -344,6 +350,20 @@ def _raw_outputs(
         if query is not None:
             wanted.append(("scaling", layer, query))
             _module(model, layer, query.module).source  # noqa: B018 - before the trace
+        if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
+            attention = _module(model, layer, internals["attentions"].address_at(layer).module)
+            try:
+                gate = find_op(
+                    attention.source,
+                    "torch.sigmoid(",
+                    row="attention_z",
+                    module=f"layers.{layer}.{internals['attentions'].address_at(layer).module}",
+                    model_class=internals.model_class,
+                )
+            except OperationNotFound:  # no gate (or several sigmoids: not one gate)
+                pass
+            else:
+                wanted.append(("gate", layer, gate))
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
                 wanted.append((row, layer, internals[row].address_at(layer).module))
@@ -365,15 +385,21 @@ def _raw_outputs(
                 mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
                 if mask is not None:
                     saved.append(("mask", layer, mask.save()))
+            elif kind == "gate":
+                saved.append((kind, layer, what.output.save()))
             elif kind == "mlps":
                 envoy = _module(model, layer, what)
                 args, kwargs = envoy.inputs
                 # the arguments besides the first (Zaya's router state, MPT's residual)
                 rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
                 saved.append(("mlp_rest", layer, rest))
-                out = envoy.output
+                out = getattr(envoy, boundary("output", envoy))
                 saved.append(
-                    (kind, layer, (out[0] if isinstance(out, tuple) else out).clone().save())
+                    (
+                        kind,
+                        layer,
+                        (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
+                    )
                 )
             else:
                 module = _module(model, layer, what)
@@ -468,8 +494,21 @@ def _interior_checks(
         ok, d = _close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
         checks.add(["attention_z"], "attention_z == attention_probs · V", ok, d)
     if key("attention_z") in v and key("attention_premix") in v:
-        ok, d = _close(v[key("attention_z")], v[key("attention_premix")])
-        checks.add(["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d)
+        z, premix = v[key("attention_z")], v[key("attention_premix")]
+        gate = raw.get(("gate", layer))
+        ok, d = _close(z, premix)
+        if ok or gate is None:
+            checks.add(
+                ["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d
+            )
+        else:  # a gated attention multiplies z by its sigmoid gate before projecting
+            ok, d = _close(gated(z, gate), premix)
+            checks.add(
+                ["attention_z", "attention_premix"],
+                "attention_premix == attention_z x the attention's sigmoid gate",
+                ok,
+                d,
+            )
     if all(key(n) in v for n in ("attention_query", "attention_key", "attention_scores")):
         s = v[key("attention_scores")]
         visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
@@ -553,6 +592,21 @@ def _qk_product(
     if cap:
         product = cap * torch.tanh(product / cap)
     return product
+
+
+def gated(z: Any, gate: Any) -> Any:
+    """``z`` (b, s, heads x head_dim, flat) times an output gate, as a gated attention
+    applies it before its output projection: one gate value per feature (a gate of
+    z's shape) or per head (b, s, heads). A gate of any other shape is returned as
+    is, so the check that compares the product fails rather than guessing."""
+    if tuple(gate.shape) == tuple(z.shape):
+        return z * gate.to(z.dtype)
+    if gate.dim() == 3 and tuple(gate.shape[:2]) == tuple(z.shape[:2]):
+        heads = gate.shape[-1]
+        if heads and z.shape[-1] % heads == 0:
+            per_head = z.reshape(*z.shape[:2], heads, -1) * gate.to(z.dtype)[..., None]
+            return per_head.flatten(2)
+    return gate
 
 
 def _mlp_checks(

@@ -1,0 +1,79 @@
+"""Two checks of the sweep for hybrid blocks. A gated attention: attention_premix is
+attention_z times the sigmoid gate the attention's forward computes (Qwen3-Next per
+feature, LFM3 per head), and a gate that is not the one applied fails. A block whose
+identities do not name attentions_output (Falcon-H1, a Mamba mixer beside
+attention): a write to it shifts layers_mid by exactly the delta, and a row without
+its scale fails."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from causalab_mini import RenameConfig
+from causalab_mini import certify as c
+from causalab_mini.generated import DEFAULT_ADDRESSES
+from causalab_mini.model import StandardizedTransformer
+from causalab_mini.sweep import _close, gated, run_one
+
+FALCON_H1 = (
+    "tiny:falcon_h1?attention_in_multiplier=2.0&attention_out_multiplier=0.5&ssm_out_multiplier=0.7"
+)
+
+
+def test_a_per_feature_gate_multiplies_each_feature() -> None:
+    z = torch.randn(2, 5, 12)
+    gate = torch.sigmoid(torch.randn(2, 5, 12))
+    assert _close(gated(z, gate), z * gate)[0]
+
+
+def test_a_per_head_gate_multiplies_each_head_slice() -> None:
+    z = torch.randn(2, 5, 12)  # 3 heads of 4
+    gate = torch.sigmoid(torch.randn(2, 5, 3))
+    expected = torch.cat([z[..., 4 * h : 4 * (h + 1)] * gate[..., h : h + 1] for h in range(3)], -1)
+    assert _close(gated(z, gate), expected)[0]
+
+
+def test_a_gate_of_another_shape_is_not_guessed() -> None:
+    z = torch.randn(2, 5, 12)
+    gate = torch.sigmoid(torch.randn(2, 5, 5))  # 5 does not divide 12
+    assert not _close(gated(z, gate), z)[0]
+
+
+def test_a_different_gate_fails() -> None:
+    z = torch.randn(2, 5, 12)
+    gate = torch.sigmoid(torch.randn(2, 5, 12))
+    other = torch.sigmoid(torch.randn(2, 5, 12))
+    assert not _close(gated(z, other), z * gate)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["tiny:qwen3_next", "tiny:lfm3"])
+def test_gated_attention_certifies_through_the_gate(spec: str) -> None:
+    result = run_one(spec)
+    assert result.outcome == "certified", result.reason
+    for name in ("attention_z", "attention_premix"):
+        item = result.components[name]
+        assert item["state"] == "ok", item
+        assert "attention_premix == attention_z x the attention's sigmoid gate" in item["checks"]
+
+
+@pytest.mark.slow
+def test_a_write_to_a_scaled_attention_output_shifts_layers_mid() -> None:
+    model = StandardizedTransformer(FALCON_H1)
+    check = c.attention_write_shifts_mid(model, c.sample_inputs(model))
+    assert check is not None and check.ok, check
+
+
+@pytest.mark.slow
+def test_an_unscaled_attention_output_fails_the_shift() -> None:
+    unscaled = RenameConfig(addresses={"attentions_output": DEFAULT_ADDRESSES["attentions_output"]})
+    model = StandardizedTransformer(FALCON_H1, rename_config=unscaled)
+    check = c.attention_write_shifts_mid(model, c.sample_inputs(model))
+    assert check is not None and not check.ok
+
+
+@pytest.mark.slow
+def test_the_shift_is_not_checked_where_an_identity_names_attention() -> None:
+    model = StandardizedTransformer("tiny:llama")
+    assert c.attention_write_shifts_mid(model, c.sample_inputs(model)) is None
