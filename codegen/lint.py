@@ -84,7 +84,7 @@ class FamilyDef:
     file: str
     doc: str
     match: FamilyMatch
-    rename: tuple[tuple[str, str | bool], ...]
+    rename: tuple[tuple[str, str | bool | tuple[str, ...]], ...]
     # row -> typed field values that differ from the default row (replace()), or a
     # whole new row where the name is not a default row
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
@@ -941,7 +941,10 @@ def _cross(
                     tuple(match.get("classes", ())),
                     tuple(match.get("config", {}).items()),
                 ),
-                rename=tuple(data.get("rename", {}).items()),
+                rename=tuple(
+                    (k, tuple(v) if isinstance(v, list) else v)
+                    for k, v in data.get("rename", {}).items()
+                ),
                 overrides=tuple(overrides),
                 new_rows=tuple(new_rows),
                 interiors_unavailable=(

@@ -193,6 +193,19 @@ class FamilyMatch:
         return all(getattr(config, key, missing) == value for key, value in self.config)
 
 
+# A container's path, or several: one family may cover model types whose containers
+# differ only in the base model's attribute (bert.encoder.layer, ernie.encoder.layer);
+# the paths a model does not have are not renamed.
+Names = str | tuple[str, ...]
+
+
+def names(value: Names | None) -> tuple[str, ...]:
+    """The paths ``value`` names, as a tuple (none for None)."""
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 @dataclass(frozen=True)
 class RenameConfig:
     """Where a family keeps its containers, plus Address rows of its own.
@@ -202,20 +215,25 @@ class RenameConfig:
     class (hybrid attention / state-space stacks), which nnterp refuses unless told;
     ``ignore_ln_final`` says the model has no final norm (the last block's output
     goes straight to the unembedding), which nnterp's load-time checks cannot accept;
+    ``skip_nnterp_checks`` skips those checks where they read a tensor nnterp cannot
+    reach (a layer with a child module named ``output``, whose own output nnsight
+    mounts at ``nns_output``); the identities and oracles still certify every row;
+    each container name may be a tuple of paths (the ones a model has are renamed);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
 
-    model_name: str | None = None
-    layers_name: str | None = None
-    embed_name: str | None = None
-    attn_name: str | None = None
-    mlp_name: str | None = None
-    ln_final_name: str | None = None
-    lm_head_name: str | None = None
+    model_name: Names | None = None
+    layers_name: Names | None = None
+    embed_name: Names | None = None
+    attn_name: Names | None = None
+    mlp_name: Names | None = None
+    ln_final_name: Names | None = None
+    lm_head_name: Names | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
+    skip_nnterp_checks: bool | None = None
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
@@ -232,8 +250,7 @@ class RenameConfig:
         }
         out: dict[str, str] = {}
         for attr, standard in targets.items():
-            value = getattr(self, attr)
-            if value is not None:
+            for value in names(getattr(self, attr)):
                 out[value] = standard
         return out
 

@@ -10,6 +10,7 @@ from nnterp.rename_utils import AttnProbFunction
 from nnterp.rename_utils import RenameConfig as NnterpRenameConfig
 
 from causalab_mini.address import Address, FamilyMatch, RenameConfig
+from causalab_mini.address import names as container_paths
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     DEFAULT_ADDRESSES,
@@ -49,6 +50,7 @@ CONTAINERS = (
     "ignore_mlp",
     "ignore_attn",
     "ignore_ln_final",
+    "skip_nnterp_checks",
     "mixed_layers",
 )
 
@@ -209,17 +211,18 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and enable_for_nnterp and not merged.ignore_attn
-        if merged.ignore_ln_final:
+        if merged.ignore_ln_final or merged.skip_nnterp_checks:
             # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
-            # model has none; they are skipped (with its probability check). Every
+            # model has none, and read .output where nnsight mounts it elsewhere; the
+            # family says so, and they are skipped (with its probability check). Every
             # place is still certified by our identities and transformers' oracles.
             kwargs["check_renaming"] = False
             nnterp_probs = False
         if enable_attention_probs and not nnterp_probs:
             kwargs["attn_implementation"] = "eager"
         rename = dict(kwargs.pop("rename", None) or {})
-        if merged.embed_name:
-            rename.setdefault(merged.embed_name, "embed_tokens")
+        for embed in container_paths(merged.embed_name):
+            rename.setdefault(embed, "embed_tokens")
         # nnterp's load-time checks try scan() first; on a mixture of experts torch's
         # fake tensors cannot run grouped matmuls and log a traceback before nnterp
         # falls back to a trace. The fallback is nnterp's to make; the log is noise.

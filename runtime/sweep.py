@@ -219,16 +219,26 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             # of it: ln_final is held to output_hidden_states[-1] above; with no final
             # norm it reads the last block's output
             given = raw.get(("lm_head_input", -1))
-            if have("ln_final") and (given is None or _close(given, v[("ln_final", None)])[0]):
-                ok, d = _close(v[("lm_head", None)], head(v[("ln_final", None)]))
+            via_norm = (
+                _close(v[("lm_head", None)], head(v[("ln_final", None)]))
+                if have("ln_final")
+                else None
+            )
+            if via_norm is not None and (
+                via_norm[0] or given is None or _close(given, v[("ln_final", None)])[0]
+            ):
+                # the unembedding applied to the final norm's output (RoBERTa's lm_head
+                # module reads the stream and runs its own dense and norm first: its
+                # decoder still reads ln_final)
                 covered = ["lm_head", "ln_final"] if stream_ends_at_block else ["lm_head"]
-                checks.add(covered, "lm_head == get_output_embeddings()(ln_final)", ok, d)
-            elif not have("ln_final") and have("block_output", layer=n - 1):
+                checks.add(covered, "lm_head == get_output_embeddings()(ln_final)", *via_norm)
+            elif via_norm is None and have("block_output", layer=n - 1):
                 ok, d = _close(v[("lm_head", None)], head(v[("block_output", n - 1)]))
                 checks.add(
                     ["lm_head"], "lm_head == get_output_embeddings()(block_output[-1])", ok, d
                 )
             elif given is not None:
+                # MiniCPM3 divides the final norm's output before the unembedding
                 ok, d = _close(v[("lm_head", None)], head(given))
                 checks.add(
                     ["lm_head"],
