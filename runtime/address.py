@@ -202,6 +202,8 @@ class RenameConfig:
     class (hybrid attention / state-space stacks), which nnterp refuses unless told;
     ``ignore_ln_final`` says the model has no final norm (the last block's output
     goes straight to the unembedding), which nnterp's load-time checks cannot accept;
+    ``attn_head_config_key`` names the config attribute holding the layers' head
+    count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -213,6 +215,7 @@ class RenameConfig:
     mlp_name: str | None = None
     ln_final_name: str | None = None
     lm_head_name: str | None = None
+    attn_head_config_key: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None

@@ -46,6 +46,7 @@ CONTAINERS = (
     "mlp_name",
     "ln_final_name",
     "lm_head_name",
+    "attn_head_config_key",
     "ignore_mlp",
     "ignore_attn",
     "ignore_ln_final",
@@ -185,6 +186,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     "mlp_name",
                     "ln_final_name",
                     "lm_head_name",
+                    "attn_head_config_key",
                     "ignore_mlp",
                     "ignore_attn",
                 )
