@@ -202,6 +202,9 @@ class RenameConfig:
     class (hybrid attention / state-space stacks), which nnterp refuses unless told;
     ``ignore_ln_final`` says the model has no final norm (the last block's output
     goes straight to the unembedding), which nnterp's load-time checks cannot accept;
+    ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
+    for the model has no entry for the embeddings: entry i is block i's output, the
+    last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``addresses`` replaces where an existing accessor reads
@@ -219,6 +222,7 @@ class RenameConfig:
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
+    hidden_states_are_block_outputs: bool | None = None
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 

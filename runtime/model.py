@@ -50,6 +50,7 @@ CONTAINERS = (
     "ignore_mlp",
     "ignore_attn",
     "ignore_ln_final",
+    "hidden_states_are_block_outputs",
     "mixed_layers",
 )
 
@@ -239,6 +240,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         finally:
             fake_log.setLevel(level)
         self._attention_probs_enabled = bool(enable_attention_probs)
+        # transformers' output_hidden_states lists the blocks' outputs, not their inputs
+        self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         self.families: tuple[str, ...] = tuple(_families(names, self.model_type, self.text_config))
