@@ -219,6 +219,11 @@ class RenameConfig:
     reach (a layer with a child module named ``output``, whose own output nnsight
     mounts at ``nns_output``); the identities and oracles still certify every row;
     each container name may be a tuple of paths (the ones a model has are renamed);
+    ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
+    for the model has no entry for the embeddings: entry i is block i's output, the
+    last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
+    ``attn_head_config_key`` names the config attribute holding the layers' head
+    count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -230,10 +235,12 @@ class RenameConfig:
     mlp_name: Names | None = None
     ln_final_name: Names | None = None
     lm_head_name: Names | None = None
+    attn_head_config_key: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
+    hidden_states_are_block_outputs: bool | None = None
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 

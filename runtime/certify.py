@@ -140,7 +140,8 @@ def hidden_state_oracle(
     model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]
 ) -> list[Check]:
     """transformers' ``output_hidden_states``: entry i is layer i's input, and the last
-    is the final norm's output."""
+    is the final norm's output (where the family says its entries are the blocks'
+    outputs, entry i is layer i's output)."""
     import torch
 
     with torch.no_grad():
@@ -148,15 +149,16 @@ def hidden_state_oracle(
     hidden = out.hidden_states
     checks = []
     n = model.internals.num_layers
+    # entry i is layer i's input; or its output, where the family says so
+    row = (
+        "layers_output"
+        if getattr(model, "hidden_states_are_block_outputs", False)
+        else "layers_input"
+    )
     for layer in range(n):
-        if ("layers_input", layer) in values:
+        if (row, layer) in values:
             checks.append(
-                compare(
-                    "hidden_states[i] == layers_input",
-                    layer,
-                    values[("layers_input", layer)],
-                    hidden[layer],
-                )
+                compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
             )
     if ("ln_final_output", None) in values and len(hidden) == n + 1:
         checks.append(

@@ -47,10 +47,12 @@ CONTAINERS = (
     "mlp_name",
     "ln_final_name",
     "lm_head_name",
+    "attn_head_config_key",
     "ignore_mlp",
     "ignore_attn",
     "ignore_ln_final",
     "skip_nnterp_checks",
+    "hidden_states_are_block_outputs",
     "mixed_layers",
 )
 
@@ -187,6 +189,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     "mlp_name",
                     "ln_final_name",
                     "lm_head_name",
+                    "attn_head_config_key",
                     "ignore_mlp",
                     "ignore_attn",
                 )
@@ -240,6 +243,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         finally:
             fake_log.setLevel(level)
         self._attention_probs_enabled = bool(enable_attention_probs)
+        # transformers' output_hidden_states lists the blocks' outputs, not their inputs
+        self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         self.families: tuple[str, ...] = tuple(_families(names, self.model_type, self.text_config))

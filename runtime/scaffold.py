@@ -661,6 +661,12 @@ def try_structure(search: _Search, structure: str) -> StructureTrial:
     """Solve ``structure``'s identities: every assignment of candidates to the places
     they name that makes all of them hold on every layer."""
     identities = BLOCK_STRUCTURES[structure].identities
+    if not identities:
+        # nothing to solve, so nothing verified (mixer_only): a rule in
+        # block_structures.yaml assigns such a structure, read off the model's code
+        return StructureTrial(
+            structure, False, "it states no identity, so no capture can verify it"
+        )
     options: dict[str, list[Candidate]] = {}
     for text in identities:
         left, right = _identity_places(text)

@@ -164,12 +164,21 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     raw = _raw_outputs(model, inputs, addresses)
     for layer in layers:
         _consistency_checks(model, v, raw, layer, checks)
-        if have("block_input", layer=layer):
-            ok, d = _close(v[("block_input", layer)], hidden[layer])
-            checks.add(["block_input"], "output_hidden_states[i] == block_input[i]", ok, d)
-        if layer < n - 1 and have("block_output", layer=layer) and len(hidden) == n + 1:
-            ok, d = _close(v[("block_output", layer)], hidden[layer + 1])
-            checks.add(["block_output"], "output_hidden_states[i+1] == block_output[i]", ok, d)
+        if model.hidden_states_are_block_outputs:
+            # the family says entry i is block i's output (no embeddings entry)
+            if layer > 0 and have("block_input", layer=layer) and len(hidden) == n + 1:
+                ok, d = _close(v[("block_input", layer)], hidden[layer - 1])
+                checks.add(["block_input"], "output_hidden_states[i-1] == block_input[i]", ok, d)
+            if have("block_output", layer=layer) and len(hidden) == n + 1:
+                ok, d = _close(v[("block_output", layer)], hidden[layer])
+                checks.add(["block_output"], "output_hidden_states[i] == block_output[i]", ok, d)
+        else:
+            if have("block_input", layer=layer):
+                ok, d = _close(v[("block_input", layer)], hidden[layer])
+                checks.add(["block_input"], "output_hidden_states[i] == block_input[i]", ok, d)
+            if layer < n - 1 and have("block_output", layer=layer) and len(hidden) == n + 1:
+                ok, d = _close(v[("block_output", layer)], hidden[layer + 1])
+                checks.add(["block_output"], "output_hidden_states[i+1] == block_output[i]", ok, d)
         if have("attention_probs", layer=layer) and hf.attentions is not None:
             # hybrid stacks return attentions only for their attention layers
             index = layer if len(hf.attentions) == n else attention_layers.index(layer)
@@ -424,16 +433,31 @@ def _raw_outputs(
                 )
     out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
-        out[key] = (
-            [getattr(a, "value", a) for a in args],
-            {k: getattr(a, "value", a) for k, a in kwargs.items()},
-        )
+        out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
     return out
 
 
 def _kept(value: Any) -> Any:
-    """A module argument kept past the trace: a tensor copied and saved, else itself."""
+    """A module argument kept past the trace: a tensor copied and saved, a list or tuple
+    of them copied element-wise (RWKV's state, which the model updates in place after
+    the call), else itself."""
+    if isinstance(value, (list, tuple)):
+        return _rebuilt(value, [_kept(item) for item in value])
     return value.clone().save() if hasattr(value, "clone") and hasattr(value, "save") else value
+
+
+def _unkept(value: Any) -> Any:
+    """The value a kept argument holds after the trace."""
+    if isinstance(value, (list, tuple)):
+        return _rebuilt(value, [_unkept(item) for item in value])
+    return getattr(value, "value", value)
+
+
+def _rebuilt(value: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
+    """A list or tuple of the same type holding ``items`` (a named tuple by position)."""
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*items)
+    return type(value)(items)
 
 
 def _consistency_checks(

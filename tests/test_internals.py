@@ -437,3 +437,18 @@ def test_a_refused_attention_probabilities_row_is_not_handed_to_nnterp() -> None
     model = StandardizedTransformer("tiny:llama", rename_config=config, enable_attention_probs=True)
     reason = model.internals.status(layer=0)["attention_probabilities"]
     assert reason is not None and "attention_probabilities is refused by this test." in reason
+
+
+def test_a_family_names_the_config_key_of_its_head_count() -> None:
+    # an encoder-decoder's config says num_attention_heads for the encoder's heads (and
+    # only through attribute_map, which nnterp's lookup does not see); mbart.yaml names
+    # decoder_attention_heads, so nnterp's load-time probability check runs on the
+    # decoder's head count, here different from the encoder's
+    model = StandardizedTransformer(
+        "tiny:mbart?encoder_attention_heads=1", enable_attention_probs=True
+    )
+    assert model.text_config.decoder_attention_heads == 4
+    assert model.num_heads == 4
+    checks = c.attention_oracle(model, c.sample_inputs(model))
+    assert len(checks) == model.internals.num_layers
+    assert all(check.ok for check in checks), checks

@@ -119,3 +119,34 @@ def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
     assert ln_final["reason"].startswith("read alone == read with the layers' places")
     assert "the base model's last_hidden_state == ln_final" in ln_final["checks"]
     assert components["logits"]["state"] == "ok"
+
+
+def test_the_mlp_is_called_with_a_copy_of_the_state_it_was_given() -> None:
+    # RWKV's feed-forward takes the model's state, a list of tensors the model updates
+    # in place after the call: the check calls it again with the state as it was
+    item = run_one("tiny:rwkv").components["mlp_input"]
+    assert item["state"] == "ok", item
+    assert "mlp(mlp_input, its other arguments) == the MLP's output" in item["checks"]
+
+
+def test_hidden_states_that_are_block_outputs_are_checked_as_such() -> None:
+    # Mamba's output_hidden_states lists each block's output (no embeddings entry),
+    # as mamba.yaml says: the boundaries are checked against those entries
+    components = run_one("tiny:mamba").components
+    assert components["block_input"]["state"] == "ok"
+    assert components["block_input"]["checks"] == ["output_hidden_states[i-1] == block_input[i]"]
+    assert components["block_output"]["checks"] == ["output_hidden_states[i] == block_output[i]"]
+    # without the declaration the inputs' convention does not hold on Mamba ...
+    undeclared = StandardizedTransformer(
+        "tiny:mamba", rename_config=RenameConfig(hidden_states_are_block_outputs=False)
+    )
+    result = certify(undeclared, c.sample_inputs(undeclared))
+    assert result["block_input"]["state"] == "broken"
+    assert result["block_output"]["state"] == "broken"
+    # ... and a wrong declaration on Llama is broken, not taken on trust
+    wrong = StandardizedTransformer(
+        "tiny:llama", rename_config=RenameConfig(hidden_states_are_block_outputs=True)
+    )
+    result = certify(wrong, c.sample_inputs(wrong))
+    assert result["block_input"]["state"] == "broken"
+    assert result["block_output"]["state"] == "broken"
