@@ -233,7 +233,27 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 if have("ln_final")
                 else None
             )
-            if via_norm is not None and (
+            inner = raw.get(("unembedding_input", -1))
+            if (
+                via_norm is not None
+                and not via_norm[0]
+                and not stream_ends_at_block
+                and inner is not None
+                and given is not None
+                and _close(given, v[("ln_final", None)])[0]
+            ):
+                # the lm_head module reads ln_final (held to output_hidden_states[-1]
+                # above) and transforms it before the unembedding inside it (pre-LN
+                # RoBERTa kin: dense, gelu, layer_norm, decoder)
+                ok, d = _close(v[("lm_head", None)], head(inner))
+                checks.add(
+                    ["lm_head"],
+                    "lm_head == get_output_embeddings()(its input inside lm_head), "
+                    "lm_head reading ln_final",
+                    ok,
+                    d,
+                )
+            elif via_norm is not None and (
                 via_norm[0] or given is None or _close(given, v[("ln_final", None)])[0]
             ):
                 # the unembedding applied to the final norm's output (RoBERTa's lm_head
@@ -388,11 +408,14 @@ def _raw_outputs(
                 wanted.append((row, layer, internals[row].address_at(layer).module))
     if ("lm_head", None) in addresses:
         wanted.append(("lm_head_input", -1, None))
+        inner = _inner_unembedding(model)
+        if inner is not None:
+            wanted.append(("unembedding_input", -1, inner))
     saved: list[tuple[str, int, Any]] = []  # bound before the trace
     with model.trace(inputs):
         for kind, layer, what in wanted:
-            if kind == "lm_head_input":
-                args, kwargs = model.lm_head.inputs
+            if kind in ("lm_head_input", "unembedding_input"):
+                args, kwargs = (model.lm_head if what is None else what).inputs
                 given = args[0] if args else next(iter(kwargs.values()))
                 saved.append((kind, layer, given.save()))
                 continue
@@ -435,6 +458,20 @@ def _raw_outputs(
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
         out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
     return out
+
+
+def _inner_unembedding(model: Any) -> Any | None:
+    """The Envoy of ``get_output_embeddings()`` where it sits strictly inside the
+    lm_head module (a head that transforms its input before the unembedding, as on
+    the RoBERTa kin: dense, gelu, layer_norm, decoder), else None."""
+    from causalab_mini.internals import child
+
+    head = model._model.get_output_embeddings()
+    lm_head = getattr(model.lm_head, "_module", None)
+    if head is None or lm_head is None or head is lm_head:
+        return None
+    path = next((name for name, m in lm_head.named_modules() if m is head and name), None)
+    return None if path is None else child(model.lm_head, path)
 
 
 def _kept(value: Any) -> Any:
@@ -686,7 +723,11 @@ def _mlp_checks(
                     if any(_close(neurons, act * branch)[0] for branch in branches):
                         ok = True
                         break
-        checks.add(["mlp_activation"], "mlp_neuron_output == mlp_activation (x a gate)", ok)
+        # with no MLP output to project the neurons onto (X-MOD's feed-forward ends in
+        # a language adapter, so mlps_output is refused), the neurons are held to the
+        # activation they read
+        covered = ["mlp_activation"] if targets else ["mlp_activation", "mlp_neuron_output"]
+        checks.add(covered, "mlp_neuron_output == mlp_activation (x a gate)", ok)
 
 
 # ---------------------------------------------------------------------- one architecture

@@ -150,3 +150,34 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such() -> None:
     result = certify(wrong, c.sample_inputs(wrong))
     assert result["block_input"]["state"] == "broken"
     assert result["block_output"]["state"] == "broken"
+
+
+def test_a_head_that_transforms_ln_final_is_checked_on_its_unembedding() -> None:
+    # RoBERTa-PreLayerNorm's lm_head module reads the final norm's output
+    # (output_hidden_states[-1]) and runs dense, gelu and layer_norm before its
+    # decoder: the decoder is checked on its own input; RoBERTa, whose ln_final is the
+    # head's layer_norm, keeps the check on ln_final
+    pre = run_one("tiny:roberta-prelayernorm").components
+    assert pre["ln_final"]["state"] == "ok"
+    assert "output_hidden_states[-1] == ln_final" in pre["ln_final"]["checks"]
+    assert pre["lm_head"]["state"] == "ok"
+    assert (
+        "lm_head == get_output_embeddings()(its input inside lm_head), lm_head reading ln_final"
+        in pre["lm_head"]["checks"]
+    )
+    roberta = run_one("tiny:roberta").components
+    assert "lm_head == get_output_embeddings()(ln_final)" in roberta["lm_head"]["checks"]
+
+
+def test_neurons_with_no_mlp_output_are_held_to_the_activation() -> None:
+    # X-MOD's feed-forward ends in a language adapter, so mlps_output is refused: the
+    # neurons are checked against the activation instead; where the MLP's output
+    # exists (BERT) the activation check covers the activation alone
+    xmod = run_one("tiny:xmod").components
+    assert xmod["mlp_output"]["state"] == "refused"
+    assert xmod["mlp_neuron_output"]["state"] == "ok"
+    assert xmod["mlp_neuron_output"]["checks"] == ["mlp_neuron_output == mlp_activation (x a gate)"]
+    bert = run_one("tiny:bert").components
+    assert bert["mlp_neuron_output"]["checks"] == [
+        "down projection(mlp_neuron_output) == the MLP's output"
+    ]
