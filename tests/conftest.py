@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -31,6 +32,28 @@ def package_registry_copy(tmp_path: Path) -> Path:
     target = tmp_path / "registry"
     shutil.copytree(default_registry(), target, ignore=_IGNORE)
     return target
+
+
+def gpt2_with_a_moved_op() -> Any:
+    """tiny:gpt2 whose attention_probabilities row names an op its attention function
+    does not call (only a trace finds it missing), loaded eager."""
+    import dataclasses
+
+    from causalab_mini import RenameConfig
+    from causalab_mini.generated import DEFAULT_ADDRESSES
+    from causalab_mini.model import StandardizedTransformer
+
+    moved = dataclasses.replace(
+        DEFAULT_ADDRESSES["attention_probabilities"],
+        source=("attention_interface(", "module.attn_dropout("),
+    )
+    model = StandardizedTransformer(
+        "tiny:gpt2",
+        attn_implementation="eager",
+        rename_config=RenameConfig(addresses={"attention_probabilities": moved}),
+    )
+    model._attention_probs_enabled = True  # loaded eager, without nnterp's own check
+    return model
 
 
 def edit(path: Path, old: str, new: str) -> None:

@@ -16,9 +16,11 @@ from causalab_mini import Address, IOType, RenameConfig
 from causalab_mini import certify as c
 from causalab_mini import components as comp
 from causalab_mini.components import ComponentError, Plan, WriteRefused, locate
-from causalab_mini.generated import COMPONENTS, DEFAULT_ADDRESSES
+from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.ops import OperationNotFound
+
+from .conftest import gpt2_with_a_moved_op
 
 pytestmark = pytest.mark.slow
 
@@ -200,16 +202,7 @@ def test_a_family_without_the_shared_attention_function_refuses_its_interiors() 
 def test_a_moved_op_names_row_module_version_class_and_lists_the_operations() -> None:
     import transformers
 
-    moved = dataclasses.replace(
-        DEFAULT_ADDRESSES["attention_probabilities"],
-        source=("attention_interface(", "module.attn_dropout("),
-    )
-    model = StandardizedTransformer(
-        "tiny:gpt2",
-        attn_implementation="eager",
-        rename_config=RenameConfig(addresses={"attention_probabilities": moved}),
-    )
-    model._attention_probs_enabled = True  # loaded eager, without nnterp's own check
+    model = gpt2_with_a_moved_op()
     with pytest.raises(OperationNotFound) as info:
         Plan.of(reads=[locate(model, "attention_probs", 0)]).run(model, c.sample_inputs(model))
     text = str(info.value)

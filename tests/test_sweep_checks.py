@@ -3,15 +3,14 @@ its query/key checks on attention functions whose mask is more than causal."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from causalab_mini import RenameConfig
 from causalab_mini import certify as c
-from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.sweep import certify, run_one
+
+from .conftest import gpt2_with_a_moved_op
 
 pytestmark = pytest.mark.slow
 
@@ -19,16 +18,7 @@ pytestmark = pytest.mark.slow
 def test_a_nested_needle_that_names_no_operation_is_refused_not_a_crash() -> None:
     # the second needle is looked up inside the function attention_interface
     # dispatches to, so only the trace finds it missing
-    moved = dataclasses.replace(
-        DEFAULT_ADDRESSES["attention_probabilities"],
-        source=("attention_interface(", "module.attn_dropout("),
-    )
-    model = StandardizedTransformer(
-        "tiny:gpt2",
-        attn_implementation="eager",
-        rename_config=RenameConfig(addresses={"attention_probabilities": moved}),
-    )
-    model._attention_probs_enabled = True  # loaded eager, without nnterp's own check
+    model = gpt2_with_a_moved_op()
     result = certify(model, c.sample_inputs(model))
     probs = result["attention_probs"]
     assert probs["state"] == "refused"
