@@ -337,14 +337,15 @@ def _raw_outputs(
 ) -> dict[tuple[str, int], Any]:
     """The attention and MLP modules' own outputs, the scaling, values and mask the
     attention call is given, and a gated attention's output gate (the output of the
-    one torch.sigmoid call in its forward, where it multiplies attention_z before the
-    output projection), per layer, and the unembedding's input, from one more trace
-    (in forward order)."""
+    one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
+    the output projection; its kind under ("gate_kind", layer)), per layer, and the
+    unembedding's input, from one more trace (in forward order)."""
     from causalab_mini import components as comp
     from causalab_mini.ops import OperationNotFound, find_op
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
+    gate_kinds: dict[int, str] = {}
     for layer in range(internals.num_layers):
         query = addresses.get(("attention_query", layer))
         if query is not None:
@@ -352,18 +353,22 @@ def _raw_outputs(
             _module(model, layer, query.module).source  # noqa: B018 - before the trace
         if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
             attention = _module(model, layer, internals["attentions"].address_at(layer).module)
-            try:
-                gate = find_op(
-                    attention.source,
-                    "torch.sigmoid(",
-                    row="attention_z",
-                    module=f"layers.{layer}.{internals['attentions'].address_at(layer).module}",
-                    model_class=internals.model_class,
-                )
-            except OperationNotFound:  # no gate (or several sigmoids: not one gate)
-                pass
-            else:
-                wanted.append(("gate", layer, gate))
+            gates = []
+            for kind, needle in GATE_CALLS:
+                try:
+                    op = find_op(
+                        attention.source,
+                        needle,
+                        row="attention_z",
+                        module=f"layers.{layer}.{internals['attentions'].address_at(layer).module}",
+                        model_class=internals.model_class,
+                    )
+                except OperationNotFound:  # no such call (or several: not one gate)
+                    continue
+                gates.append((kind, op))
+            if len(gates) == 1:  # one gate call in the forward, of one kind
+                gate_kinds[layer] = gates[0][0]
+                wanted.append(("gate", layer, gates[0][1]))
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
                 wanted.append((row, layer, internals[row].address_at(layer).module))
@@ -413,6 +418,8 @@ def _raw_outputs(
                     )
                 )
     out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for layer, kind in gate_kinds.items():
+        out[("gate_kind", layer)] = kind
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
         out[key] = (
             [getattr(a, "value", a) for a in args],
@@ -501,11 +508,11 @@ def _interior_checks(
             checks.add(
                 ["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d
             )
-        else:  # a gated attention multiplies z by its sigmoid gate before projecting
+        else:  # a gated attention multiplies z by its output gate before projecting
             ok, d = _close(gated(z, gate), premix)
             checks.add(
                 ["attention_z", "attention_premix"],
-                "attention_premix == attention_z x the attention's sigmoid gate",
+                f"attention_premix == attention_z x the attention's {raw[('gate_kind', layer)]} gate",
                 ok,
                 d,
             )
@@ -592,6 +599,18 @@ def _qk_product(
     if cap:
         product = cap * torch.tanh(product / cap)
     return product
+
+
+# The calls that compute a gated attention's output gate, by kind: a forward with
+# exactly one of them (Qwen3-Next's and AFMoE's sigmoid, Laguna's softplus) is gated,
+# and the check it gets compares attention_premix with attention_z times that call's
+# output; any other product fails the check rather than being guessed.
+GATE_CALLS: tuple[tuple[str, str], ...] = (
+    ("sigmoid", "torch.sigmoid("),
+    ("sigmoid", "F.sigmoid("),
+    ("softplus", "F.softplus("),
+    ("softplus", "nn.functional.softplus("),
+)
 
 
 def gated(z: Any, gate: Any) -> Any:
