@@ -341,7 +341,6 @@ def _raw_outputs(
     the output projection; its kind under ("gate_kind", layer)), per layer, and the
     unembedding's input, from one more trace (in forward order)."""
     from causalab_mini import components as comp
-    from causalab_mini.ops import OperationNotFound, find_op
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
@@ -352,20 +351,7 @@ def _raw_outputs(
             wanted.append(("scaling", layer, query))
             _module(model, layer, query.module).source  # noqa: B018 - before the trace
         if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
-            attention = _module(model, layer, internals["attentions"].address_at(layer).module)
-            gates = []
-            for kind, needle in GATE_CALLS:
-                try:
-                    op = find_op(
-                        attention.source,
-                        needle,
-                        row="attention_z",
-                        module=f"layers.{layer}.{internals['attentions'].address_at(layer).module}",
-                        model_class=internals.model_class,
-                    )
-                except OperationNotFound:  # no such call (or several: not one gate)
-                    continue
-                gates.append((kind, op))
+            gates = _gate_calls(model, layer, addresses[("attention_z", layer)])
             if len(gates) == 1:  # one gate call in the forward, of one kind
                 gate_kinds[layer] = gates[0][0]
                 wanted.append(("gate", layer, gates[0][1]))
@@ -428,6 +414,38 @@ def _raw_outputs(
     return out
 
 
+def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]:
+    """The calls of GATE_CALLS in the forward of attention at ``layer`` that could be
+    its output gate, with their kinds: each needle naming exactly one operation, made
+    after the call that returns attention_z (a gate multiplies it; Doge's softplus
+    before the call shapes the mask, not the output)."""
+    from causalab_mini.ops import OperationNotFound, find_op, op_path
+
+    internals = model.internals
+    path = internals["attentions"].address_at(layer).module
+    source = _module(model, layer, path).source
+    accessor = getattr(source, "accessor", source)
+    where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
+    where["model_class"] = internals.model_class
+
+    def line(op: Any) -> int:
+        return int(accessor.line_numbers[op_path(op).split(".")[-1]])
+
+    try:  # the call that returns attention_z
+        call = line(find_op(source, z_address.needles[0], **where))
+    except (OperationNotFound, KeyError, IndexError):
+        return []
+    gates = []
+    for kind, needle in GATE_CALLS:
+        try:
+            op = find_op(source, needle, **where)
+        except OperationNotFound:  # no such call (or several: not one gate)
+            continue
+        if line(op) > call:
+            gates.append((kind, op))
+    return gates
+
+
 def _kept(value: Any) -> Any:
     """A module argument kept past the trace: a tensor copied and saved, else itself."""
     return value.clone().save() if hasattr(value, "clone") and hasattr(value, "save") else value
@@ -442,12 +460,31 @@ def _consistency_checks(
 ) -> None:
     """A place that is a module's input, fed to that module, gives the module's output
     (the tensor read is what the module consumed); and the output projection of
-    attention_premix is attention's output or its contribution."""
+    attention_premix is attention's output or its contribution. Where no contribution
+    row is read on the layer (both refused: MiniCPM3's contributions are scaled by a
+    factor no row states), no identity names layers_mid, so layers_mid is checked as
+    the input of the norm whose output is mlps_norm_output."""
     import torch
 
     key = lambda n: (n, layer)  # noqa: E731
     internals = model.internals
     with torch.no_grad():
+        if (
+            key("block_mid") in v
+            and key("mlp_input_norm") in v
+            and key("attention_output") not in v
+            and key("mlp_output") not in v
+        ):
+            mid = internals["layers_mid"].address_at(layer)
+            norm = internals["mlps_norm_output"].address_at(layer)
+            plain = not (mid.source or norm.source or mid.scale or norm.scale)
+            sides = (mid.io.value, norm.io.value)
+            if plain and mid.module == norm.module and sides == ("input", "output"):
+                normed = _module(model, layer, mid.module)._module(v[key("block_mid")])
+                if isinstance(normed, tuple):
+                    normed = normed[0]
+                ok, d = _close(normed, v[key("mlp_input_norm")])
+                checks.add(["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d)
         if key("attention_premix") in v:
             proj = _module(model, layer, internals["attentions_premix"].address_at(layer).module)
             projected = proj._module(v[key("attention_premix")])
@@ -616,10 +653,14 @@ GATE_CALLS: tuple[tuple[str, str], ...] = (
 def gated(z: Any, gate: Any) -> Any:
     """``z`` (b, s, heads x head_dim, flat) times an output gate, as a gated attention
     applies it before its output projection: one gate value per feature (a gate of
-    z's shape) or per head (b, s, heads). A gate of any other shape is returned as
-    is, so the check that compares the product fails rather than guessing."""
+    z's shape, or (b, s, heads, head_dim)) or per head (b, s, heads). A gate of any
+    other shape is returned as is, so the check that compares the product fails
+    rather than guessing."""
     if tuple(gate.shape) == tuple(z.shape):
         return z * gate.to(z.dtype)
+    if gate.dim() == 4 and tuple(gate.flatten(2).shape) == tuple(z.shape):
+        # one value per feature, held per head: (b, s, heads, head_dim) (Beam)
+        return z * gate.flatten(2).to(z.dtype)
     if gate.dim() == 3 and tuple(gate.shape[:2]) == tuple(z.shape[:2]):
         heads = gate.shape[-1]
         if heads and z.shape[-1] % heads == 0:

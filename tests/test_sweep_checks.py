@@ -119,3 +119,14 @@ def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
     assert ln_final["reason"].startswith("read alone == read with the layers' places")
     assert "the base model's last_hidden_state == ln_final" in ln_final["checks"]
     assert components["logits"]["state"] == "ok"
+
+
+def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read() -> None:
+    # MiniCPM3 refuses both contribution rows (scaled by scale_depth /
+    # sqrt(num_hidden_layers)), so no identity names layers_mid: it is checked as the
+    # input of the norm whose output is mlps_norm_output
+    mid = run_one("tiny:minicpm3").components["block_mid"]
+    assert mid["state"] == "ok", mid
+    assert mid["checks"] == ["the MLP's norm(layers_mid) == mlps_norm_output"]
+    llama = run_one("tiny:llama").components["block_mid"]
+    assert "the MLP's norm(layers_mid) == mlps_norm_output" not in llama["checks"]

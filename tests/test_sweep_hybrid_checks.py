@@ -34,6 +34,12 @@ def test_a_per_head_gate_multiplies_each_head_slice() -> None:
     assert _close(gated(z, gate), expected)[0]
 
 
+def test_a_per_feature_gate_held_per_head_multiplies_each_feature() -> None:
+    z = torch.randn(2, 5, 12)  # 3 heads of 4
+    gate = torch.sigmoid(torch.randn(2, 5, 3, 4))  # Beam's (b, s, heads, head_dim)
+    assert _close(gated(z, gate), z * gate.flatten(2))[0]
+
+
 def test_a_gate_of_another_shape_is_not_guessed() -> None:
     z = torch.randn(2, 5, 12)
     gate = torch.sigmoid(torch.randn(2, 5, 5))  # 5 does not divide 12
