@@ -376,33 +376,24 @@ def _raw_outputs(
 ) -> dict[tuple[str, int], Any]:
     """The attention and MLP modules' own outputs, the scaling, values and mask the
     attention call is given, and a gated attention's output gate (the output of the
-    one torch.sigmoid call in its forward, where it multiplies attention_z before the
-    output projection), per layer, and the unembedding's input, from one more trace
-    (in forward order)."""
+    one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
+    the output projection; its kind under ("gate_kind", layer)), per layer, and the
+    unembedding's input, from one more trace (in forward order)."""
     from causalab_mini import components as comp
-    from causalab_mini.ops import OperationNotFound, find_op
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
+    gate_kinds: dict[int, str] = {}
     for layer in range(internals.num_layers):
         query = addresses.get(("attention_query", layer))
         if query is not None:
             wanted.append(("scaling", layer, query))
             _module(model, layer, query.module).source  # noqa: B018 - before the trace
         if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
-            attention = _module(model, layer, internals["attentions"].address_at(layer).module)
-            try:
-                gate = find_op(
-                    attention.source,
-                    "torch.sigmoid(",
-                    row="attention_z",
-                    module=f"layers.{layer}.{internals['attentions'].address_at(layer).module}",
-                    model_class=internals.model_class,
-                )
-            except OperationNotFound:  # no gate (or several sigmoids: not one gate)
-                pass
-            else:
-                wanted.append(("gate", layer, gate))
+            gates = _gate_calls(model, layer, addresses[("attention_z", layer)])
+            if len(gates) == 1:  # one gate call in the forward, of one kind
+                gate_kinds[layer] = gates[0][0]
+                wanted.append(("gate", layer, gates[0][1]))
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
                 wanted.append((row, layer, internals[row].address_at(layer).module))
@@ -455,6 +446,8 @@ def _raw_outputs(
                     )
                 )
     out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for layer, kind in gate_kinds.items():
+        out[("gate_kind", layer)] = kind
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
         out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
     return out
@@ -472,6 +465,38 @@ def _inner_unembedding(model: Any) -> Any | None:
         return None
     path = next((name for name, m in lm_head.named_modules() if m is head and name), None)
     return None if path is None else child(model.lm_head, path)
+
+
+def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]:
+    """The calls of GATE_CALLS in the forward of attention at ``layer`` that could be
+    its output gate, with their kinds: each needle naming exactly one operation, made
+    after the call that returns attention_z (a gate multiplies it; Doge's softplus
+    before the call shapes the mask, not the output)."""
+    from causalab_mini.ops import OperationNotFound, find_op, op_path
+
+    internals = model.internals
+    path = internals["attentions"].address_at(layer).module
+    source = _module(model, layer, path).source
+    accessor = getattr(source, "accessor", source)
+    where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
+    where["model_class"] = internals.model_class
+
+    def line(op: Any) -> int:
+        return int(accessor.line_numbers[op_path(op).split(".")[-1]])
+
+    try:  # the call that returns attention_z
+        call = line(find_op(source, z_address.needles[0], **where))
+    except (OperationNotFound, KeyError, IndexError):
+        return []
+    gates = []
+    for kind, needle in GATE_CALLS:
+        try:
+            op = find_op(source, needle, **where)
+        except OperationNotFound:  # no such call (or several: not one gate)
+            continue
+        if line(op) > call:
+            gates.append((kind, op))
+    return gates
 
 
 def _kept(value: Any) -> Any:
@@ -506,12 +531,31 @@ def _consistency_checks(
 ) -> None:
     """A place that is a module's input, fed to that module, gives the module's output
     (the tensor read is what the module consumed); and the output projection of
-    attention_premix is attention's output or its contribution."""
+    attention_premix is attention's output or its contribution. Where no contribution
+    row is read on the layer (both refused: MiniCPM3's contributions are scaled by a
+    factor no row states), no identity names layers_mid, so layers_mid is checked as
+    the input of the norm whose output is mlps_norm_output."""
     import torch
 
     key = lambda n: (n, layer)  # noqa: E731
     internals = model.internals
     with torch.no_grad():
+        if (
+            key("block_mid") in v
+            and key("mlp_input_norm") in v
+            and key("attention_output") not in v
+            and key("mlp_output") not in v
+        ):
+            mid = internals["layers_mid"].address_at(layer)
+            norm = internals["mlps_norm_output"].address_at(layer)
+            plain = not (mid.source or norm.source or mid.scale or norm.scale)
+            sides = (mid.io.value, norm.io.value)
+            if plain and mid.module == norm.module and sides == ("input", "output"):
+                normed = _module(model, layer, mid.module)._module(v[key("block_mid")])
+                if isinstance(normed, tuple):
+                    normed = normed[0]
+                ok, d = _close(normed, v[key("mlp_input_norm")])
+                checks.add(["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d)
         if key("attention_premix") in v:
             proj = _module(model, layer, internals["attentions_premix"].address_at(layer).module)
             projected = proj._module(v[key("attention_premix")])
@@ -572,11 +616,11 @@ def _interior_checks(
             checks.add(
                 ["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d
             )
-        else:  # a gated attention multiplies z by its sigmoid gate before projecting
+        else:  # a gated attention multiplies z by its output gate before projecting
             ok, d = _close(gated(z, gate), premix)
             checks.add(
                 ["attention_z", "attention_premix"],
-                "attention_premix == attention_z x the attention's sigmoid gate",
+                f"attention_premix == attention_z x the attention's {raw[('gate_kind', layer)]} gate",
                 ok,
                 d,
             )
@@ -665,13 +709,29 @@ def _qk_product(
     return product
 
 
+# The calls that compute a gated attention's output gate, by kind: a forward with
+# exactly one of them (Qwen3-Next's and AFMoE's sigmoid, Laguna's softplus) is gated,
+# and the check it gets compares attention_premix with attention_z times that call's
+# output; any other product fails the check rather than being guessed.
+GATE_CALLS: tuple[tuple[str, str], ...] = (
+    ("sigmoid", "torch.sigmoid("),
+    ("sigmoid", "F.sigmoid("),
+    ("softplus", "F.softplus("),
+    ("softplus", "nn.functional.softplus("),
+)
+
+
 def gated(z: Any, gate: Any) -> Any:
     """``z`` (b, s, heads x head_dim, flat) times an output gate, as a gated attention
     applies it before its output projection: one gate value per feature (a gate of
-    z's shape) or per head (b, s, heads). A gate of any other shape is returned as
-    is, so the check that compares the product fails rather than guessing."""
+    z's shape, or (b, s, heads, head_dim)) or per head (b, s, heads). A gate of any
+    other shape is returned as is, so the check that compares the product fails
+    rather than guessing."""
     if tuple(gate.shape) == tuple(z.shape):
         return z * gate.to(z.dtype)
+    if gate.dim() == 4 and tuple(gate.flatten(2).shape) == tuple(z.shape):
+        # one value per feature, held per head: (b, s, heads, head_dim) (Beam)
+        return z * gate.flatten(2).to(z.dtype)
     if gate.dim() == 3 and tuple(gate.shape[:2]) == tuple(z.shape[:2]):
         heads = gate.shape[-1]
         if heads and z.shape[-1] % heads == 0:

@@ -171,3 +171,14 @@ def test_neurons_with_no_mlp_output_are_held_to_the_activation() -> None:
     assert bert["mlp_neuron_output"]["checks"] == [
         "down projection(mlp_neuron_output) == the MLP's output"
     ]
+
+
+def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read() -> None:
+    # MiniCPM3 refuses both contribution rows (scaled by scale_depth /
+    # sqrt(num_hidden_layers)), so no identity names layers_mid: it is checked as the
+    # input of the norm whose output is mlps_norm_output
+    mid = run_one("tiny:minicpm3").components["block_mid"]
+    assert mid["state"] == "ok", mid
+    assert mid["checks"] == ["the MLP's norm(layers_mid) == mlps_norm_output"]
+    llama = run_one("tiny:llama").components["block_mid"]
+    assert "the MLP's norm(layers_mid) == mlps_norm_output" not in llama["checks"]

@@ -1,9 +1,9 @@
 """Two checks of the sweep for hybrid blocks. A gated attention: attention_premix is
-attention_z times the sigmoid gate the attention's forward computes (Qwen3-Next per
-feature, LFM3 per head), and a gate that is not the one applied fails. A block whose
-identities do not name attentions_output (Falcon-H1, a Mamba mixer beside
-attention): a write to it shifts layers_mid by exactly the delta, and a row without
-its scale fails."""
+attention_z times the sigmoid or softplus gate the attention's forward computes
+(Qwen3-Next per feature, LFM3 per head, Laguna's softplus either way), and a gate
+that is not the one applied fails. A block whose identities do not name
+attentions_output (Falcon-H1, a Mamba mixer beside attention): a write to it shifts
+layers_mid by exactly the delta, and a row without its scale fails."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from causalab_mini import RenameConfig
 from causalab_mini import certify as c
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
-from causalab_mini.sweep import _close, gated, run_one
+from causalab_mini.sweep import GATE_CALLS, _close, gated, run_one
 
 FALCON_H1 = (
     "tiny:falcon_h1?attention_in_multiplier=2.0&attention_out_multiplier=0.5&ssm_out_multiplier=0.7"
@@ -34,6 +34,12 @@ def test_a_per_head_gate_multiplies_each_head_slice() -> None:
     assert _close(gated(z, gate), expected)[0]
 
 
+def test_a_per_feature_gate_held_per_head_multiplies_each_feature() -> None:
+    z = torch.randn(2, 5, 12)  # 3 heads of 4
+    gate = torch.sigmoid(torch.randn(2, 5, 3, 4))  # Beam's (b, s, heads, head_dim)
+    assert _close(gated(z, gate), z * gate.flatten(2))[0]
+
+
 def test_a_gate_of_another_shape_is_not_guessed() -> None:
     z = torch.randn(2, 5, 12)
     gate = torch.sigmoid(torch.randn(2, 5, 5))  # 5 does not divide 12
@@ -48,14 +54,28 @@ def test_a_different_gate_fails() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["tiny:qwen3_next", "tiny:lfm3"])
-def test_gated_attention_certifies_through_the_gate(spec: str) -> None:
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        ("tiny:qwen3_next", "sigmoid"),
+        ("tiny:lfm3", "sigmoid"),
+        ("tiny:laguna", "softplus"),  # one softplus gate per head
+        ("tiny:laguna?gating=per-element", "softplus"),  # one per feature
+    ],
+)
+def test_gated_attention_certifies_through_the_gate(spec: str, kind: str) -> None:
     result = run_one(spec)
     assert result.outcome == "certified", result.reason
     for name in ("attention_z", "attention_premix"):
         item = result.components[name]
         assert item["state"] == "ok", item
-        assert "attention_premix == attention_z x the attention's sigmoid gate" in item["checks"]
+        assert f"attention_premix == attention_z x the attention's {kind} gate" in item["checks"]
+
+
+def test_each_gate_call_names_its_kind() -> None:
+    kinds = {kind for kind, _ in GATE_CALLS}
+    assert kinds == {"sigmoid", "softplus"}
+    assert all(needle.endswith("(") for _, needle in GATE_CALLS)
 
 
 @pytest.mark.slow
