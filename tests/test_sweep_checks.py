@@ -119,3 +119,25 @@ def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
     assert ln_final["reason"].startswith("read alone == read with the layers' places")
     assert "the base model's last_hidden_state == ln_final" in ln_final["checks"]
     assert components["logits"]["state"] == "ok"
+
+
+def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the config's head_dim of a latent-attention model is the rope part (8), not the
+    # q/k (16) or value (16) head size: a per-head component stating it is broken
+    from causalab_mini import components
+
+    model = StandardizedTransformer("tiny:deepseek_v3", enable_attention_probs=True)
+    assert model.text_config.head_dim == 8
+    monkeypatch.setattr(components, "head_size", lambda m, layer, kind: m.text_config.head_dim)
+    result = certify(model, c.sample_inputs(model))
+    for name in ("attention_query", "attention_key", "attention_z", "attention_premix"):
+        item = result[name]
+        assert item["state"] == "broken", (name, item)
+        assert item["reason"].startswith(
+            "the heads and head size stated == the tensor's, heads x head size == its width"
+        )
+    assert "holds heads of size 16" in result["attention_query"]["reason"]
+    assert "states 4 heads x 8 = 32" in result["attention_premix"]["reason"]
+    # the values themselves are right: the rest certifies
+    for name in ("attention_scores", "attention_probs", "block_output"):
+        assert result[name]["state"] == "ok", result[name]
