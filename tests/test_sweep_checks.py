@@ -112,8 +112,16 @@ def test_the_mlp_is_called_with_the_other_arguments_it_was_given() -> None:
 
 def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
     # Dory's model.norm runs 2 + n_recurrent_loops times: ln_final read with the
-    # layers' places is the final call, read alone the first; the sweep says so
-    components = run_one("tiny:dory").components
+    # layers' places is the final call, read alone the first; the sweep says so. (Its
+    # family reads ln_final at the unembedding's input and refuses the layers' places
+    # while the loops repeat; here the default rows are put back.)
+    rows = ("ln_final_output", "layers_input", "layers_output")
+    model = StandardizedTransformer(
+        "tiny:dory",
+        enable_attention_probs=True,
+        rename_config=RenameConfig(addresses={row: DEFAULT_ADDRESSES[row] for row in rows}),
+    )
+    components = certify(model, c.sample_inputs(model))
     ln_final = components["ln_final"]
     assert ln_final["state"] == "broken"
     assert ln_final["reason"].startswith("read alone == read with the layers' places")
@@ -141,3 +149,20 @@ def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.Mon
     # the values themselves are right: the rest certifies
     for name in ("attention_scores", "attention_probs", "block_output"):
         assert result[name]["state"] == "ok", result[name]
+
+
+def test_a_family_no_block_structure_applies_to_certifies_what_it_keeps() -> None:
+    # Dory: no block structure applies (structure_unknown_reason), and the layers'
+    # places are refused while its loops repeat; the rest certifies, nothing broken
+    result = run_one("tiny:dory")
+    assert result.outcome == "certified" and result.structure is None
+    assert result.counts()["broken"] == 0, result.components
+    for name in ("ln_final", "lm_head", "logits", "embeddings"):
+        assert result.components[name]["state"] == "ok", result.components[name]
+    for name in ("block_mid", "attention_output", "mlp_neuron_output", "attention_premix"):
+        item = result.components[name]
+        assert item["state"] == "refused"
+        assert (
+            "is refused on Dory: it is one of the places a block structure defines"
+            in (item["reason"])
+        )
