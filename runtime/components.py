@@ -150,6 +150,7 @@ class HeadSizeUnknown(ComponentError):
 HEAD_KINDS = {"q_width": "qk", "kv_width": "qk", "z_width": "v"}
 _OWN_KEYS = {"qk": ("qk_head_dim",), "v": ("v_head_dim",)}
 _GENERIC_KEYS = ("head_dim", "head_size")
+_KIND_NAMES = {"qk": "q/k", "v": "value"}
 
 
 def _stated(source: Any, kind: str) -> int | None:
@@ -167,31 +168,42 @@ def _stated(source: Any, kind: str) -> int | None:
 def head_size(model: Any, layer: int | None, kind: str) -> int:
     """The head size of layer ``layer``'s ``kind`` tensors ("qk": queries and keys,
     "v": the heads' mixed values), read off the layer's attention module, else the
-    layer's config: a size stated for that kind (qk_head_dim, v_head_dim) first, then
-    the one generic head_dim. Raises HeadSizeUnknown where what they state leaves it
-    open (a value head size where only a different q/k size and head_dim are stated)."""
-    module = _attention_module(model, layer)
-    config = _config(model, layer)
-    sources = (("the attention module", module), ("the config", config))
-    for _, source in sources:
-        own = _stated(source, kind) if source is not None else None
+    layer's config (the module computes the tensor; a config may describe other
+    layers too): a size stated for that kind (qk_head_dim or qk_nope_head_dim +
+    qk_rope_head_dim, v_head_dim) first, then the one generic head_dim. Raises
+    HeadSizeUnknown where what they state leaves it open: a generic head_dim that
+    another source contradicts, or a value head size where only a q/k size apart
+    from head_dim is stated."""
+    sources = [
+        (where, source)
+        for where, source in (
+            ("the attention module", _attention_module(model, layer)),
+            ("the config", _config(model, layer)),
+        )
+        if source is not None
+    ]
+    for where, source in sources:
+        own = _stated(source, kind)
         if own is not None:
             return own
-    for where, source in sources:
-        generic = _measured(source, *_GENERIC_KEYS) if source is not None else None
+        generic = _measured(source, *_GENERIC_KEYS)
         if generic is None:
             continue
-        if kind == "v":
-            # transformers' head_dim is the q/k head size; a model whose values differ
-            # says so with v_head_dim. Where a q/k size apart from head_dim is stated
-            # and no value size, head_dim is neither evidently
-            qk = [(w, _stated(s, "qk")) for w, s in sources if s is not None]
-            differing = [(w, q) for w, q in qk if q is not None and q != generic]
-            if differing:
-                w, q = differing[0]
+        for other, stated in sources:
+            size = _stated(stated, kind)
+            if size is not None and size != generic:
+                raise HeadSizeUnknown(
+                    f"the {_KIND_NAMES[kind]} head size of layer {layer} is open: {where} "
+                    f"gives head_dim {generic} and {other} a {_KIND_NAMES[kind]} head size of "
+                    f"{size}"
+                )
+            qk = _stated(stated, "qk") if kind == "v" else None
+            if qk is not None and qk != generic:
+                # transformers' head_dim is the q/k head size; a model whose values
+                # differ says so with v_head_dim
                 raise HeadSizeUnknown(
                     f"the value head size of layer {layer} is not stated: {where} gives "
-                    f"head_dim {generic} and {w} a q/k head size of {q}, and neither a "
+                    f"head_dim {generic} and {other} a q/k head size of {qk}, and neither a "
                     "v_head_dim, so which width each head of the mixed values has is open"
                 )
         return generic
@@ -202,9 +214,7 @@ def head_size(model: Any, layer: int | None, kind: str) -> int:
             f"neither the attention module of layer {layer} nor the config states a head "
             f"size, and hidden_size {hidden} is not a multiple of its {heads} heads"
         )
-    if kind == "v" and any(
-        _stated(s, "qk") not in (None, hidden // heads) for _, s in sources if s is not None
-    ):
+    if kind == "v" and any(_stated(s, "qk") not in (None, hidden // heads) for _, s in sources):
         raise HeadSizeUnknown(
             f"the value head size of layer {layer} is not stated: a q/k head size apart "
             f"from hidden_size / heads ({hidden // heads}) is, and no v_head_dim"
