@@ -120,13 +120,18 @@ def num_heads(model: Any, layer: int | None = None) -> int:
 
 
 def num_kv_heads(model: Any, layer: int | None = None) -> int:
+    """The key/value heads of the keys the attention function receives. It repeats
+    them by the module's num_key_value_groups to meet the query heads, so where the
+    module states that, heads / groups is their count, whatever else it states
+    (JetMoE tiles its 2 key/value heads to top_k x 2 before the call, and says
+    num_key_value_groups = 1)."""
     module = _attention_module(model, layer)
+    groups = _measured(module, "num_key_value_groups")
+    if groups is not None and num_heads(model, layer) % groups == 0:
+        return num_heads(model, layer) // groups
     value = _measured(module, "num_key_value_heads", "num_kv_heads")
     if value is not None:
         return value
-    groups = _measured(module, "num_key_value_groups")
-    if groups is not None:
-        return num_heads(model, layer) // groups
     config = _config(model, layer)
     for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
         value = getattr(config, key, None)

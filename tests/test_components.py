@@ -459,3 +459,20 @@ def test_a_value_head_size_left_open_refuses_one_head() -> None:
     assert "the value head size of layer 1 is not stated" in str(whole.head_size_unknown)
     assert locate(model, "attention_query", 1).head_dim == 2 * module.head_dim
     assert locate(model, "attention_z", 0, head=0).head_dim == module.head_dim  # layer 0 as is
+
+
+def test_key_heads_are_those_the_attention_function_receives() -> None:
+    # JetMoE tiles its key/value heads top_k times before the attention call and says
+    # num_key_value_groups = 1: the keys read have num_heads heads, not
+    # num_key_value_heads
+    model = eager("jetmoe")
+    module = model.layers[1].self_attn._module
+    assert module.num_key_value_groups == 1 and module.num_key_value_heads < module.num_heads
+    whole = locate(model, "attention_key", 1)
+    last = locate(model, "attention_key", 1, head=module.num_heads - 1)
+    assert whole.heads == module.num_heads
+    inputs = c.sample_inputs(model)
+    held = Plan.of(reads=[whole]).run(model, inputs, held=True)[whole]
+    assert held.shape[1] == module.num_heads and whole.width == held.shape[1] * held.shape[3]
+    one = Plan.of(reads=[last]).run(model, inputs)[last]
+    assert torch.equal(one, held[:, module.num_heads - 1])
