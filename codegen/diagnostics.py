@@ -35,6 +35,7 @@ CODES: dict[str, str] = {
     "X013": "a component disagrees with the row it names",
     "X014": "a family that no block-structure rule covers",
     "X015": "a family without a final norm that does not refuse ln_final_output",
+    "X016": "a family says why no block structure applies, and a block-structure rule covers it",
 }
 
 

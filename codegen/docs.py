@@ -146,6 +146,7 @@ class FamilyView:
     containers: str
     rows: tuple[FamilyRow, ...]
     interiors_unavailable: str | None
+    structure_unknown_reason: str | None = None
 
 
 def _structures_for(registry: Registry, family: FamilyDef) -> str:
@@ -225,6 +226,11 @@ def families(registry: Registry) -> list[FamilyView]:
                 interiors_unavailable=(
                     family.interiors_unavailable.replace("{place}", "each interior")
                     if family.interiors_unavailable
+                    else None
+                ),
+                structure_unknown_reason=(
+                    family.structure_unknown_reason.replace("{place}", "each structural place")
+                    if family.structure_unknown_reason
                     else None
                 ),
             )

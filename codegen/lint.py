@@ -91,6 +91,9 @@ class FamilyDef:
     new_rows: tuple[tuple[str, Address], ...]
     # why the four interiors do not exist on this family, where they do not
     interiors_unavailable: str | None = None
+    # why no block structure applies to this family (the reason of every structural
+    # place), where none does
+    structure_unknown_reason: str | None = None
 
 
 @dataclass
@@ -895,6 +898,10 @@ def _cross(
         new_rows: list[tuple[str, Address]] = []
         if "interiors_unavailable" in data:
             check.reasons(fam, d, ("interiors_unavailable",), name, data["interiors_unavailable"])
+        if "structure_unknown_reason" in data:
+            check.reasons(
+                fam, d, ("structure_unknown_reason",), name, data["structure_unknown_reason"]
+            )
         for row, raw in data.get("addresses", {}).items():
             path: JsonPath = ("addresses", row)
             check.row_fields(fam, d, path, f"{name}:{row}", raw)
@@ -952,6 +959,11 @@ def _cross(
                     if "interiors_unavailable" in data
                     else None
                 ),
+                structure_unknown_reason=(
+                    " ".join(data["structure_unknown_reason"].split())
+                    if "structure_unknown_reason" in data
+                    else None
+                ),
             )
         )
         # new rows' orders must not collide with the defaults'
@@ -1003,9 +1015,21 @@ def _cross(
             match = fam.data["match"]
             types = set(match.get("model_types", ()))
             classes = set(match.get("classes", ()))
-            if not types or types & ruled_types or classes & ruled_classes:
-                continue
             name = fam.data["family"]
+            ruled = types & ruled_types or classes & ruled_classes
+            if ruled and "structure_unknown_reason" in fam.data:
+                check.err(
+                    fam,
+                    disp(rel),
+                    ("structure_unknown_reason",),
+                    "X016",
+                    name,
+                    f"structure_unknown_reason says no block structure applies, and a rule in "
+                    f"block_structures.yaml gives {', '.join(sorted(ruled))} one; drop the "
+                    "reason or the rule",
+                )
+            if not types or ruled or "structure_unknown_reason" in fam.data:
+                continue
             check.err(
                 fam,
                 disp(rel),

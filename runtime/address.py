@@ -320,7 +320,7 @@ PerHead = Literal["q", "kv", "none"]
 # How a per-head place's tensor is held: b batch, h head, s sequence, d head_dim,
 # k keys, f heads x head_dim concatenated.
 Layout = Literal["bhsd", "bshd", "bsf", "bhsk"]
-Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "vocab_size"]
+Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "z_width", "vocab_size"]
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class ComponentAddress:
     keys_axis: int | None = field(default=None, compare=False)
     writable: bool = field(default=True, compare=False)
     why_read_only: str | None = field(default=None, compare=False)
+    # why head_dim is None on a per-head place with a width (its head size is not
+    # stated unambiguously): the whole tensor reads, one head is refused
+    head_size_unknown: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
@@ -117,13 +120,18 @@ def num_heads(model: Any, layer: int | None = None) -> int:
 
 
 def num_kv_heads(model: Any, layer: int | None = None) -> int:
+    """The key/value heads of the keys the attention function receives. It repeats
+    them by the module's num_key_value_groups to meet the query heads, so where the
+    module states that, heads / groups is their count, whatever else it states
+    (JetMoE tiles its 2 key/value heads to top_k x 2 before the call, and says
+    num_key_value_groups = 1)."""
     module = _attention_module(model, layer)
+    groups = _measured(module, "num_key_value_groups")
+    if groups is not None and num_heads(model, layer) % groups == 0:
+        return num_heads(model, layer) // groups
     value = _measured(module, "num_key_value_heads", "num_kv_heads")
     if value is not None:
         return value
-    groups = _measured(module, "num_key_value_groups")
-    if groups is not None:
-        return num_heads(model, layer) // groups
     config = _config(model, layer)
     for key in ("num_key_value_heads", "num_kv_heads", "n_head_kv"):
         value = getattr(config, key, None)
@@ -134,14 +142,94 @@ def num_kv_heads(model: Any, layer: int | None = None) -> int:
     return num_heads(model, layer)
 
 
+class HeadSizeUnknown(ComponentError):
+    """A head size that neither the attention module nor the config states
+    unambiguously for the tensor at hand (the reason says what each states)."""
+
+
+# The head size a per-head tensor has: queries and keys have the q/k head size, the
+# heads' mixed values (attention_z, attention_premix) the value head size. Most
+# models have one head_dim; multi-head latent attention (DeepSeek-V2/V3, MiniCPM3,
+# GLM-4-MoE-Lite, ...) holds them apart as qk_head_dim (nope + rope) and v_head_dim,
+# and its config's head_dim is the rope part only, which is neither.
+HEAD_KINDS = {"q_width": "qk", "kv_width": "qk", "z_width": "v"}
+_OWN_KEYS = {"qk": ("qk_head_dim",), "v": ("v_head_dim",)}
+_GENERIC_KEYS = ("head_dim", "head_size")
+_KIND_NAMES = {"qk": "q/k", "v": "value"}
+
+
+def _stated(source: Any, kind: str) -> int | None:
+    """The head size ``source`` (an attention module or a config) states for ``kind``
+    under its own name (a q/k size also as qk_nope_head_dim + qk_rope_head_dim)."""
+    value = _measured(source, *_OWN_KEYS[kind])
+    if value is None and kind == "qk":
+        nope = _measured(source, "qk_nope_head_dim")
+        rope = _measured(source, "qk_rope_head_dim")
+        if nope is not None and rope is not None:
+            value = nope + rope
+    return value
+
+
+def head_size(model: Any, layer: int | None, kind: str) -> int:
+    """The head size of layer ``layer``'s ``kind`` tensors ("qk": queries and keys,
+    "v": the heads' mixed values), read off the layer's attention module, else the
+    layer's config (the module computes the tensor; a config may describe other
+    layers too): a size stated for that kind (qk_head_dim or qk_nope_head_dim +
+    qk_rope_head_dim, v_head_dim) first, then the one generic head_dim. Raises
+    HeadSizeUnknown where what they state leaves it open: a generic head_dim that
+    another source contradicts, or a value head size where only a q/k size apart
+    from head_dim is stated."""
+    sources = [
+        (where, source)
+        for where, source in (
+            ("the attention module", _attention_module(model, layer)),
+            ("the config", _config(model, layer)),
+        )
+        if source is not None
+    ]
+    for where, source in sources:
+        own = _stated(source, kind)
+        if own is not None:
+            return own
+        generic = _measured(source, *_GENERIC_KEYS)
+        if generic is None:
+            continue
+        for other, stated in sources:
+            size = _stated(stated, kind)
+            if size is not None and size != generic:
+                raise HeadSizeUnknown(
+                    f"the {_KIND_NAMES[kind]} head size of layer {layer} is open: {where} "
+                    f"gives head_dim {generic} and {other} a {_KIND_NAMES[kind]} head size of "
+                    f"{size}"
+                )
+            qk = _stated(stated, "qk") if kind == "v" else None
+            if qk is not None and qk != generic:
+                # transformers' head_dim is the q/k head size; a model whose values
+                # differ says so with v_head_dim
+                raise HeadSizeUnknown(
+                    f"the value head size of layer {layer} is not stated: {where} gives "
+                    f"head_dim {generic} and {other} a q/k head size of {qk}, and neither a "
+                    "v_head_dim, so which width each head of the mixed values has is open"
+                )
+        return generic
+    heads = num_heads(model, layer)
+    hidden = int(model.hidden_size)
+    if hidden % heads:
+        raise HeadSizeUnknown(
+            f"neither the attention module of layer {layer} nor the config states a head "
+            f"size, and hidden_size {hidden} is not a multiple of its {heads} heads"
+        )
+    if kind == "v" and any(_stated(s, "qk") not in (None, hidden // heads) for _, s in sources):
+        raise HeadSizeUnknown(
+            f"the value head size of layer {layer} is not stated: a q/k head size apart "
+            f"from hidden_size / heads ({hidden // heads}) is, and no v_head_dim"
+        )
+    return hidden // heads
+
+
 def head_dim(model: Any, layer: int | None = None) -> int:
-    value = _measured(_attention_module(model, layer), "head_dim", "head_size")
-    if value is not None:
-        return value
-    value = getattr(_config(model, layer), "head_dim", None)
-    if isinstance(value, int):
-        return value
-    return int(model.hidden_size) // num_heads(model, layer)
+    """The q/k head size of layer ``layer`` (see head_size)."""
+    return head_size(model, layer, "qk")
 
 
 def _in_features(module: Any) -> int | None:
@@ -162,10 +250,10 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
         head = model.lm_head._module
         out = getattr(head, "out_features", None)
         return int(out) if isinstance(out, int) else int(model.vocab_size)
-    if name == "q_width":
-        return num_heads(model, layer) * head_dim(model, layer)
+    if name in ("q_width", "z_width"):
+        return num_heads(model, layer) * head_size(model, layer, HEAD_KINDS[name])
     if name == "kv_width":
-        return num_kv_heads(model, layer) * head_dim(model, layer)
+        return num_kv_heads(model, layer) * head_size(model, layer, "qk")
     if name == "intermediate_size":
         place = model.internals["mlps_neurons"]
         at = 0 if layer is None else layer
@@ -223,13 +311,16 @@ def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None)
 
 def _check_head(
     model: Any, spec: Component, head: int | None, layer: int | None
-) -> tuple[int | None, int | None]:
-    """(head count, head_dim) at ``layer`` for a per-head component; refuses a head
-    where none is."""
+) -> tuple[int | None, int | None, str | None]:
+    """(head count, head size, why the head size is unknown) at ``layer`` for a
+    per-head component; refuses a head where none is, and one head where its size
+    is not stated unambiguously. The head size is that of the tensor the component
+    reads (q/k or value heads; see head_size); None for a place held per head with
+    no width (scores, probabilities: head h is index h of axis 1)."""
     if spec.per_head == "none":
         if head is not None:
             raise ComponentError(f"component {spec.name!r} is not per head: give no head")
-        return None, None
+        return None, None, None
     count = num_heads(model, layer) if spec.per_head == "q" else num_kv_heads(model, layer)
     if head is not None and (
         isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < count
@@ -239,7 +330,37 @@ def _check_head(
             f"head {head!r} is out of range for {spec.name}: this model has {count} {kind} heads "
             f"(0..{count - 1})"
         )
-    return count, head_dim(model, layer)
+    if spec.width is None:
+        return count, None, None
+    if spec.width not in HEAD_KINDS:
+        raise ComponentError(
+            f"component {spec.name!r} is per head with width {spec.width!r}, which is no "
+            f"heads x head size ({', '.join(HEAD_KINDS)}): registry/components.yaml is what "
+            "to fix"
+        )
+    try:
+        return count, head_size(model, layer, HEAD_KINDS[spec.width]), None
+    except HeadSizeUnknown as exc:
+        if head is not None:
+            raise _refuse(spec.name, f"one head cannot be sliced out: {exc}") from None
+        return count, None, str(exc)
+
+
+def _widths(
+    model: Any,
+    spec: Component,
+    layer: int | None,
+    head: int | None,
+    heads: int | None,
+    hd: int | None,
+) -> int | None:
+    """The width of the component's last axis as handed on: heads x head size for a
+    per-head place (one head's size with ``head``), else measured from the model."""
+    if spec.width in HEAD_KINDS:
+        if hd is None or heads is None:
+            return None
+        return hd if head is not None else heads * hd
+    return width_of(model, spec.width, layer)
 
 
 def _refuse(component: str, reason: str) -> ComponentError:
@@ -247,10 +368,11 @@ def _refuse(component: str, reason: str) -> ComponentError:
 
 
 def _policy(
-    spec: Component, heads: int | None, hd: int | None, width: int | None
+    spec: Component, heads: int | None, hd: int | None, width: int | None, unknown: str | None
 ) -> dict[str, Any]:
     """The component table's policy fields, with the widths measured on the model."""
     return {
+        "head_size_unknown": unknown,
         "per_head": spec.per_head,
         "layout": spec.layout,
         "head_dim": hd,
@@ -277,7 +399,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
     reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
     if reason is not None:
         raise _refuse(spec.name, reason)
-    heads, hd = _check_head(model, spec, head, at)
+    heads, hd, unknown = _check_head(model, spec, head, at)
     address = place.address_at(at)
     op = None
     if address.source:
@@ -293,9 +415,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
             )
         except OperationNotFound as exc:
             raise _refuse(spec.name, str(exc)) from None
-    width = width_of(model, spec.width, at)
-    if head is not None and hd is not None and spec.width is not None:
-        width = hd
+    width = _widths(model, spec, at, head, heads, hd)
     return ComponentAddress(
         rank=internals.rank(spec.target, at),
         component=spec.name,
@@ -307,7 +427,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
         module=address.module,
         io=address.io.value,
         needles=address.source,
-        **_policy(spec, heads, hd, width),
+        **_policy(spec, heads, hd, width, unknown),
     )
 
 
@@ -361,12 +481,10 @@ def _interior(
         )
     except OperationNotFound as exc:
         raise _refuse(spec.name, str(exc)) from None
-    heads, hd = _check_head(model, spec, head, at)
+    heads, hd, unknown = _check_head(model, spec, head, at)
     take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
     assert take[1] is not None
-    width = width_of(model, spec.width, at)
-    if head is not None and spec.width is not None:
-        width = hd
+    width = _widths(model, spec, at, head, heads, hd)
     return ComponentAddress(
         rank=(at, interior.order),
         component=spec.name,
@@ -379,7 +497,7 @@ def _interior(
         io="inside",
         needles=interior.needles,
         take=(take[0], int(take[1])),
-        **_policy(spec, heads, hd, width),
+        **_policy(spec, heads, hd, width, unknown),
     )
 
 
@@ -462,19 +580,75 @@ def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
     return flat
 
 
+def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | None:
+    """Why the tensor the model holds at a per-head ``address`` (shape ``held``, before
+    it is handed on flat) does not have the heads and head size the address states
+    (None where it does, or where the place is not per head). bhsd and bshd hold the
+    head axis and the head size themselves, bsf heads x head size on its last axis,
+    bhsk the heads on axis 1."""
+    if address.per_head == "none" or address.layout is None:
+        return None
+    shape = tuple(int(n) for n in held)
+    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhsk": (1, None)}
+    if address.layout in axes:
+        if len(shape) != 4:
+            return f"{where} is held as {shape}, which has not the 4 axes of {address.layout}"
+        h_axis, d_axis = axes[address.layout]
+        heads = shape[h_axis]
+        if heads != address.heads:
+            return (
+                f"{where} holds {heads} heads on axis {h_axis} of {shape}, and the address "
+                f"states {address.heads}"
+            )
+        if d_axis is None or address.head_dim is None:
+            return None
+        size = shape[d_axis]
+        if size != address.head_dim:
+            return (
+                f"{where} holds heads of size {size} ({address.layout} {shape}), and the "
+                f"address states a head size of {address.head_dim}"
+            )
+        flat = heads * size
+    else:  # bsf: the heads and their size concatenated on the last axis
+        if address.head_dim is None or address.heads is None:
+            return None
+        flat = shape[-1]
+        if flat != address.heads * address.head_dim:
+            return (
+                f"{where} is {flat} wide on its last axis, and the address states "
+                f"{address.heads} heads x {address.head_dim} = {address.heads * address.head_dim}"
+            )
+    if address.head is None and address.width is not None and address.width != flat:
+        return f"{where} is {flat} wide as handed on, and the address states width {address.width}"
+    return None
+
+
 def _head_slice(address: ComponentAddress) -> tuple[Any, ...]:
-    assert address.head is not None and address.head_dim is not None
+    assert address.head is not None
     if address.layout == "bhsk":
         return (slice(None), address.head)
+    assert address.head_dim is not None
     start = address.head * address.head_dim
     return (..., slice(start, start + address.head_dim))
 
 
+def _checked(address: ComponentAddress, native: Any) -> None:
+    """Refuse one head of a tensor whose heads are not what the address states: a
+    slice by a wrong head size would be a plausible, wrong tensor."""
+    reason = layout_mismatch(address, native.shape)
+    if reason is not None:
+        raise _refuse(address.component, f"head {address.head} is not sliced out: {reason}")
+
+
 def read(model: Any, address: ComponentAddress) -> Any:
     """The tensor at ``address`` (inside a trace), as handed on: per-head places with a
-    width are flat (batch, seq, heads x head_dim); one head's slice where ``head`` is set."""
-    value = _flat(address, _whole(model, address))
+    width are flat (batch, seq, heads x head_dim); one head's slice where ``head`` is set,
+    once the tensor is seen to hold the heads the address states."""
+    native = _whole(model, address)
+    value = _flat(address, native)
     if address.head is not None:
+        _checked(address, native)
         value = value[_head_slice(address)]
     return value
 
@@ -508,6 +682,8 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
     native = _whole(model, address)
     flat = _flat(address, native)
+    if address.head is not None:
+        _checked(address, native)
     check_write(address, value, flat)
     if address.head is not None:
         whole = flat.clone()
@@ -573,12 +749,14 @@ class Plan:
         steps = [Step(a) for a in reads] + [Step(a, True, v) for a, v in writes]
         return Plan(tuple(sorted(steps, key=lambda s: (s.address.rank, not s.write))))
 
-    def run(self, model: Any, inputs: Any) -> dict[ComponentAddress, Any]:
-        """Run the plan in one trace; return what was read, by address."""
+    def run(self, model: Any, inputs: Any, held: bool = False) -> dict[ComponentAddress, Any]:
+        """Run the plan in one trace; return what was read, by address. With ``held``,
+        a read returns the whole tensor as the model holds it (a per-head place before
+        it is handed on flat), to see the heads it holds."""
         saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
         sources = _prepare_sources(model, [s.address for s in self.steps])
         try:
-            self._trace(model, inputs, sources, saved)
+            self._trace(model, inputs, sources, saved, held)
         except (OperationNotFound, PlaceUnavailable, WriteRefused, ComponentError) as exc:
             # nnsight wraps what a trace body raises in its own traceback text; hand the
             # caller our message as it was written
@@ -594,6 +772,7 @@ class Plan:
         inputs: Any,
         sources: dict[tuple[int | None, str], list[ComponentAddress]],
         saved: list[tuple[ComponentAddress, Any]],
+        held: bool = False,
     ) -> None:
         with model.trace(inputs):
             touched: set[tuple[int | None, str]] = set()
@@ -605,6 +784,8 @@ class Plan:
                         _interior_op(model, address).source  # noqa: B018 - installs the nested source
                 if step.write:
                     write(model, step.address, step.value)
+                elif held:
+                    saved.append((step.address, _whole(model, step.address).save()))
                 else:
                     saved.append((step.address, read(model, step.address).save()))
 
@@ -668,11 +849,14 @@ def component_status(
 __all__ = [
     "ComponentAddress",
     "ComponentError",
+    "HeadSizeUnknown",
     "PlaceUnavailable",
     "Plan",
     "Step",
     "WriteRefused",
     "component_status",
+    "head_size",
+    "layout_mismatch",
     "locate",
     "read",
     "write",

@@ -16,7 +16,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from causalab_mini.address import Address, IOType, StructuralEntry
-from causalab_mini.generated import LAYER_KINDS, STRUCTURAL_ADDRESSES
+from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
 from .ops import find_op, op_path
 
@@ -429,9 +429,24 @@ class Internals(Mapping[str, Place]):
             else:
                 hit = cond.holds_for_config(layer_config(self.model.text_config, layer))
             if hit:
+                if cond.kind == "structure_unknown":
+                    known = self._structure_unknown(name)
+                    if known is not None:
+                        return known
                 return item.message(name)
         _, reason = self._resolve(name, row, layer)
         return reason
+
+    def _structure_unknown(self, name: str) -> str | None:
+        """Where no block structure applies to the model, the reason its family gives
+        (its structure_unknown_reason, {place} filled in), else None."""
+        if self.model.block_structure is not None:
+            return None
+        for family in self.model.families:
+            reason = FAMILY_STRUCTURE_UNKNOWN.get(family)
+            if reason is not None:
+                return reason.replace("{place}", name)
+        return None
 
     def _resolve(
         self, name: str, row: Address, layer: int | None
@@ -466,6 +481,9 @@ class Internals(Mapping[str, Place]):
         per_structure = STRUCTURAL_ADDRESSES.get(name, {})
         entry: StructuralEntry | None = per_structure.get(structure) if structure else None
         if entry is None:
+            known = self._structure_unknown(name)
+            if known is not None:
+                return None, known
             return None, (
                 f"{name} depends on the block structure, and no rule in "
                 f"registry/block_structures.yaml matches {self.model_class} (model_type "

@@ -1521,6 +1521,10 @@ def render_family(sc: Scaffold, *, rule_written: bool = False) -> str:
         out += _comment(f"Block structure: {sc.structure}, verified: {sc.structure_evidence}.")
     else:
         out += _comment(f"DECIDE the block structure: {sc.structure_evidence}.")
+        out += _comment(
+            "Where none of the structures applies, give no rule and say why in "
+            "structure_unknown_reason: (the reason of every structural place; see dory.yaml)."
+        )
     others = [
         f"{t.name} ({t.ruled_out or t.evidence})" for t in trials.values() if t.name != sc.structure
     ]

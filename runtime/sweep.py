@@ -56,14 +56,20 @@ class Result:
 
 
 class _Checks:
-    """Collects, per component, the checks that covered it and whether they held."""
+    """Collects, per component, the checks that covered it and whether they held.
+    A guard (the layout a per-head component states) can break a component but never
+    certifies one: it says nothing of the values."""
 
     def __init__(self) -> None:
         self.by_component: dict[str, list[tuple[str, bool, str]]] = {}
+        self.guards: dict[str, list[tuple[str, bool, str]]] = {}
 
     def add(self, components: Iterable[str], name: str, ok: bool, detail: str = "") -> None:
         for component in components:
             self.by_component.setdefault(component, []).append((name, ok, detail))
+
+    def guard(self, component: str, name: str, ok: bool, detail: str = "") -> None:
+        self.guards.setdefault(component, []).append((name, ok, detail))
 
 
 def _close(a: Any, b: Any, atol: float = 1e-4) -> tuple[bool, str]:
@@ -121,6 +127,7 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for key, address in whole.items():
             ok, d = _close(alone[address], v[key]) if hasattr(v[key], "shape") else (True, "")
             checks.add([key[0]], "read alone == read with the layers' places", ok, d)
+    heads_refused = _layout_checks(model, inputs, addresses, checks)
     layers = range(n)
 
     def have(*names: str, layer: int | None = None) -> bool:
@@ -290,7 +297,7 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if name in result:
             continue
         done = checks.by_component.get(name, [])
-        failed = [c for c in done if not c[1]]
+        failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
         if failed:
             result[name] = {
                 "state": "broken",
@@ -306,7 +313,42 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             result[name] = {"state": "ok", "checks": sorted({c[0] for c in done})}
         if name in partial:
             result[name].update(partial[name])
+        if name in heads_refused:
+            result[name]["heads_refused"] = heads_refused[name]
     return result
+
+
+def _layout_checks(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    checks: _Checks,
+) -> dict[str, str]:
+    """Each per-head component's stated layout against the tensor the model holds
+    there, per layer: the heads on their axis, the head size (bhsd, bshd), heads x
+    head size == the last axis as handed on (and the stated width). A component whose
+    head size is not stated unambiguously reads whole and refuses one head: the
+    reason is returned by component, to be said beside its state."""
+    from causalab_mini.components import Plan, layout_mismatch
+
+    per_head = {
+        key: a for key, a in addresses.items() if a.per_head != "none" and a.layout is not None
+    }
+    refused: dict[str, str] = {}
+    if not per_head:
+        return refused
+    held = Plan.of(reads=per_head.values()).run(model, inputs, held=True)
+    for (name, layer), address in per_head.items():
+        reason = layout_mismatch(address, tuple(held[address].shape))
+        if address.head_size_unknown is not None:
+            refused.setdefault(name, address.head_size_unknown)
+        checks.guard(
+            name,
+            "the heads and head size stated == the tensor's, heads x head size == its width",
+            reason is None,
+            reason or f"layer {layer}",
+        )
+    return refused
 
 
 def _read_all(

@@ -394,3 +394,78 @@ def test_head_counts_are_read_off_each_layers_attention() -> None:
         doubled = kinds[layer] == "sliding_attention"
         assert keys[layer].heads == (2 * kv if doubled else kv)
         assert out[keys[layer]].shape[-1] == keys[layer].width
+
+
+@pytest.mark.parametrize("spec", ["minicpm3", "deepseek_v3", "deepseek_v3?v_head_dim=24"])
+def test_one_head_of_latent_attention_is_sliced_by_the_modules_head_sizes(spec: str) -> None:
+    # Multi-head latent attention: the config's head_dim is qk_rope_head_dim (8), the
+    # queries and keys are qk_nope + qk_rope (16) a head, the mixed values v_head_dim
+    # (16; 24 with the override, to tell the two sizes apart)
+    model = eager(spec)
+    layer = 1
+    module = model.layers[layer].self_attn._module
+    assert model.text_config.head_dim == model.text_config.qk_rope_head_dim != module.qk_head_dim
+    sizes = {
+        "attention_query": module.qk_head_dim,
+        "attention_key": module.qk_head_dim,
+        "attention_z": module.v_head_dim,
+    }
+    whole = {name: locate(model, name, layer) for name in sizes}
+    heads = {(name, h): locate(model, name, layer, head=h) for name in sizes for h in (0, 3)}
+    inputs = c.sample_inputs(model)
+    out = Plan.of(reads=[*whole.values(), *heads.values()]).run(model, inputs)
+    held = Plan.of(reads=whole.values()).run(model, inputs, held=True)
+    for name, hd in sizes.items():
+        flat = out[whole[name]]
+        assert whole[name].head_dim == hd
+        assert flat.shape[-1] == module.num_heads * hd == whole[name].width
+        for h in (0, 3):
+            address = heads[(name, h)]
+            assert address.head_dim == hd and address.width == hd
+            one = out[address]
+            # the module's own head axis (bhsd for q and k, bshd for z) ...
+            native = held[whole[name]]
+            expected = native[:, h] if whole[name].layout == "bhsd" else native[:, :, h]
+            assert torch.equal(one, expected), (name, h)
+            # ... and the flat tensor sliced by the module's head size
+            assert torch.equal(one, flat[..., h * hd : (h + 1) * hd]), (name, h)
+
+
+def test_a_head_whose_size_the_tensor_contradicts_is_refused_not_sliced() -> None:
+    model = eager("minicpm3")
+    address = locate(model, "attention_query", 1, head=1)
+    wrong = dataclasses.replace(address, head_dim=8, width=8)  # the config's head_dim
+    with pytest.raises(ComponentError, match=r"holds heads of size 16 .*head size of 8"):
+        Plan.of(reads=[wrong]).run(model, c.sample_inputs(model))
+
+
+def test_a_value_head_size_left_open_refuses_one_head() -> None:
+    # an attention module that states a q/k head size apart from its head_dim and no
+    # value head size: which width each head of z has is open
+    model = StandardizedTransformer("tiny:llama", enable_attention_probs=True)
+    module = model.layers[1].self_attn._module
+    module.qk_head_dim = 2 * module.head_dim
+    with pytest.raises(ComponentError, match="the value head size of layer 1 is not stated"):
+        locate(model, "attention_z", 1, head=0)
+    whole = locate(model, "attention_z", 1)
+    assert whole.head_dim is None and whole.width is None
+    assert "the value head size of layer 1 is not stated" in str(whole.head_size_unknown)
+    assert locate(model, "attention_query", 1).head_dim == 2 * module.head_dim
+    assert locate(model, "attention_z", 0, head=0).head_dim == module.head_dim  # layer 0 as is
+
+
+def test_key_heads_are_those_the_attention_function_receives() -> None:
+    # JetMoE tiles its key/value heads top_k times before the attention call and says
+    # num_key_value_groups = 1: the keys read have num_heads heads, not
+    # num_key_value_heads
+    model = eager("jetmoe")
+    module = model.layers[1].self_attn._module
+    assert module.num_key_value_groups == 1 and module.num_key_value_heads < module.num_heads
+    whole = locate(model, "attention_key", 1)
+    last = locate(model, "attention_key", 1, head=module.num_heads - 1)
+    assert whole.heads == module.num_heads
+    inputs = c.sample_inputs(model)
+    held = Plan.of(reads=[whole]).run(model, inputs, held=True)[whole]
+    assert held.shape[1] == module.num_heads and whole.width == held.shape[1] * held.shape[3]
+    one = Plan.of(reads=[last]).run(model, inputs)[last]
+    assert torch.equal(one, held[:, module.num_heads - 1])

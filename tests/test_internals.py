@@ -204,6 +204,27 @@ def test_status_on_a_parallel_block_says_why() -> None:
     assert status["attentions_output"] is None and status["mlps_output"] is None
 
 
+def test_a_family_says_why_no_block_structure_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dory's family gives structure_unknown_reason: it is the reason of every
+    # structural place (those resolved through structural.yaml, and those refused
+    # where the structure is unknown), with the place's name filled in
+    model = load("tiny:dory")
+    assert model.block_structure is None and model.families == ("dory",)
+    status = model.internals.status()
+    for row in ("attentions_norm_output", "layers_mid", "mlps_neurons", "attentions_output"):
+        assert status[row] is not None
+        assert status[row].startswith(
+            f"{row} is refused on Dory: it is one of the places a block structure defines"
+        ), status[row]
+    # without the family's reason, the generic one (add a rule)
+    from causalab_mini import internals
+
+    monkeypatch.setattr(internals, "FAMILY_STRUCTURE_UNKNOWN", {})
+    other = StandardizedTransformer("tiny:dory").internals.status()
+    assert "no rule in registry/block_structures.yaml matches" in str(other["layers_mid"])
+    assert "no rule in registry/block_structures.yaml gives" in str(other["attentions_output"])
+
+
 def test_status_runs_no_forward_pass() -> None:
     model = StandardizedTransformer("tiny:llama")
     calls: list[int] = []

@@ -237,6 +237,20 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "families/zeta.yaml:7:20: X015 [zeta] ignore_ln_final says the model has no final norm, so ln_final_output must be refused: give it 'unavailable: [{when: always, reason: ...}]' under addresses, naming what to read instead",
         ],
     ),
+    "X016": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family a rule covers.\n"
+                "match:\n  model_types: [llama]\n"
+                "structure_unknown_reason: '{place} is refused: no structure applies.'\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:6:27: X016 [zeta] structure_unknown_reason says no block structure applies, and a rule in block_structures.yaml gives llama one; drop the reason or the rule",
+        ],
+    ),
 }
 
 
@@ -262,6 +276,19 @@ def test_package_registry_and_fixture_are_clean() -> None:
 
     assert lint()[1] == []
     assert lint(FIXTURE)[1] == []
+
+
+def test_a_family_that_says_why_no_structure_applies_needs_no_rule(registry_copy: Path) -> None:
+    # X014's family, with the reason every structural place is refused for
+    _apply(registry_copy, CASES["X014"][0])
+    edit(
+        registry_copy / "families/zeta.yaml",
+        "  model_types: [zeta]\n",
+        "  model_types: [zeta]\nstructure_unknown_reason: >-\n  {place} is refused: no structure applies.\n",
+    )
+    assert lint(registry_copy)[1] == []
+    edit(registry_copy / "families/zeta.yaml", "{place} is refused", "{row} is refused")
+    assert [d.code for d in lint(registry_copy)[1]] == ["X010"]
 
 
 @pytest.mark.parametrize("code", sorted(CASES))

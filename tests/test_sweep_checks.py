@@ -7,6 +7,7 @@ import pytest
 
 from causalab_mini import RenameConfig
 from causalab_mini import certify as c
+from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.sweep import certify, run_one
 
@@ -102,8 +103,16 @@ def test_the_mlp_is_called_with_the_other_arguments_it_was_given() -> None:
 
 def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
     # Dory's model.norm runs 2 + n_recurrent_loops times: ln_final read with the
-    # layers' places is the final call, read alone the first; the sweep says so
-    components = run_one("tiny:dory").components
+    # layers' places is the final call, read alone the first; the sweep says so. (Its
+    # family reads ln_final at the unembedding's input and refuses the layers' places
+    # while the loops repeat; here the default rows are put back.)
+    rows = ("ln_final_output", "layers_input", "layers_output")
+    model = StandardizedTransformer(
+        "tiny:dory",
+        enable_attention_probs=True,
+        rename_config=RenameConfig(addresses={row: DEFAULT_ADDRESSES[row] for row in rows}),
+    )
+    components = certify(model, c.sample_inputs(model))
     ln_final = components["ln_final"]
     assert ln_final["state"] == "broken"
     assert ln_final["reason"].startswith("read alone == read with the layers' places")
@@ -182,3 +191,42 @@ def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read() 
     assert mid["checks"] == ["the MLP's norm(layers_mid) == mlps_norm_output"]
     llama = run_one("tiny:llama").components["block_mid"]
     assert "the MLP's norm(layers_mid) == mlps_norm_output" not in llama["checks"]
+
+
+def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the config's head_dim of a latent-attention model is the rope part (8), not the
+    # q/k (16) or value (16) head size: a per-head component stating it is broken
+    from causalab_mini import components
+
+    model = StandardizedTransformer("tiny:deepseek_v3", enable_attention_probs=True)
+    assert model.text_config.head_dim == 8
+    monkeypatch.setattr(components, "head_size", lambda m, layer, kind: m.text_config.head_dim)
+    result = certify(model, c.sample_inputs(model))
+    for name in ("attention_query", "attention_key", "attention_z", "attention_premix"):
+        item = result[name]
+        assert item["state"] == "broken", (name, item)
+        assert item["reason"].startswith(
+            "the heads and head size stated == the tensor's, heads x head size == its width"
+        )
+    assert "holds heads of size 16" in result["attention_query"]["reason"]
+    assert "states 4 heads x 8 = 32" in result["attention_premix"]["reason"]
+    # the values themselves are right: the rest certifies
+    for name in ("attention_scores", "attention_probs", "block_output"):
+        assert result[name]["state"] == "ok", result[name]
+
+
+def test_a_family_no_block_structure_applies_to_certifies_what_it_keeps() -> None:
+    # Dory: no block structure applies (structure_unknown_reason), and the layers'
+    # places are refused while its loops repeat; the rest certifies, nothing broken
+    result = run_one("tiny:dory")
+    assert result.outcome == "certified" and result.structure is None
+    assert result.counts()["broken"] == 0, result.components
+    for name in ("ln_final", "lm_head", "logits", "embeddings"):
+        assert result.components[name]["state"] == "ok", result.components[name]
+    for name in ("block_mid", "attention_output", "mlp_neuron_output", "attention_premix"):
+        item = result.components[name]
+        assert item["state"] == "refused"
+        assert (
+            "is refused on Dory: it is one of the places a block structure defines"
+            in (item["reason"])
+        )
