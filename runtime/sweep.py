@@ -758,6 +758,7 @@ def _qk_product(
 GATE_CALLS: tuple[tuple[str, str], ...] = (
     ("sigmoid", "torch.sigmoid("),
     ("sigmoid", "F.sigmoid("),
+    ("sigmoid", "gate.sigmoid("),  # the tensor method on a projection named gate (Dots3)
     ("softplus", "F.softplus("),
     ("softplus", "nn.functional.softplus("),
 )
@@ -766,11 +767,14 @@ GATE_CALLS: tuple[tuple[str, str], ...] = (
 def gated(z: Any, gate: Any) -> Any:
     """``z`` (b, s, heads x head_dim, flat) times an output gate, as a gated attention
     applies it before its output projection: one gate value per feature (a gate of
-    z's shape, or (b, s, heads, head_dim)) or per head (b, s, heads). A gate of any
+    z's shape, or (b, s, heads, head_dim)) or per head ((b, s, heads) or (b, s, heads,
+    1)). A gate of any
     other shape is returned as is, so the check that compares the product fails
     rather than guessing."""
     if tuple(gate.shape) == tuple(z.shape):
         return z * gate.to(z.dtype)
+    if gate.dim() == 4 and gate.shape[-1] == 1:
+        gate = gate[..., 0]  # one value per head, kept broadcastable: (b, s, heads, 1) (Dots3)
     if gate.dim() == 4 and tuple(gate.flatten(2).shape) == tuple(z.shape):
         # one value per feature, held per head: (b, s, heads, head_dim) (Beam)
         return z * gate.flatten(2).to(z.dtype)

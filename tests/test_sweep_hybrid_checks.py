@@ -40,6 +40,14 @@ def test_a_per_feature_gate_held_per_head_multiplies_each_feature() -> None:
     assert _close(gated(z, gate), z * gate.flatten(2))[0]
 
 
+def test_a_per_head_gate_with_a_trailing_axis_multiplies_each_head_slice() -> None:
+    z = torch.randn(2, 5, 12)  # 3 heads of 4; Dots3's gate is (b, s, heads, 1)
+    gate = torch.sigmoid(torch.randn(2, 5, 3, 1))
+    expected = torch.cat([z[..., 4 * h : 4 * (h + 1)] * gate[..., h, :] for h in range(3)], -1)
+    assert _close(gated(z, gate), expected)[0]
+    assert not _close(gated(z, gate), z * gate.mean())[0]
+
+
 def test_a_gate_of_another_shape_is_not_guessed() -> None:
     z = torch.randn(2, 5, 12)
     gate = torch.sigmoid(torch.randn(2, 5, 5))  # 5 does not divide 12
