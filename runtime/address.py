@@ -244,23 +244,6 @@ class RenameConfig:
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
-    def rename_dict(self) -> dict[str, str]:
-        """The container names as the ``rename`` mapping nnsight takes."""
-        targets = {
-            "model_name": "model",
-            "layers_name": "layers",
-            "embed_name": "embed_tokens",
-            "attn_name": "self_attn",
-            "mlp_name": "mlp",
-            "ln_final_name": "ln_final",
-            "lm_head_name": "lm_head",
-        }
-        out: dict[str, str] = {}
-        for attr, standard in targets.items():
-            for value in names(getattr(self, attr)):
-                out[value] = standard
-        return out
-
 
 @dataclass(frozen=True)
 class BlockStructure:
