@@ -119,15 +119,21 @@ def _sources(registry: Registry, patterns: tuple[str, ...]) -> list[_Source]:
     return [_Source(n, _sha(registry.sources[n])) for n in seen]
 
 
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
+def template_environment(*, autoescape: bool) -> jinja2.Environment:
+    """The Jinja environment over codegen/templates: strict about undefined names, and
+    escaping (for the SVG diagram) or not (for Python and markdown)."""
+    return jinja2.Environment(
         loader=jinja2.PackageLoader("causalab_mini.codegen", "templates"),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
-        autoescape=False,
+        autoescape=autoescape,
     )
+
+
+def _environment() -> jinja2.Environment:
+    env = template_environment(autoescape=False)
     env.filters["py"] = to_source
     return env
 

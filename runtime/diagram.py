@@ -448,16 +448,9 @@ def _scale(scene: Scene, b: _Block, place: str, x: float, y: float) -> None:
 
 def render_svg(scene: Scene) -> str:
     """The scene as plain SVG (every text escaped)."""
-    import jinja2
+    from causalab_mini.codegen.generate import template_environment
 
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("causalab_mini.codegen", "templates"),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=True,
-    )
+    env = template_environment(autoescape=True)
     env.filters["n"] = lambda v: f"{float(v):g}"
     return env.get_template("block.svg.j2").render(scene=scene, LINE=LINE)
 
