@@ -146,18 +146,25 @@ def model_command(
         width = max(len(str(r["name"])) for r in rows)
         for r in rows:
             if r["ok"]:
-                if places:
-                    detail = str(r["where"])
-                else:
-                    detail = "" if r["width"] is None else f"width={r['width']}"
-                    if r["op"]:
-                        detail += f"{'  ' if detail else ''}op={r['op']}"
-                click.echo(f"  {r['name']!s:{width}}  ok   {detail}".rstrip())
+                click.echo(f"  {r['name']!s:{width}}  ok   {_detail(r, places)}".rstrip())
             else:
-                reason = str(r["reason"]).split("\n", 1)[0]
-                click.echo(f"  {r['name']!s:{width}}  --   {reason}")
+                click.echo(f"  {r['name']!s:{width}}  --   {_first_line(r['reason'])}")
     if strict and any(not r["ok"] for r in rows):
         sys.exit(1)
+
+
+def _detail(row: dict[str, object], places: bool) -> str:
+    """What an ok row shows: where the place is read, or a component's width and op."""
+    if places:
+        return str(row["where"])
+    parts = [] if row["width"] is None else [f"width={row['width']}"]
+    if row["op"]:
+        parts.append(f"op={row['op']}")
+    return "  ".join(parts)
+
+
+def _first_line(reason: object) -> str:
+    return str(reason).split("\n", 1)[0]
 
 
 def _print_table(
@@ -181,15 +188,10 @@ def _print_table(
     table.add_column("where" if places else "width / op")
     for r in rows:
         if r["ok"]:
-            if places:
-                detail = str(r["where"])
-            else:
-                detail = "" if r["width"] is None else f"width={r['width']}"
-                detail += f"  op={r['op']}" if r["op"] else ""
-            table.add_row(str(r["name"]), "[green]ok[/]", escape(detail.strip()))
+            table.add_row(str(r["name"]), "[green]ok[/]", escape(_detail(r, places)))
         else:
-            reason = str(r["reason"]).split("\n", 1)[0]
-            table.add_row(str(r["name"]), "[red]--[/]", f"[red]{escape(reason)}[/]")
+            reason = escape(_first_line(r["reason"]))
+            table.add_row(str(r["name"]), "[red]--[/]", f"[red]{reason}[/]")
     Console().print(table)
 
 
