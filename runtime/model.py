@@ -5,13 +5,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import nnterp
-from nnterp.rename_utils import AttnProbFunction
-from nnterp.rename_utils import RenameConfig as NnterpRenameConfig
+from causalab_mini import compat
 
-from causalab_mini.address import Address, FamilyMatch, RenameConfig
-from causalab_mini.address import names as container_paths
-from causalab_mini.generated import (
+compat.install()  # before nnterp is imported: its nnsight 0.8 bridges (none on 0.6/0.7)
+
+import nnterp  # noqa: E402
+from nnterp.rename_utils import AttnProbFunction  # noqa: E402
+from nnterp.rename_utils import RenameConfig as NnterpRenameConfig  # noqa: E402
+
+from causalab_mini.address import Address, FamilyMatch, RenameConfig  # noqa: E402
+from causalab_mini.address import names as container_paths  # noqa: E402
+from causalab_mini.generated import (  # noqa: E402
     BLOCK_STRUCTURE_RULES,
     DEFAULT_ADDRESSES,
     FAMILY_ADDRESSES,
@@ -19,9 +23,9 @@ from causalab_mini.generated import (
     FAMILY_RENAME,
 )
 
-from .internals import Internals, Place, RenameError
-from .ops import find_op
-from .tiny import resolve_model_spec
+from .internals import Internals, Place, RenameError  # noqa: E402
+from .ops import find_op  # noqa: E402
+from .tiny import resolve_model_spec  # noqa: E402
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .compat import forward_key, parsed_source, source_identity
+
 
 class OperationNotFound(LookupError):
     """A row's needle matches no operation, or several, in a forward's source."""
@@ -24,14 +26,15 @@ def needle_prefix(needle: str) -> str:
 
 
 def candidates(accessor: Any, needle: str) -> list[str]:
-    """Operation names of ``accessor`` (an nnsight SourceAccessor) that ``needle`` hits."""
+    """Operation names of ``accessor`` (a parsed forward: nnsight 0.8's ``Source``, 0.7's
+    ``SourceAccessor``, 0.6's source envoy) that ``needle`` hits."""
     stem = re.compile(rf"^{re.escape(needle_prefix(needle))}_\d+$")
-    lines = accessor.source.split("\n")
+    source, line_of = parsed_source(accessor)
+    lines = source.split("\n")
     hits = []
-    for name, line_number in accessor.line_numbers.items():
+    for name, index in line_of.items():
         if not stem.match(name):
             continue
-        index = line_number + 1
         text = lines[index] if 0 <= index < len(lines) else ""
         if _calls(text, needle):
             hits.append(name)
@@ -53,11 +56,13 @@ def _calls(text: str, needle: str) -> bool:
 
 
 def op_path(op: Any) -> str:
-    """An operation's dotted path (``.path`` in nnsight 0.7, ``.name`` in 0.6)."""
+    """An operation's dotted path (``.path`` in nnsight 0.7 and 0.8, ``.name`` in 0.6)."""
     return str(getattr(op, "path", None) or op.name)
 
 
-_CACHE: dict[tuple[int, str], str] = {}
+# (id of a parsed forward, needle) -> (that parsed forward, the operation's name); the
+# parsed forward is held so that its id is not reused by another while cached
+_CACHE: dict[tuple[int, str], tuple[Any, str]] = {}
 
 
 def find_op(
@@ -69,16 +74,20 @@ def find_op(
     model_class: str,
 ) -> Any:
     """The OperationEnvoy of ``source_envoy`` that ``needle`` names, or a refusal."""
-    # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
-    accessor = getattr(source_envoy, "accessor", source_envoy)
-    key = (id(accessor), needle)
-    name = _CACHE.get(key)
-    if name is None:
+    # nnsight 0.8 keeps the parsed forward on .compiled (a new Source per read), 0.7
+    # on an accessor, 0.6 on the source envoy
+    parsed = source_identity(source_envoy)
+    key = (id(parsed), needle)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is parsed:
+        name = hit[1]
+    else:
+        accessor = getattr(source_envoy, "accessor", source_envoy)
         hits = candidates(accessor, needle)
         if len(hits) != 1:
             raise OperationNotFound(_message(accessor, needle, hits, row, module, model_class))
         name = hits[0]
-        _CACHE[key] = name
+        _CACHE[key] = (parsed, name)
     return getattr(source_envoy, name)
 
 
@@ -94,7 +103,7 @@ def op_name(envoy: Any, needle: str, *, row: str, module: str, model_class: str)
     resolving layer 79 neither opens that layer's ``.source`` (nnsight parses and
     rewrites the forward for every module it opens) nor searches it again.
     """
-    forward = _true_forward(envoy._module)
+    forward = forward_key(envoy._module)
     key = (forward, needle)
     name = _OP_NAMES.get(key) if forward is not None else None
     if name is None:
@@ -103,18 +112,6 @@ def op_name(envoy: Any, needle: str, *, row: str, module: str, model_class: str)
         if forward is not None:
             _OP_NAMES[key] = name
     return name
-
-
-def _true_forward(module: Any) -> Any | None:
-    """The function nnsight reads the source of (None where that cannot be said)."""
-    try:
-        from nnsight.intervention.source import resolve_true_forward
-    except ImportError:
-        return None
-    try:
-        return resolve_true_forward(module)
-    except Exception:
-        return None
 
 
 def _message(

@@ -161,7 +161,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     # oracles written by others
     with torch.no_grad():
         hf = model._model(
-            **inputs, output_hidden_states=True, output_attentions=model.attention_probs_enabled
+            **cert.forward_inputs(model, inputs),
+            output_hidden_states=True,
+            output_attentions=model.attention_probs_enabled,
         )
     hidden = hf.hidden_states
     attention_layers = [layer for layer in layers if ("attention_probs", layer) in v]
