@@ -178,6 +178,17 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     ) -> None:
         if isinstance(model, str):
             model = resolve_model_spec(model)
+        if enable_attention_probs and "attn_implementation" in kwargs:
+            # nnterp 1.3.0 checks this value and then passes it to nnsight a second
+            # time beside its own "eager" (a TypeError); the probabilities imply eager
+            implementation = kwargs.pop("attn_implementation")
+            if implementation != "eager":
+                raise ValueError(
+                    f"enable_attention_probs=True needs eager attention, and "
+                    f"attn_implementation={implementation!r} was given: drop "
+                    "attn_implementation (the probabilities imply 'eager') or pass "
+                    "enable_attention_probs=False"
+                )
         kwargs.setdefault("device_map", "cpu")
         class_names, model_type, config = _class_names_before_load(model, kwargs)
         families = _families(class_names, model_type, config)
