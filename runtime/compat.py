@@ -183,13 +183,12 @@ def alias_target(envoy: Any, name: str) -> str | None:
     (``_alias.alias_to_name`` on nnsight 0.6/0.7; ``_aliases`` on 0.8.)"""
     d = envoy.__dict__
     alias = d.get("_alias")
+    target: str | None = None
     if alias is not None:
-        target: str | None = alias.alias_to_name.get(name)
-        return target
-    aliases = d.get("_aliases")
-    if aliases is not None and not name.startswith(OVERLOAD_PREFIX):
-        return aliases.get(name)
-    return None
+        target = alias.alias_to_name.get(name)
+    elif not name.startswith(OVERLOAD_PREFIX):
+        target = (d.get("_aliases") or {}).get(name)
+    return target
 
 
 def aliases_of(envoy: Any) -> dict[str, list[str]]:

@@ -516,17 +516,18 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
     its output gate, with their kinds: each needle naming exactly one operation, made
     after the call that returns attention_z (a gate multiplies it; Doge's softplus
     before the call shapes the mask, not the output)."""
+    from causalab_mini.compat import parsed_source
     from causalab_mini.ops import OperationNotFound, find_op, op_path
 
     internals = model.internals
     path = internals["attentions"].address_at(layer).module
     source = _module(model, layer, path).source
-    accessor = getattr(source, "accessor", source)
+    _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
     where["model_class"] = internals.model_class
 
     def line(op: Any) -> int:
-        return int(accessor.line_numbers[op_path(op).split(".")[-1]])
+        return line_of[op_path(op).split(".")[-1]]
 
     try:  # the call that returns attention_z
         call = line(find_op(source, z_address.needles[0], **where))
