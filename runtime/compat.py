@@ -205,6 +205,23 @@ def aliases_of(envoy: Any) -> dict[str, list[str]]:
     return out
 
 
+def shared_path(envoy: Any, name: str) -> str | None:
+    """Where the child ``name`` of ``envoy`` is a second path to a module the tree
+    already holds (one module object in every layer, as GPT-1's activation), the first
+    path; else None. nnsight 0.8 gives such a module one envoy, at its first path, and
+    serves its calls in order, so a read through the second path sees the first call;
+    0.6/0.7 give each path its own envoy."""
+    if not is_08():
+        return None
+    d = envoy.__dict__
+    attribute = child_attribute(envoy, name)
+    first = (d.get("_aliases") or {}).get(attribute)
+    sub = d.get(attribute)
+    if first is None or getattr(sub, "path", None) != first:
+        return None  # not shared, or a rename alias (its target is a relative path)
+    return None if first == f"{envoy.path}.{name}" else str(first)
+
+
 def forward_key(module: Any) -> Any | None:
     """The function whose source nnsight parses for ``module``'s ``.source``: modules
     sharing it have the same operations under the same names (None where that cannot
@@ -271,5 +288,6 @@ __all__ = [
     "is_08",
     "nnsight_version",
     "parsed_source",
+    "shared_path",
     "source_identity",
 ]

@@ -18,7 +18,7 @@ from packaging.version import Version
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
-from .compat import alias_target, aliases_of, child_attribute
+from .compat import alias_target, aliases_of, child_attribute, shared_path
 from .ops import find_op, op_path
 
 
@@ -87,6 +87,30 @@ def child(envoy: Any, path: str) -> Any | None:
         if not isinstance(current, Envoy):
             return None
     return current
+
+
+def _shared_on(base: Any, path: str) -> str | None:
+    """The first path of a module that ``path`` below ``base`` reaches through a second
+    path (``compat.shared_path``), or None."""
+    current = base
+    for name in path.split("."):
+        first = shared_path(current, name)
+        if first is not None:
+            return first
+        current = getattr(current, child_attribute(current, name), None)
+        if current is None:
+            return None
+    return None
+
+
+def _shared_reason(name: str, module: str, first: str) -> str:
+    return (
+        f"{name} reads {module!r}, which here is the module object at {first} (one module "
+        "called by several layers, as a shared activation): nnsight 0.8 gives it one envoy "
+        "and serves its calls in order, so a read here would see that first call. A family "
+        f"row (or RenameConfig(addresses={{{name!r}: Address(...)}})) can read the layer's "
+        "own use of it instead, such as the input of the module that consumes it"
+    )
 
 
 def child_names(envoy: Any, depth: int = 2) -> list[str]:
@@ -472,6 +496,10 @@ class Internals(Mapping[str, Place]):
             )
         else:
             result = (row, None)
+        if result[0] is not None and result[0].module:
+            shared = _shared_on(base, result[0].module)
+            if shared is not None:
+                result = (None, _shared_reason(name, result[0].module, shared))
         self._resolved[key] = result
         return result
 
