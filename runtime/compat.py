@@ -254,7 +254,7 @@ def parsed_source(accessor: Any) -> tuple[str, dict[str, int]]:
     in ``text.split("\\n")``. nnsight 0.8: ``Source.compiled`` (``.source``, ``.names``,
     ``.lines`` 1-based); 0.6/0.7: ``.source`` and ``.line_numbers`` (0-based within the
     body, after the ``def`` line)."""
-    compiled = vars(accessor).get("compiled")  # never an operation's name
+    compiled = getattr(accessor, "__dict__", {}).get("compiled")  # never an op name
     if compiled is not None:
         return compiled.source, {name: compiled.lines[name] - 1 for name in compiled.names}
     return accessor.source, {name: line + 1 for name, line in accessor.line_numbers.items()}
@@ -263,7 +263,7 @@ def parsed_source(accessor: Any) -> tuple[str, dict[str, int]]:
 def source_identity(source_envoy: Any) -> Any:
     """The object a parsed forward lives on, stable across ``.source`` reads (0.8
     builds a new ``Source`` on each read around one ``Compiled``)."""
-    compiled = vars(source_envoy).get("compiled")
+    compiled = getattr(source_envoy, "__dict__", {}).get("compiled")
     if compiled is not None:
         return compiled
     return getattr(source_envoy, "accessor", source_envoy)

@@ -996,10 +996,13 @@ def summarize(results: list[Result]) -> dict[str, Any]:
 def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
+    from causalab_mini.internals import _installed
     from causalab_mini.tiny import causal_lm_model_types
 
     data = {
         "transformers": transformers.__version__,
+        "nnsight": _installed("nnsight"),
+        "nnterp": _installed("nnterp"),
         "seconds": round(seconds, 1),
         "summary": summarize(results),
         "all_model_types": len(causal_lm_model_types()),
@@ -1009,8 +1012,81 @@ def write_report(results: list[Result], path: Path, seconds: float) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def coverage_markdown(report: dict[str, Any]) -> str:
-    """docs/coverage.md from a sweep report and the registry's block structures."""
+def _versions_of(report: dict[str, Any]) -> str:
+    """``transformers 5.24.0, nnsight 0.7.0, nnterp 1.3.0`` (what the report records)."""
+    return ", ".join(
+        f"{package} {report[package]}"
+        for package in ("transformers", "nnsight", "nnterp")
+        if report.get(package)
+    )
+
+
+def _states(result: dict[str, Any]) -> dict[str, str]:
+    return {name: item["state"] for name, item in result["components"].items()}
+
+
+def _cell(text: str | None, limit: int = 240) -> str:
+    return (text or "").replace("|", "\\|").replace("\n", " ")[:limit]
+
+
+def _why(result: dict[str, Any]) -> str:
+    """An architecture's outcome in a cell: its counts where certified, else its reason."""
+    if result["outcome"] == "certified":
+        states = list(_states(result).values())
+        return f"certified: {states.count('ok')} ok, {states.count('refused')} refused"
+    return f"{result['outcome']}: {_cell(result['reason'])}"
+
+
+def differences_markdown(report: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """Where another sweep (another nnsight or transformers) differs from ``report``,
+    architecture by architecture: its outcome, or the components whose state differs,
+    with the reasons both runs give (one sentence where they agree)."""
+    here, there = _versions_of(report), _versions_of(other)
+    mine = {r["model_type"]: r for r in report["results"]}
+    theirs = {r["model_type"]: r for r in other["results"]}
+    s, o = report["summary"], other["summary"]
+    rows: list[str] = []
+    for name in sorted(set(mine) & set(theirs)):
+        a, b = mine[name], theirs[name]
+        if a["outcome"] != b["outcome"]:
+            rows.append(f"| {name} | {a['outcome']} -> {b['outcome']} | {_why(a)} | {_why(b)} |")
+            continue
+        sa, sb = _states(a), _states(b)
+        for component in sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k)):
+            ia, ib = a["components"].get(component, {}), b["components"].get(component, {})
+            rows.append(
+                f"| {name} | {component}: {sa.get(component)} -> {sb.get(component)} | "
+                f"{_cell(ia.get('reason'))} | {_cell(ib.get('reason'))} |"
+            )
+    only = sorted(set(mine) ^ set(theirs))
+    lines = ["", f"## Against {there}", ""]
+    if not rows and not only:
+        return [
+            *lines,
+            f"The sweep under {there} gives the same outcome and the same state "
+            "for every component of every architecture.",
+        ]
+    lines += [
+        f"The same sweep under {there}: {o['certified']} certified (here {s['certified']}), "
+        f"{o['ok']} ok ({s['ok']}), {o['refused']} refused ({s['refused']}), "
+        f"{o['broken']} broken ({s['broken']}), {o['unloadable']} do not load "
+        f"({s['unloadable']}), {o['crashed']} crashed ({s['crashed']}). Every architecture "
+        "not listed here has the same outcome and the same state for every component; "
+        "architectures that do not load under both are listed only where they load under "
+        "one.",
+        "",
+        f"| architecture | what differs ({here} -> {there}) | here | there |",
+        "|---|---|---|---|",
+        *rows,
+    ]
+    if only:
+        lines += ["", f"Swept in one run only: {', '.join(only)}."]
+    return lines
+
+
+def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = None) -> str:
+    """docs/coverage.md from a sweep report and the registry's block structures; with
+    ``against`` (another run's report), where that run differs."""
     from causalab_mini.generated import BLOCK_STRUCTURES
 
     s = report["summary"]
@@ -1019,7 +1095,7 @@ def coverage_markdown(report: dict[str, Any]) -> str:
         "report and the registry. -->",
         "# Coverage",
         "",
-        f"transformers {report['transformers']}: {s['architectures']} causal-LM architectures swept "
+        f"{_versions_of(report)}: {s['architectures']} causal-LM architectures swept "
         f"in {report['seconds']} s. {s['certified']} loaded and certified component by component; "
         f"{s['unbuildable']} cannot be built tiny, {s['unloadable']} do not load, "
         f"{s['crashed']} crashed, {s['timeout']} timed out.",
@@ -1057,6 +1133,8 @@ def coverage_markdown(report: dict[str, Any]) -> str:
     for text, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         cell = text[:400].replace("|", "\\|")
         lines.append(f"| {count} | {cell} |")
+    if against is not None:
+        lines += differences_markdown(report, against)
     return "\n".join(lines) + "\n"
 
 
@@ -1082,6 +1160,13 @@ def coverage_markdown(report: dict[str, Any]) -> str:
     default=None,
     help="Write the coverage table (markdown) here, e.g. docs/coverage.md.",
 )
+@click.option(
+    "--against",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="With --doc: another run's report (--out of a sweep under another nnsight or "
+    "transformers); the table lists where it differs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def sweep_command(
     only: str | None,
@@ -1090,6 +1175,7 @@ def sweep_command(
     out: Path | None,
     doc: Path | None,
     as_json: bool = False,
+    against: Path | None = None,
 ) -> None:
     """Certify every causal-LM architecture of the installed transformers: each of
     the 21 components ok (identities and oracles pass), refused (with the reason),
@@ -1099,6 +1185,7 @@ def sweep_command(
     Example:
       registry sweep --only llama,gpt2,bloom
       registry sweep --jobs 2 --out docs/coverage.json --doc docs/coverage.md
+      registry sweep --doc docs/coverage.md --against nnsight-0.8.json
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1160,7 +1247,8 @@ def sweep_command(
             report_path = Path(tempfile.mkstemp(suffix=".json")[1])
             write_report(results, report_path, seconds)
         doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(coverage_markdown(json.loads(report_path.read_text())))
+        other = json.loads(against.read_text()) if against is not None else None
+        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -214,3 +214,65 @@ def test_left_padded_places_hold_what_the_traced_forward_computes(
         assert c.compare("explicit position ids", layer, got, want).ok
         same = c.compare("as given", layer, plain[("layers_output", layer)][0, -n:], want).ok
         assert same == (compat.is_08() or counts_from_mask)
+
+
+def test_the_coverage_doc_lists_where_another_nnsight_differs() -> None:
+    from causalab_mini.sweep import coverage_markdown
+
+    def run(nnsight: str, results: list[dict[str, Any]]) -> dict[str, Any]:
+        summary = {"architectures": len(results), "unbuildable": 0, "timeout": 0, "broken": 0}
+        for key in ("certified", "unloadable", "crashed"):
+            summary[key] = sum(r["outcome"] == key for r in results)
+        for key in ("ok", "refused"):
+            summary[key] = sum(c["state"] == key for r in results for c in r["components"].values())
+        return {
+            "transformers": "5.24.0",
+            "nnsight": nnsight,
+            "seconds": 1.0,
+            "summary": summary,
+            "results": results,
+        }
+
+    def arch(name: str, outcome: str, reason: str | None = None, **states: str) -> dict[str, Any]:
+        components = {
+            k: {"state": v, "reason": None if v == "ok" else f"{k} {v} on {name}", "checks": []}
+            for k, v in states.items()
+        }
+        return {
+            "model_type": name,
+            "model_class": None,
+            "structure": None,
+            "outcome": outcome,
+            "reason": reason,
+            "components": components,
+        }
+
+    old = run(
+        "0.7.0",
+        [
+            arch("llama", "certified", block_input="ok", lm_head="ok"),
+            arch("vlm", "unloadable", "LanguageModel(...) can't load it"),
+            arch("gpt1", "certified", mlp_activation="ok"),
+        ],
+    )
+    new = run(
+        "0.8.1",
+        [
+            arch("llama", "certified", block_input="ok", lm_head="ok"),
+            arch("vlm", "certified", block_input="ok", lm_head="refused"),
+            arch("gpt1", "certified", mlp_activation="refused"),
+        ],
+    )
+    text = coverage_markdown(old, new)
+    assert "transformers 5.24.0, nnsight 0.7.0: 3 causal-LM architectures" in text
+    section = text.split("## Against transformers 5.24.0, nnsight 0.8.1\n", 1)[1]
+    assert "3 certified (here 2), 3 ok (3), 2 refused (0)" in section
+    assert (
+        "| vlm | unloadable -> certified | unloadable: LanguageModel(...) can't load it | "
+        "certified: 1 ok, 1 refused |" in section
+    )
+    assert "| gpt1 | mlp_activation: ok -> refused |  | mlp_activation refused on gpt1 |" in section
+    assert "| llama |" not in section
+    same = coverage_markdown(old, old)
+    assert "gives the same outcome and the same state for every component" in same
+    assert "## Against" not in coverage_markdown(old)
