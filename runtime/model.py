@@ -312,6 +312,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             return super().logits
         return self.internals["logits"]()
 
+    @logits.setter
+    def logits(self, value: Any) -> None:
+        """Refused like every write at the ``logits`` row (the model's own output)."""
+        self.internals["logits"].set(None, value)
+
     @property
     def token_embeddings(self) -> Any:
         """The token embeddings (the ``embeddings_output`` row)."""
