@@ -301,9 +301,7 @@ def write_keeps_earlier_reads(
         row = internals[other].row
         if row.io.value == "module":
             continue
-        layers: list[int | None] = (
-            list(range(internals.num_layers)) if row.per_layer else [None]
-        )
+        layers: list[int | None] = list(range(internals.num_layers)) if row.per_layer else [None]
         for at in layers:
             if internals[other].unavailable_on(at) is not None:
                 continue

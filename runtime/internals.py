@@ -278,11 +278,7 @@ class Place:
             return envoy
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
-            plain = (
-                address.select is None
-                and not _copied(address)
-                and address.scale is None
-            )
+            plain = address.select is None and not _copied(address) and address.scale is None
             self._reads[layer] = (envoy, attr, None if plain else address)
         return self._finish(address, getattr(envoy, attr))
 

@@ -530,8 +530,14 @@ def test_the_readme_trace_keeps_its_saved_read() -> None:
 @pytest.mark.parametrize(
     ("value", "message"),
     [
-        (lambda mid: torch.zeros(mid.shape[-1]), r"shape \(\d+,\) to layers_mid\[0\], which has shape"),
-        (lambda mid: mid.double(), r"layers_mid\[0\] holds torch.float32; the value is torch.float64"),
+        (
+            lambda mid: torch.zeros(mid.shape[-1]),
+            r"shape \(\d+,\) to layers_mid\[0\], which has shape",
+        ),
+        (
+            lambda mid: mid.double(),
+            r"layers_mid\[0\] holds torch.float32; the value is torch.float64",
+        ),
         (lambda mid: torch.zeros(3, 3), r"shape \(3, 3\) to layers_mid\[0\]"),
         (lambda mid: 0.0, r"cannot write a float to layers_mid\[0\]"),
     ],
@@ -571,13 +577,18 @@ def test_read_only_places_refuse_writes_on_every_spelling(
                 if spelling == "attribute" and name == "logits":
                     model.logits = torch.zeros(1)  # a property, as nnterp spells it
                 else:
-                    place = getattr(model, name) if spelling == "attribute" else model.internals[name]
+                    place = (
+                        getattr(model, name) if spelling == "attribute" else model.internals[name]
+                    )
                     place[layer] = torch.zeros(1)
 
 
 def test_a_component_name_in_internals_names_its_place() -> None:
     internals = load("tiny:llama").internals
-    with pytest.raises(KeyError, match=r"'block_mid' is a component name, not a place: the place it reads is 'layers_mid'"):
+    with pytest.raises(
+        KeyError,
+        match=r"'block_mid' is a component name, not a place: the place it reads is 'layers_mid'",
+    ):
         internals["block_mid"]
     with pytest.raises(KeyError, match=r"locate\(model, 'attention_query', layer\)"):
         internals["attention_query"]

@@ -249,7 +249,11 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
                 "  attentions_output:\n",
                 "  attentions_outptu:\n    io: output\n    order: 30\n",
             ),
-            ("families/gpt2.yaml", "  attention_probabilities:\n", "  attention_probabilities:\n    add: true\n"),
+            (
+                "families/gpt2.yaml",
+                "  attention_probabilities:\n",
+                "  attention_probabilities:\n    add: true\n",
+            ),
         ],
         [
             "block_structures.yaml:95:5: X008 [rules[9]] olmo2: the block is post_norm, where the default attentions_output names a different tensor; a family file matching olmo2 must replace attentions_output (see families/gemma2.yaml)",
@@ -354,8 +358,8 @@ def test_missing_registry_directory(tmp_path: Path) -> None:
 def test_a_component_cannot_take_writes_its_row_refuses(package_registry_copy: Path) -> None:
     edit(
         package_registry_copy / "components.yaml",
-        'width: vocab_size,\n     writable: false, why_read_only: "the model\'s output',
-        'width: vocab_size,\n     writable: true, why_read_only: "the model\'s output',
+        "width: vocab_size,\n     writable: false, why_read_only: \"the model's output",
+        "width: vocab_size,\n     writable: true, why_read_only: \"the model's output",
     )
     diags = [d for d in lint(package_registry_copy)[1] if d.code == "X013"]
     assert [d.row for d in diags] == ["logits"]
