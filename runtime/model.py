@@ -21,7 +21,7 @@ from causalab_mini.generated import (
 
 from .internals import Internals, Place, RenameError
 from .ops import find_op
-from .tiny import resolve_model_spec
+from .spec import prepare_model_spec
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(
@@ -107,7 +107,9 @@ def _class_names_before_load(
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = AutoConfig.from_pretrained(
-        model, trust_remote_code=kwargs.get("trust_remote_code", False)
+        model,
+        trust_remote_code=kwargs.get("trust_remote_code", False),
+        local_files_only=kwargs.get("local_files_only", False),
     )
     names = tuple(config.architectures or ())
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
@@ -173,7 +175,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         **kwargs: Any,
     ) -> None:
         if isinstance(model, str):
-            model = resolve_model_spec(model)
+            model, extra = prepare_model_spec(model, kwargs)
+            kwargs.update(extra)
         kwargs.setdefault("device_map", "cpu")
         class_names, model_type, config = _class_names_before_load(model, kwargs)
         families = _families(class_names, model_type, config)
