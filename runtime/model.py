@@ -21,6 +21,7 @@ from causalab_mini.generated import (
 
 from .internals import Internals, Place, RenameError
 from .ops import find_op
+from .quiet import quiet
 from .spec import prepare_model_spec
 
 # nnterp's own accessors, which the rows of the same names replace.
@@ -163,7 +164,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     ``model`` may be ``tiny:<model_type>`` (a tiny random checkpoint built locally), a
     hub id, a local directory or a loaded module. ``rename_config`` is
     causalab-mini's ``RenameConfig``: container names plus ``addresses`` of your own,
-    applied after the families'.
+    applied after the families'. Loading prints nothing but warnings; ``verbose=True``
+    shows nnterp's INFO lines and transformers' progress bars.
     """
 
     def __init__(
@@ -172,7 +174,18 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         *,
         rename_config: RenameConfig | None = None,
         enable_attention_probs: bool = False,
+        verbose: bool = False,
         **kwargs: Any,
+    ) -> None:
+        with quiet(verbose):
+            self._causalab_init(model, rename_config, enable_attention_probs, kwargs)
+
+    def _causalab_init(
+        self,
+        model: Any,
+        rename_config: RenameConfig | None,
+        enable_attention_probs: bool,
+        kwargs: dict[str, Any],
     ) -> None:
         if isinstance(model, str):
             model, extra = prepare_model_spec(model, kwargs)
@@ -229,9 +242,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         rename = dict(kwargs.pop("rename", None) or {})
         for embed in container_paths(merged.embed_name):
             rename.setdefault(embed, "embed_tokens")
-        # nnterp's load-time checks try scan() first; on a mixture of experts torch's
-        # fake tensors cannot run grouped matmuls and log a traceback before nnterp
-        # falls back to a trace. The fallback is nnterp's to make; the log is noise.
+        # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
+        # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)

@@ -1144,8 +1144,18 @@ def sweep_command(
             str(c["refused"]),
             str(c["broken"]),
         )
-    if not as_json:
+    if not as_json and sys.stdout.isatty():  # a terminal: the table, in colour
         Console().print(table)
+        click.echo(json.dumps(summarize(results)))
+    elif not as_json:  # piped: plain text, a line an architecture
+        click.echo(f"registry sweep: {len(results)} architectures in {seconds:.0f} s")
+        width = max((len(r.model_type) for r in results), default=0)
+        for r in results:
+            c = r.counts()
+            click.echo(
+                f"{r.model_type:{width}}  {r.structure or '-':16} {r.outcome:11} "
+                f"ok={c['ok']} refused={c['refused']} broken={c['broken']}"
+            )
         click.echo(json.dumps(summarize(results)))
     if out is not None:
         write_report(results, out, seconds)

@@ -708,7 +708,10 @@ def build_tiny(
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=base))
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
-            _materialize(model_type, tmp, seed, overrides or {})
+            from causalab_mini.quiet import quiet
+
+            with quiet():  # no "Writing model shards" / "Loading weights" bars
+                _materialize(model_type, tmp, seed, overrides or {})
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
