@@ -173,7 +173,8 @@ def _one_schema_error(loaded: Loaded, display: str, error: ValidationError) -> l
     where = _where(path)
     kind = error.validator
     if kind == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = sorted(error.schema.get("properties", {}))
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        allowed = sorted(schema.get("properties", {}))
         out = []
         for key in error.instance:
             if key not in allowed:
@@ -276,7 +277,7 @@ def _short(value: Any) -> str:
 
 def _explain(error: ValidationError) -> str:
     kind, value = error.validator, error.validator_value
-    if kind == "enum":
+    if kind == "enum" and isinstance(value, list):
         return f"{_short(error.instance)} is not one of {', '.join(map(repr, value))}"
     if kind == "const":
         return f"{_short(error.instance)} must be {value!r}"
