@@ -177,8 +177,15 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         verbose: bool = False,
         **kwargs: Any,
     ) -> None:
+        self.__dict__["_causalab_verbose"] = verbose
         with quiet(verbose):
             self._causalab_init(model, rename_config, enable_attention_probs, kwargs)
+
+    def dispatch(self) -> None:
+        """nnsight's dispatch (the real weights loaded at the first trace of a model
+        built on the meta device), as quiet as the load was."""
+        with quiet(self.__dict__.get("_causalab_verbose", False)):
+            super().dispatch()
 
     def _causalab_init(
         self,

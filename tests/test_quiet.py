@@ -15,6 +15,8 @@ LOAD = """
 import logging
 from causalab_mini import StandardizedTransformer
 model = StandardizedTransformer("tiny:llama", verbose={verbose})
+with model.trace("The quick brown fox"):  # the first trace loads the weights (dispatch)
+    mid = model.layers_mid[1].save()
 assert logging.getLogger("nnterp").level == logging.INFO  # put back as nnterp set it
 print("loaded", model.internals.num_layers)
 """
