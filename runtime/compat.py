@@ -261,11 +261,13 @@ def parsed_source(accessor: Any) -> tuple[str, dict[str, int]]:
 
 
 def source_identity(source_envoy: Any) -> Any:
-    """The object a parsed forward lives on, stable across ``.source`` reads (0.8
-    builds a new ``Source`` on each read around one ``Compiled``)."""
+    """The object a parsed forward lives on, stable across ``.source`` reads and
+    weakly referenceable: 0.8 builds a new ``Source`` on each read around one
+    ``Compiled`` (a tuple), whose code object is the key; 0.7 its accessor, 0.6 the
+    source envoy."""
     compiled = getattr(source_envoy, "__dict__", {}).get("compiled")
     if compiled is not None:
-        return compiled
+        return compiled.code
     return getattr(source_envoy, "accessor", source_envoy)
 
 

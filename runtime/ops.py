@@ -11,6 +11,7 @@ operation list.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any
 
 from .compat import forward_key, parsed_source, source_identity
@@ -60,9 +61,12 @@ def op_path(op: Any) -> str:
     return str(getattr(op, "path", None) or op.name)
 
 
-# (id of a parsed forward, needle) -> (that parsed forward, the operation's name); the
-# parsed forward is held so that its id is not reused by another while cached
-_CACHE: dict[tuple[int, str], tuple[Any, str]] = {}
+# Operation names by parsed forward (what nnsight hands out: 0.6/0.7's accessor, the
+# code object of 0.8's compiled forward), held weakly: an entry lives exactly as long
+# as its parsed forward, so a new one can never be handed the name another forward's
+# needle resolved to (an ``id()`` key could be, once the old one is collected and its
+# address reused).
+_CACHE: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def find_op(
@@ -76,23 +80,24 @@ def find_op(
     """The OperationEnvoy of ``source_envoy`` that ``needle`` names, or a refusal."""
     # nnsight 0.8 keeps the parsed forward on .compiled (a new Source per read), 0.7
     # on an accessor, 0.6 on the source envoy
-    parsed = source_identity(source_envoy)
-    key = (id(parsed), needle)
-    hit = _CACHE.get(key)
-    if hit is not None and hit[0] is parsed:
-        name = hit[1]
-    else:
-        accessor = getattr(source_envoy, "accessor", source_envoy)
+    accessor = getattr(source_envoy, "accessor", source_envoy)
+    try:
+        names = _CACHE.setdefault(source_identity(source_envoy), {})
+    except TypeError:  # not weakly referenceable or not hashable: resolve every time
+        names = {}
+    name = names.get(needle)
+    if name is None:
         hits = candidates(accessor, needle)
         if len(hits) != 1:
             raise OperationNotFound(_message(accessor, needle, hits, row, module, model_class))
         name = hits[0]
-        _CACHE[key] = (parsed, name)
+        names[needle] = name
     return getattr(source_envoy, name)
 
 
 # Operation names by (the module's true forward, needle): every module whose forward
-# is the same function has the same operations under the same names.
+# is the same function has the same operations under the same names. The key holds
+# the function itself (a class's function, alive as long as its class), never its id.
 _OP_NAMES: dict[tuple[Any, str], str] = {}
 
 
