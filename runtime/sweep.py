@@ -115,17 +115,23 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "refused_layers": sorted(k for k in refusals if k is not None),
                 "reason": reason,
             }
-    values_by_address = _read_all(model, inputs, addresses, result, partial)
+    unordered: dict[Any, str] = {}
+    values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
     # a whole-model place must not depend on what else the trace reads: where its
-    # module runs more than once (Dory's norm), nnsight hands on the call after the
-    # last place read before it
+    # module runs more than once (Dory's norm), nnsight 0.6/0.7 hand on the call after
+    # the last place read before it, and 0.8 refuses to read it after them
     whole = {key: a for key, a in addresses.items() if key[1] is None}
     if whole:
         alone = Plan.of(reads=whole.values()).run(model, inputs)
         for key, address in whole.items():
-            ok, d = _close(alone[address], v[key]) if hasattr(v[key], "shape") else (True, "")
+            if address in unordered:
+                ok, d = False, unordered[address]
+            elif hasattr(v[key], "shape"):
+                ok, d = _close(alone[address], v[key])
+            else:
+                ok, d = True, ""
             checks.add([key[0]], "read alone == read with the layers' places", ok, d)
     heads_refused = _layout_checks(model, inputs, addresses, checks)
     layers = range(n)
@@ -375,22 +381,67 @@ def _layout_checks(
     return refused
 
 
+def _is_out_of_order(exc: BaseException) -> bool:
+    """nnsight's refusal of a read after its value has passed (OutOfOrderError)."""
+    names = {k.__name__ for k in type(exc).__mro__}
+    text = str(exc)
+    return "OutOfOrderError" in names or "ran past it" in text or "out of order" in text
+
+
+def _run_in_order(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    unordered: dict[Any, str],
+) -> dict[Any, Any]:
+    """Plan.run over ``addresses``. Where nnsight refuses a whole-model place read after
+    the layers' places (0.8 serves a module's calls in order, so a module that runs
+    more than once in a forward, as Dory's norm, has passed its first call by then),
+    the place is read alone and named in ``unordered`` with nnsight's refusal."""
+    from causalab_mini.components import Plan
+
+    try:
+        return Plan.of(reads=addresses.values()).run(model, inputs)
+    except Exception as exc:
+        if not _is_out_of_order(exc):
+            raise
+    per_layer = [a for key, a in addresses.items() if key[1] is not None]
+    values = dict(Plan.of(reads=per_layer).run(model, inputs))
+    for key, address in addresses.items():
+        if key[1] is not None:
+            continue
+        try:
+            values[address] = Plan.of(reads=[*per_layer, address]).run(model, inputs)[address]
+        except Exception as exc:
+            if not _is_out_of_order(exc):
+                raise
+            values[address] = Plan.of(reads=[address]).run(model, inputs)[address]
+            unordered[address] = (
+                "nnsight cannot read it after the layers' places (its module runs more "
+                f"than once in a forward): {str(exc).strip().splitlines()[-1][:200]}"
+            )
+    return values
+
+
 def _read_all(
     model: Any,
     inputs: dict[str, Any],
     addresses: dict[tuple[str, int | None], Any],
     result: dict[str, dict[str, Any]],
     partial: dict[str, dict[str, Any]],
+    unordered: dict[Any, str] | None = None,
 ) -> dict[Any, Any]:
     """Read every address in one trace. A needle after the first is looked up inside
     the function the previous call dispatches to, so only a trace finds that it names
     no operation there: such a component is refused where it does not resolve (with
-    the lookup's own message), and the rest are read."""
+    the lookup's own message), and the rest are read. Whole-model places nnsight
+    cannot read after the layers' places are read alone (``_run_in_order``)."""
     from causalab_mini.components import Plan
     from causalab_mini.ops import OperationNotFound
 
+    unordered = {} if unordered is None else unordered
     try:
-        return Plan.of(reads=addresses.values()).run(model, inputs)
+        return _run_in_order(model, inputs, addresses, unordered)
     except OperationNotFound:
         failing: dict[str, dict[int | None, str]] = {}
         for key, address in addresses.items():
@@ -415,7 +466,7 @@ def _read_all(
         else:
             result[name] = {"state": "refused", "reason": reason}
             partial.pop(name, None)
-    return Plan.of(reads=addresses.values()).run(model, inputs)
+    return _run_in_order(model, inputs, addresses, unordered)
 
 
 def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
