@@ -234,13 +234,14 @@ def shared_path(envoy: Any, name: str) -> str | None:
 def forward_key(module: Any) -> Any | None:
     """The function whose source nnsight parses for ``module``'s ``.source``: modules
     sharing it have the same operations under the same names (None where that cannot
-    be said). ``resolve_true_forward`` on nnsight 0.6/0.7; on 0.8, the body its
-    controller runs (``module_body``), as it was before instrumentation."""
+    be said). nnsight 0.6 parses the class's forward (``Envoy.source``:
+    ``inject(type(self._module).forward, ...)``); 0.7 ``resolve_true_forward``; 0.8
+    the body its controller runs (``module_body``), as it was before instrumentation."""
     if not is_08():
         try:
             from nnsight.intervention.source import resolve_true_forward
         except ImportError:
-            return None
+            return type(module).forward
         try:
             return resolve_true_forward(module)
         except Exception:
