@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import pickle
 import struct
 import subprocess
 import sys
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pickle
 
 HOST = "http://ndif.loopback.test"
 SERVER = Path(__file__).with_name("ndif_server.py")

@@ -1,0 +1,240 @@
+"""A compiled plan as plain nnsight module accesses: the code a server runs.
+
+``causalab_mini.remote`` lowers a ``Plan`` on the client to a *program*: a tuple of
+steps that hold only nnsight Envoys, strings, numbers and tensors (see ``lower`` there).
+The functions here run such a program inside a trace. They are shipped to an NDIF
+server by value (their source travels in the request), so a server without
+causalab_mini runs them; that is why this module is self-contained:
+
+- it imports nothing at module level and nothing of causalab_mini;
+- the only names a function may use are builtins, its parameters, and the other
+  functions of this module (``remote.shipped()`` runs this file's source in a fresh
+  namespace, and cloudpickle sends each function with the globals it names);
+- annotations name builtins only (a server rebuilds a function from its source,
+  where no other name is defined).
+
+What a step means is the same as on the client: ``Place.get``/``Place.set`` for a row
+(module side, ``.source`` operations, select, snapshot, scale, in-place writes) and
+``components.read``/``write`` for a component address (interiors, flattened heads,
+one head's slice). ``tests/test_remote.py`` runs every component of several families
+both ways and compares them, so the two cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+
+def check_server(model: object, expected: dict) -> None:
+    """Refuse to run on a model other than the one the client compiled for: another
+    attention implementation or dtype, or a forward whose operations differ (another
+    transformers: a needle that names another call there)."""
+    module = model._module
+    config = module.config
+    found = getattr(config, "_attn_implementation", None) or "eager"
+    want = expected["attn_implementation"]
+    if found != want:
+        raise RuntimeError(
+            f"causalab_mini: this server runs {found!r} attention and the plan was compiled "
+            f"for {want!r}. Load the client model with attn_implementation={found!r} (or "
+            f"run on a deployment loaded with attn_implementation={want!r})"
+        )
+    dtype = None
+    for parameter in module.parameters():
+        dtype = str(parameter.dtype)
+        break
+    if dtype is not None and dtype != expected["dtype"]:
+        raise RuntimeError(
+            f"causalab_mini: this server holds the model in {dtype} and the client model is "
+            f"{expected['dtype']}: load the client model with dtype={dtype} so that reads and "
+            "writes mean the same tensors"
+        )
+
+
+def _accessor(source: object) -> object:
+    return getattr(source, "accessor", source)
+
+
+def _line_of(source: object, name: str) -> str:
+    accessor = _accessor(source)
+    lines = accessor.source.split("\n")
+    number = accessor.line_numbers.get(name)
+    if number is None or not 0 <= number + 1 < len(lines):
+        return ""
+    return lines[number + 1].strip()
+
+
+def _op(envoy: object, name: str, line: str, where: str) -> object:
+    """Operation ``name`` of ``envoy``'s forward, checked to be the call the client
+    resolved (its source line): a server with another forward is refused."""
+    source = envoy.source
+    found = _line_of(source, name)
+    if found != line:
+        raise RuntimeError(
+            f"causalab_mini: operation {name!r} of {where} is {found or 'missing'!r} on this "
+            f"server and {line!r} on the client: the server runs another transformers "
+            "version; install the client's there, or compile the plan against the server's"
+        )
+    return getattr(source, name)
+
+
+def _target(model: object, step: dict) -> object:
+    """The Envoy (module or operation) whose boundary a step reads or writes; a step
+    at the model itself holds no Envoy (the model it names is the one running)."""
+    target = model if step["envoy"] is None else step["envoy"]
+    for name, line in step["ops"]:
+        target = _op(target, name, line, step["where"])
+    return target
+
+
+def _select_get(value: object, select: object) -> object:
+    if select is None:
+        return value
+    if select[0] == "first":
+        return value[0] if isinstance(value, (tuple, list)) else value
+    return value[select[1]]
+
+
+def _replace_part(value: object, key: object, new: object) -> object:
+    from collections.abc import Mapping
+
+    if isinstance(value, tuple):
+        items = list(value)
+        items[key] = new
+        if hasattr(value, "_fields"):
+            return type(value)(*items)
+        return tuple(items)
+    if isinstance(value, list):
+        items = list(value)
+        items[key] = new
+        return items
+    if isinstance(value, Mapping):
+        if key not in value:
+            raise KeyError(f"{key!r} is not a field of this {type(value).__name__}")
+        fields = dict(value)
+        fields[key] = new
+        return type(value)(**fields) if type(value) is not dict else fields
+    raise TypeError(f"cannot replace part {key!r} of a {type(value).__name__}")
+
+
+def _select_put(value: object, select: object, new: object) -> object:
+    if select is None:
+        return new
+    if select[0] == "first":
+        return _replace_part(value, 0, new) if isinstance(value, (tuple, list)) else new
+    return _replace_part(value, select[1], new)
+
+
+def _whole(model: object, step: dict) -> object:
+    """The tensor at the step's place as the model holds it (all heads)."""
+    target = _target(model, step)
+    if step["take"] is not None:
+        what, index = step["take"]
+        if what == "arg":
+            return target.inputs[0][index]
+        value = target.output
+        return value[index] if isinstance(value, tuple) else value
+    value = _select_get(getattr(target, step["attr"]), step["select"])
+    if step["snapshot"]:
+        value = value.clone()
+    if step["scale"] is not None:
+        value = value * step["scale"]
+    return value
+
+
+def _flat(layout: object, native: object) -> object:
+    if layout == "bhsd":
+        return native.transpose(1, 2).flatten(2)
+    if layout == "bshd":
+        return native.flatten(2)
+    return native
+
+
+def _native(layout: object, flat: object, like: object) -> object:
+    if layout == "bhsd":
+        b, h, s, d = like.shape
+        return flat.reshape(b, s, h, d).transpose(1, 2)
+    if layout == "bshd":
+        return flat.reshape(like.shape)
+    return flat
+
+
+def _head(step: dict) -> tuple:
+    what, start, size = step["head"]
+    if what == "axis1":
+        return (slice(None), start)
+    return (Ellipsis, slice(start, start + size))
+
+
+def _put(model: object, step: dict, value: object) -> None:
+    """Hand the model ``value`` (as it holds it) at the step's place."""
+    target = _target(model, step)
+    if step["take"] is not None:
+        what, index = step["take"]
+        if what == "arg":
+            args, kwargs = target.inputs
+            target.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
+        else:
+            out = target.output
+            if isinstance(out, tuple):
+                target.output = (*out[:index], value, *out[index + 1 :])
+            else:
+                target.output = value
+        return
+    if step["scale"] is not None:
+        value = value / step["scale"]
+    attr = step["attr"]
+    if step["in_place"]:
+        current = _select_get(getattr(target, attr), step["select"])
+        current[...] = value
+        return
+    if step["select"] is not None:
+        value = _select_put(getattr(target, attr), step["select"], value)
+    setattr(target, attr, value)
+
+
+def _write(model: object, step: dict) -> None:
+    native = _whole(model, step)
+    flat = _flat(step["layout"], native)
+    value = step["value"]
+    want = flat[_head(step)] if step["head"] is not None else flat
+    if tuple(value.shape) != tuple(want.shape):
+        raise ValueError(
+            f"cannot write a tensor of shape {tuple(value.shape)} to {step['where']}, which has "
+            f"shape {tuple(want.shape)}; nothing is broadcast"
+        )
+    if value.dtype != want.dtype:
+        raise ValueError(f"{step['where']} holds {want.dtype}; the value is {value.dtype}")
+    # the value crossed the wire on the CPU; the server's model may sit elsewhere
+    value = value.to(want.device)
+    if step["head"] is not None:
+        whole = flat.clone()
+        whole[_head(step)] = value
+        value = whole
+    _put(model, step, _native(step["layout"], value, native))
+
+
+def _open_sources(step: dict) -> None:
+    """Open the ``.source`` of the operations this step's module nests into, before
+    any of its operations is read (nnsight needs the nested source opened first)."""
+    for envoy, chain in step["nested"]:
+        target = envoy
+        for name, line in chain:
+            target = _op(target, name, line, step["where"])
+        target.source  # noqa: B018
+
+
+def run(model: object, program: tuple, expected: dict) -> list:
+    """Run ``program`` in the current trace of ``model``; return the reads, in order."""
+    check_server(model, expected)
+    reads = []
+    for step in program:
+        _open_sources(step)
+        if step["write"]:
+            _write(model, step)
+            continue
+        value = _whole(model, step)
+        if not step["held"]:
+            value = _flat(step["layout"], value)
+            if step["head"] is not None:
+                value = value[_head(step)]
+        reads.append(value)
+    return reads

@@ -1,0 +1,386 @@
+"""Remote execution on NDIF: what a request carries, what the server must have, and
+plans sent as plain nnsight module accesses.
+
+Two ways a trace of a causalab_mini model reaches a server:
+
+1. **Your own trace** (``with model.trace(x, remote=True): model.layers_mid[1]``):
+   the request pickles the model object and the places you touch by reference, so
+   the server must have causalab_mini and nnterp installed at the client's versions.
+   ``StandardizedTransformer.to_model_key`` checks that before anything is sent,
+   where the server says what it has (``nnsight.ndif.get_remote_env``), and the
+   model's pickled state carries what the server must run with (attention
+   implementation, dtype, versions), checked when the server unpickles it.
+2. **A plan** (``Plan.run(model, inputs, remote=True)``): the plan is lowered on the
+   client to plain steps (nnsight Envoys, operation names, numbers, tensors) and run
+   by the functions of ``causalab_mini.plain``, whose source travels with the
+   request. The request names nothing of causalab_mini or nnterp, so a stock NDIF
+   server (nnsight, transformers, torch) runs it. What it must run with travels as
+   data and is checked first thing on the server.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import plain as plain_module
+from .internals import _installed, boundary, child
+from .ops import find_op, op_path
+
+
+class RemoteRefused(RuntimeError):
+    """A remote request refused before it is sent, with what to change."""
+
+
+class RemoteMismatch(RuntimeError):
+    """The server runs something other than what the request was compiled for."""
+
+
+# What the server must have installed, by the way a request reaches it.
+PACKAGES = ("causalab_mini", "nnterp")
+
+
+# ---------------------------------------------------------------------- what travels
+
+
+def versions() -> dict[str, str | None]:
+    """The installed versions a request of the first kind needs on the server too."""
+    from causalab_mini import __version__
+
+    return {"causalab_mini": __version__, "nnterp": _installed("nnterp")}
+
+
+def _dtype(model: Any) -> str | None:
+    for parameter in model._module.parameters():
+        return str(parameter.dtype)
+    return None
+
+
+def expected(model: Any, with_versions: bool = False) -> dict[str, Any]:
+    """What the server's model must run with for places resolved on ``model`` to mean
+    the same tensors there: its attention implementation and dtype (and, for a
+    request that pickles causalab_mini objects, the packages' versions)."""
+    config = model._module.config
+    out: dict[str, Any] = {
+        "attn_implementation": getattr(config, "_attn_implementation", None) or "eager",
+        "dtype": _dtype(model),
+    }
+    if with_versions:
+        out["versions"] = versions()
+    return out
+
+
+def check_arrival(model: Any, wanted: Mapping[str, Any]) -> None:
+    """On the server, as a causalab_mini model is unpickled from a request: refuse a
+    server whose model or packages differ from the client's."""
+    try:
+        plain_module.check_server(model, dict(wanted))
+    except RuntimeError as exc:
+        raise RemoteMismatch(str(exc)) from None
+    here = versions()
+    for package, version in dict(wanted.get("versions") or {}).items():
+        if version is not None and here.get(package) != version:
+            raise RemoteMismatch(
+                f"causalab_mini: the request was made with {package} {version} and this "
+                f"server has {here.get(package)}: install {_pip(package)}=={version} on the "
+                "server, or send a Plan (Plan.run(..., remote=True)), which needs neither "
+                "causalab_mini nor nnterp there"
+            )
+
+
+def _pip(package: str) -> str:
+    return package.replace("_", "-")
+
+
+# ---------------------------------------------------------------------- before sending
+
+
+def ensure_model_key(model: Any) -> None:
+    """nnsight asks the Hugging Face Hub for a repo id's canonical spelling when it
+    builds a model key; a local directory has none (the Hub refuses a path), so it is
+    its own key."""
+    repo_id = getattr(model, "repo_id", None)
+    if isinstance(repo_id, str) and os.path.isdir(repo_id):
+        from nnsight.modeling import huggingface
+
+        huggingface.ID_CACHE.setdefault(repo_id, repo_id)
+
+
+def server_env() -> dict[str, Any] | None:
+    """The server's packages as NDIF reports them (its /env), or None where it does
+    not say (no answer is not a refusal: the request itself then finds out)."""
+    try:
+        from nnsight.ndif import get_remote_env
+
+        env = get_remote_env()
+    except Exception:
+        return None
+    return env if isinstance(env, dict) else None
+
+
+def preflight_packages(model: Any) -> None:
+    """Refuse, before sending, a trace that pickles causalab_mini objects to a server
+    known to lack causalab_mini or nnterp at this client's versions."""
+    env = server_env()
+    if env is None:
+        return
+    packages = env.get("packages") or {}
+    problems = []
+    for package, version in versions().items():
+        found = packages.get(package)
+        if found != version:
+            has = "does not have it" if found is None else f"has {found}"
+            problems.append(f"{package} {version} (the server {has})")
+    if problems:
+        install = " ".join(f"{_pip(p)}=={v}" for p, v in versions().items())
+        raise RemoteRefused(
+            "this trace touches causalab_mini places, which a server runs with its own "
+            f"installed copy, and the server lacks {', '.join(problems)}. Install "
+            f"`pip install {install}` on the server, or send the reads and writes as a "
+            "Plan (Plan.of(...).run(model, inputs, remote=True)): a plan reaches the server "
+            "as plain nnsight module accesses and needs neither package there"
+        )
+
+
+# ---------------------------------------------------------------------- plain model
+
+
+_OWN = ("causalab_mini", "nnterp")
+
+
+def plain_model(model: Any) -> Any:
+    """An nnsight ``LanguageModel`` over the same module tree, Envoys and interleaver
+    as ``model``, without causalab_mini's or nnterp's attributes: what a request
+    pickles of it is nnsight's own classes (made anew for each run, so it always
+    sees the model's current state)."""
+    from nnsight import LanguageModel
+
+    clone = object.__new__(LanguageModel)
+    for key, value in model.__dict__.items():
+        if type(value).__module__.split(".")[0] not in _OWN:
+            clone.__dict__[key] = value
+    return clone
+
+
+@functools.cache
+def shipped() -> dict[str, Any]:
+    """``causalab_mini.plain``'s functions, made from its source in a namespace no
+    server can import by name: cloudpickle then sends each by value (nnsight sends a
+    function as its source), so the server needs none of causalab_mini."""
+    path = Path(plain_module.__file__)
+    namespace: dict[str, Any] = {"__name__": "causalab_mini_plain", "__builtins__": builtins}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace
+
+
+# ---------------------------------------------------------------------- lowering
+
+
+def _line(source: Any, name: str) -> str:
+    line: str = plain_module._line_of(source, name)
+    return line
+
+
+def _ops(envoy: Any, needles: tuple[str, ...], row: str, module: str, model: Any) -> list[Any]:
+    """The operation chain ``needles`` names below ``envoy``: [(name, source line)]."""
+    chain: list[tuple[str, str]] = []
+    target = envoy
+    for needle in needles:
+        source = target.source
+        op = find_op(
+            source,
+            needle,
+            row=row,
+            module=module,
+            model_class=model.internals.model_class,
+        )
+        name = op_path(op).split(".")[-1]
+        chain.append((name, _line(source, name)))
+        target = op
+    return chain
+
+
+def _select(select: Any) -> tuple[Any, ...] | None:
+    from causalab_mini.address import FirstIfTuple, Index
+
+    if select is None:
+        return None
+    if isinstance(select, FirstIfTuple):
+        return ("first",)
+    if isinstance(select, Index):
+        return ("index", select.key)
+    raise RemoteRefused(f"a select of type {type(select).__name__} cannot be sent as plain code")
+
+
+def _where(address: Any) -> str:
+    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    return where + (f".head[{address.head}]" if address.head is not None else "")
+
+
+def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool) -> dict[str, Any]:
+    """One plan step as plain data: the Envoy, the operations below it, the side, and
+    what a read or write does with the tensor there."""
+    from causalab_mini.address import IOType
+
+    internals = model.internals
+    step: dict[str, Any] = {
+        "write": write,
+        "value": value,
+        "held": held,
+        "where": _where(address),
+        "layout": address.layout,
+        "head": None,
+        "nested": [],
+        "take": None,
+        "attr": None,
+        "select": None,
+        "snapshot": False,
+        "scale": None,
+        "in_place": False,
+    }
+    if address.head is not None:
+        if address.layout == "bhsk":
+            step["head"] = ("axis1", address.head, None)
+        else:
+            step["head"] = ("last", address.head * address.head_dim, address.head_dim)
+    if write and not address.writable:
+        from .components import WriteRefused
+
+        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    if address.kind == "boundary":
+        place = internals[address.accessor]
+        row = place.address_at(address.layer)
+        if row.io is IOType.MODULE:
+            raise RemoteRefused(
+                f"{address.component} is a module, not a tensor: a plan reads tensors"
+            )
+        base = internals.layer_envoy(address.layer) if row.per_layer else model
+        envoy = child(base, row.module)
+        chain = _ops(envoy, row.source, address.accessor, row.module, model)
+        target = envoy
+        for name, _ in chain:
+            target = getattr(target.source, name)
+        side = "input" if row.io is IOType.INPUT else "output"
+        step.update(
+            envoy=None if envoy is model else envoy,
+            ops=chain,
+            attr=boundary(side, target),
+            select=_select(row.select),
+            snapshot=bool(row.snapshot),
+            scale=internals.scale(row.scale) if row.scale is not None else None,
+            in_place=row.write == "in_place",
+        )
+        return step
+    envoy = child(internals.layer_envoy(address.layer), address.module)
+    source = envoy.source
+    chain = [(str(address.op), _line(source, str(address.op)))]
+    outer = getattr(source, str(address.op))
+    chain += _ops(
+        outer,
+        address.needles[1:],
+        address.accessor,
+        f"layers.{address.layer}.{address.module}.{address.op}",
+        model,
+    )
+    step.update(envoy=envoy, ops=chain, take=tuple(address.take))
+    return step
+
+
+def lower(
+    plan: Any, model: Any, held: bool = False
+) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
+    """The plan's steps as plain data, in its order, and the addresses of its reads
+    in the order the program returns them. Where an interior opens a nested
+    ``.source``, the first step at its module opens it first (as ``Plan.run`` does)."""
+    steps = []
+    reads = []
+    opened: set[tuple[Any, str]] = set()
+    nested: dict[tuple[Any, str], list[Any]] = {}
+    for s in plan.steps:
+        if len(s.address.needles) > 1:
+            nested.setdefault((s.address.layer, s.address.module), []).append(s.address)
+    for s in plan.steps:
+        step = lower_step(model, s.address, write=s.write, value=s.value, held=held)
+        key = (s.address.layer, s.address.module)
+        if key in nested and key not in opened:
+            opened.add(key)
+            for address in nested[key]:
+                envoy = child(model.internals.layer_envoy(address.layer), address.module)
+                op = str(address.op)
+                step["nested"].append((envoy, [(op, _line(envoy.source, op))]))
+        steps.append(step)
+        if not s.write:
+            reads.append(s.address)
+    return tuple(steps), reads
+
+
+# ---------------------------------------------------------------------- running
+
+
+class RemoteIncomplete(RuntimeError):
+    """A remote run that came back without every value it read."""
+
+
+def run_plan(
+    plan: Any,
+    model: Any,
+    inputs: Any,
+    *,
+    held: bool = False,
+    remote: bool = False,
+    backend: Any = None,
+    blocking: bool = True,
+) -> dict[Any, Any]:
+    """Run ``plan`` as plain nnsight module accesses in one trace: on NDIF with
+    ``remote=True`` (or on ``backend``), else locally. Returns every read, by address,
+    or raises: never an empty result for a plan that reads."""
+    if not blocking:
+        raise RemoteRefused(
+            "Plan.run(remote=True) waits for its reads: blocking=False would return before "
+            "they exist; submit a trace of your own with blocking=False instead"
+        )
+    program, addresses = lower(plan, model, held)
+    wanted = expected(model)
+    run = shipped()["run"]
+    kwargs: dict[str, Any] = {}
+    if backend is not None:
+        kwargs["backend"] = backend
+    elif remote:
+        ensure_model_key(model)
+        kwargs["remote"] = True
+    reads = _execute(plain_model(model), inputs, program, wanted, run, kwargs)
+    if not isinstance(reads, list) or len(reads) != len(addresses):
+        got = "nothing" if reads is None else f"{len(reads)} values"
+        raise RemoteIncomplete(
+            f"the plan read {len(addresses)} places and the trace handed back {got}: the "
+            "server's result did not hold the reads (was the request's result downloaded?)"
+        )
+    return dict(zip(addresses, reads, strict=True))
+
+
+def _execute(
+    plain: Any, inputs: Any, program: Any, wanted: Any, run: Any, kwargs: dict[str, Any]
+) -> Any:
+    reads = None  # bound before the trace: nnsight hands saved values back by name
+    with plain.trace(inputs, **kwargs):
+        reads = run(plain, program, wanted).save()
+    return reads
+
+
+__all__ = [
+    "RemoteIncomplete",
+    "RemoteMismatch",
+    "RemoteRefused",
+    "check_arrival",
+    "expected",
+    "lower",
+    "plain_model",
+    "preflight_packages",
+    "run_plan",
+    "server_env",
+    "shipped",
+]
