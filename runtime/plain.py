@@ -50,38 +50,57 @@ def check_server(model: object, expected: dict) -> None:
 
 
 def _accessor(source: object) -> object:
+    # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
     return getattr(source, "accessor", source)
 
 
-def _line_of(source: object, name: str) -> str:
+def _calls(text: str, needle: str) -> bool:
+    """Whether ``text`` holds the call ``needle``: not a longer name ending in it, and,
+    where the needle names the first argument, not a longer argument starting with it
+    (``causalab_mini.ops._calls``, without ``re``)."""
+    start = text.find(needle)
+    while start >= 0:
+        before = text[:start]
+        after = text[start + len(needle) :]
+        ok = not (before and (before[-1].isalnum() or before[-1] in "_."))
+        if ok and not needle.endswith("("):
+            ok = not (after and (after[0].isalnum() or after[0] == "_"))
+        if ok:
+            return True
+        start = text.find(needle, start + 1)
+    return False
+
+
+def _find(source: object, needle: str, where: str) -> object:
+    """The operation of ``source`` that the call-shaped ``needle`` names, resolved as
+    ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
+    line holds the call. None or several is refused with the operation list."""
     accessor = _accessor(source)
+    stem = needle.split("(", 1)[0].replace(".", "_") + "_"
     lines = accessor.source.split("\n")
-    number = accessor.line_numbers.get(name)
-    if number is None or not 0 <= number + 1 < len(lines):
-        return ""
-    return lines[number + 1].strip()
-
-
-def _op(envoy: object, name: str, line: str, where: str) -> object:
-    """Operation ``name`` of ``envoy``'s forward, checked to be the call the client
-    resolved (its source line): a server with another forward is refused."""
-    source = envoy.source
-    found = _line_of(source, name)
-    if found != line:
+    hits = []
+    for name, number in accessor.line_numbers.items():
+        if not name.startswith(stem) or not name[len(stem) :].isdigit():
+            continue
+        text = lines[number + 1] if 0 <= number + 1 < len(lines) else ""
+        if _calls(text, needle):
+            hits.append(name)
+    if len(hits) != 1:
         raise RuntimeError(
-            f"causalab_mini: operation {name!r} of {where} is {found or 'missing'!r} on this "
-            f"server and {line!r} on the client: the server runs another transformers "
-            "version; install the client's there, or compile the plan against the server's"
+            f"causalab_mini: the forward of {where} on this server calls {needle!r} at "
+            f"{len(hits)} operations ({', '.join(hits)}), where the client found one: the "
+            "server runs another transformers version; install the client's there. Its "
+            f"operations are:\n{accessor}"
         )
-    return getattr(source, name)
+    return getattr(source, hits[0])
 
 
 def _target(model: object, step: dict) -> object:
     """The Envoy (module or operation) whose boundary a step reads or writes; a step
     at the model itself holds no Envoy (the model it names is the one running)."""
     target = model if step["envoy"] is None else step["envoy"]
-    for name, line in step["ops"]:
-        target = _op(target, name, line, step["where"])
+    for needle in step["ops"]:
+        target = _find(target.source, needle, step["where"])
     return target
 
 
@@ -215,11 +234,8 @@ def _write(model: object, step: dict) -> None:
 def _open_sources(step: dict) -> None:
     """Open the ``.source`` of the operations this step's module nests into, before
     any of its operations is read (nnsight needs the nested source opened first)."""
-    for envoy, chain in step["nested"]:
-        target = envoy
-        for name, line in chain:
-            target = _op(target, name, line, step["where"])
-        target.source  # noqa: B018
+    for envoy, needle in step["nested"]:
+        _find(envoy.source, needle, step["where"]).source  # noqa: B018
 
 
 def run(model: object, program: tuple, expected: dict) -> list:

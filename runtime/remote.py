@@ -29,7 +29,6 @@ from typing import Any
 
 from . import plain as plain_module
 from .internals import _installed, boundary, child
-from .ops import find_op, op_path
 
 
 class RemoteRefused(RuntimeError):
@@ -180,30 +179,6 @@ def shipped() -> dict[str, Any]:
 # ---------------------------------------------------------------------- lowering
 
 
-def _line(source: Any, name: str) -> str:
-    line: str = plain_module._line_of(source, name)
-    return line
-
-
-def _ops(envoy: Any, needles: tuple[str, ...], row: str, module: str, model: Any) -> list[Any]:
-    """The operation chain ``needles`` names below ``envoy``: [(name, source line)]."""
-    chain: list[tuple[str, str]] = []
-    target = envoy
-    for needle in needles:
-        source = target.source
-        op = find_op(
-            source,
-            needle,
-            row=row,
-            module=module,
-            model_class=model.internals.model_class,
-        )
-        name = op_path(op).split(".")[-1]
-        chain.append((name, _line(source, name)))
-        target = op
-    return chain
-
-
 def _select(select: Any) -> tuple[Any, ...] | None:
     from causalab_mini.address import FirstIfTuple, Index
 
@@ -260,15 +235,13 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             )
         base = internals.layer_envoy(address.layer) if row.per_layer else model
         envoy = child(base, row.module)
-        chain = _ops(envoy, row.source, address.accessor, row.module, model)
-        target = envoy
-        for name, _ in chain:
-            target = getattr(target.source, name)
         side = "input" if row.io is IOType.INPUT else "output"
         step.update(
             envoy=None if envoy is model else envoy,
-            ops=chain,
-            attr=boundary(side, target),
+            ops=tuple(row.source),
+            # a module with a child named input/output has its boundary at nns_*; an
+            # operation has no children
+            attr=side if row.source else boundary(side, envoy),
             select=_select(row.select),
             snapshot=bool(row.snapshot),
             scale=internals.scale(row.scale) if row.scale is not None else None,
@@ -276,17 +249,7 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
         )
         return step
     envoy = child(internals.layer_envoy(address.layer), address.module)
-    source = envoy.source
-    chain = [(str(address.op), _line(source, str(address.op)))]
-    outer = getattr(source, str(address.op))
-    chain += _ops(
-        outer,
-        address.needles[1:],
-        address.accessor,
-        f"layers.{address.layer}.{address.module}.{address.op}",
-        model,
-    )
-    step.update(envoy=envoy, ops=chain, take=tuple(address.take))
+    step.update(envoy=envoy, ops=tuple(address.needles), take=tuple(address.take))
     return step
 
 
@@ -310,8 +273,7 @@ def lower(
             opened.add(key)
             for address in nested[key]:
                 envoy = child(model.internals.layer_envoy(address.layer), address.module)
-                op = str(address.op)
-                step["nested"].append((envoy, [(op, _line(envoy.source, op))]))
+                step["nested"].append((envoy, address.needles[0]))
         steps.append(step)
         if not s.write:
             reads.append(s.address)
