@@ -33,7 +33,7 @@ def check_server(model: object, expected: dict) -> None:
     want = expected["attn_implementation"]
     if found != want:
         raise RuntimeError(
-            f"causalab_mini: this server runs {found!r} attention and the plan was compiled "
+            f"causalab_mini: this server runs {found!r} attention and the request was made "
             f"for {want!r}. Load the client model with attn_implementation={found!r} (or "
             f"run on a deployment loaded with attn_implementation={want!r})"
         )

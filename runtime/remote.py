@@ -43,7 +43,44 @@ class RemoteMismatch(RuntimeError):
 PACKAGES = ("causalab_mini", "nnterp")
 
 
+# ---------------------------------------------------------------------- loading
+
+NO_DISPATCH = (
+    "this model was loaded with remote=True, which keeps its weights off this machine, and "
+    "something asked to load them during construction; nothing should: please report it"
+)
+
+PROBS_DEFERRED = (
+    "nnterp's check that attention probabilities sum to 1 and that writing them changes "
+    "the logits runs a forward, and remote=True keeps the weights off this machine: their "
+    "shape was checked with scan() on the meta model, and the server's forward is the one "
+    "that runs them"
+)
+
+
+def defer_checks(kwargs: dict[str, Any], enable_attention_probs: bool) -> dict[str, str]:
+    """For ``remote=True``: turn the load-time checks that need a forward into scans
+    (in ``kwargs``, nnterp's constructor arguments) and say which, and why. Refuses
+    ``dispatch=True`` with remote, which asks for the weights here."""
+    if not kwargs.get("remote"):
+        return {}
+    if kwargs.get("dispatch"):
+        raise ValueError(
+            "remote=True keeps the weights off this machine and dispatch=True loads them "
+            "here: drop one (a remote model runs on the server; load without remote=True to "
+            "run locally)"
+        )
+    deferred: dict[str, str] = {}
+    if enable_attention_probs:
+        kwargs["check_attn_probs_with_trace"] = False
+        deferred["attention_probabilities"] = PROBS_DEFERRED
+    return deferred
+
+
 # ---------------------------------------------------------------------- what travels
+
+# the key under which a pickled causalab_mini model carries what the server must run
+EXPECTED = "_causalab_mini_expected"
 
 
 def versions() -> dict[str, str | None]:
@@ -137,12 +174,63 @@ def preflight_packages(model: Any) -> None:
     if problems:
         install = " ".join(f"{_pip(p)}=={v}" for p, v in versions().items())
         raise RemoteRefused(
-            "this trace touches causalab_mini places, which a server runs with its own "
-            f"installed copy, and the server lacks {', '.join(problems)}. Install "
-            f"`pip install {install}` on the server, or send the reads and writes as a "
-            "Plan (Plan.of(...).run(model, inputs, remote=True)): a plan reaches the server "
-            "as plain nnsight module accesses and needs neither package there"
+            "a trace of a causalab_mini model sends the model and the places it touches by "
+            "reference, which a server runs with its own installed copy, and the server "
+            f"lacks {', '.join(problems)}. Install `pip install {install}` on the server, or "
+            "send the reads and writes as a Plan (Plan.of(...).run(model, inputs, "
+            "remote=True)): a plan reaches the server as plain nnsight module accesses and "
+            "needs neither package there"
         )
+
+
+def _lacking(text: str) -> str | None:
+    """The package of ours a server's ModuleNotFoundError names, if any."""
+    for package in PACKAGES:
+        if f"No module named '{package}" in text:
+            return package
+    return None
+
+
+def _server_says(text: str) -> str | None:
+    """The message one of causalab_mini's server-side checks raised, if any."""
+    for line in text.splitlines():
+        at = line.find("causalab_mini: ")
+        if at >= 0 and 'f"' not in line and 'f"' not in line:
+            return line[at:]
+    return None
+
+
+def backend(model: Any, blocking: bool = True) -> Any:
+    """nnsight's RemoteBackend for ``model``, whose failures name what the server
+    lacks or runs differently (the check before sending only knows where the server
+    says what it has)."""
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    class _Backend(RemoteBackend):  # type: ignore[misc]
+        def __call__(self, tracer: Any = None) -> Any:
+            try:
+                return super().__call__(tracer)
+            except Exception as exc:
+                raise _explained(exc) from None
+
+    return _Backend(model.to_model_key(), blocking=blocking)
+
+
+def _explained(exc: Exception) -> Exception:
+    text = str(exc)
+    missing = _lacking(text)
+    if missing is not None:
+        install = " ".join(f"{_pip(p)}=={v}" for p, v in versions().items())
+        return RemoteRefused(
+            f"the server has no {missing}: a trace of a causalab_mini model sends the model "
+            "and its places by reference, which the server runs with its own installed copy. "
+            f"Install `pip install {install}` on the server, or send the reads and writes "
+            "as a Plan (Plan.run(..., remote=True)), which needs neither package there"
+        )
+    said = _server_says(text)
+    if said is not None:
+        return RemoteMismatch(said)
+    return exc
 
 
 # ---------------------------------------------------------------------- plain model
@@ -314,7 +402,10 @@ def run_plan(
     elif remote:
         ensure_model_key(model)
         kwargs["remote"] = True
-    reads = _execute(plain_model(model), inputs, program, wanted, run, kwargs)
+    try:
+        reads = _execute(plain_model(model), inputs, program, wanted, run, kwargs)
+    except Exception as exc:
+        raise _explained(exc) from None
     if not isinstance(reads, list) or len(reads) != len(addresses):
         got = "nothing" if reads is None else f"{len(reads)} values"
         raise RemoteIncomplete(

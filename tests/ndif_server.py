@@ -88,8 +88,14 @@ def main() -> None:
                 model._module.requires_grad_(False)
                 persistent = model._remoteable_persistent_objects()
                 _write(wire_out, ("ok", None))
-            elif message[0] == "env":
-                _write(wire_out, ("ok", get_local_env()))
+            elif message[0] == "env":  # what NDIF's /env reports: what it can import
+                env = get_local_env()
+                env["packages"] = {
+                    name: version
+                    for name, version in env["packages"].items()
+                    if name.split(".")[0] not in args.block
+                }
+                _write(wire_out, ("ok", env))
             elif message[0] == "describe":
                 config = model._module.config
                 described = {
