@@ -45,11 +45,14 @@ class Worker:
         self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.requests = 0
 
-    def call(self, *message: Any) -> Any:
-        assert self.process.stdin is not None and self.process.stdout is not None
+    def send(self, *message: Any) -> None:
+        assert self.process.stdin is not None
         data = pickle.dumps(message)
         self.process.stdin.write(struct.pack("<Q", len(data)) + data)
         self.process.stdin.flush()
+
+    def receive(self) -> Any:
+        assert self.process.stdout is not None
         head = self.process.stdout.read(8)
         if len(head) < 8:
             raise ServerError(f"the worker exited with {self.process.wait()}")
@@ -59,9 +62,13 @@ class Worker:
             raise ServerError(payload)
         return payload
 
+    def call(self, *message: Any) -> Any:
+        self.send(*message)
+        return self.receive()
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self.call("quit")
+            self.send("quit")
         with contextlib.suppress(Exception):
             self.process.stdin.close()  # type: ignore[union-attr]
         try:

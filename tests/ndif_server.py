@@ -12,7 +12,8 @@ touches the network.
 server that never installed it. This file imports nothing of causalab_mini.
 
 Commands (each a pickled tuple): ``("load", model_key, kwargs)``, ``("env",)``,
-``("describe",)``, ``("request", headers, body)``, ``("quit",)``.
+``("describe",)``, ``("request", headers, body)``, ``("stub", on)`` (answer requests
+with an empty result, deserializing nothing: the tests prove they notice), ``("quit",)``.
 """
 
 from __future__ import annotations
@@ -76,11 +77,13 @@ def main() -> None:
     model: Any = None
     model_key: str | None = None
     persistent: dict[str, Any] = {}
+    stubbed = False  # ("stub", True): answer requests without deserializing or running them
 
     while True:
         message = _read(wire_in)
         if message is None or message[0] == "quit":
-            return
+            wire_out.flush()
+            os._exit(0)  # nothing to clean up: skip the interpreter's slow teardown
         try:
             if message[0] == "load":
                 _, model_key, kwargs = message
@@ -104,6 +107,17 @@ def main() -> None:
                     "modules": sorted(m for m in sys.modules if "." not in m),
                 }
                 _write(wire_out, ("ok", described))
+            elif message[0] == "stub":
+                stubbed = bool(message[1])
+                _write(wire_out, ("ok", None))
+            elif message[0] == "request" and stubbed:
+                buffer = io.BytesIO()
+                torch.save({}, buffer)
+                data = buffer.getvalue()
+                compress = message[1].get("nnsight-compress", "True").lower() == "true"
+                if compress:
+                    data = zstandard.ZstdCompressor(level=6).compress(data)
+                _write(wire_out, ("ok", data))
             elif message[0] == "request":
                 _, headers, body = message
                 sent_key = headers.get("nnsight-model-key")
