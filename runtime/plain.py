@@ -10,8 +10,8 @@ causalab_mini runs them; that is why this module is self-contained:
 - the only names a function may use are builtins, its parameters, and the other
   functions of this module (``remote.shipped()`` runs this file's source in a fresh
   namespace, and cloudpickle sends each function with the globals it names);
-- annotations name builtins only (a server rebuilds a function from its source,
-  where no other name is defined).
+- annotations are never evaluated (nnsight rebuilds a function from its source
+  without running its ``def``), so ``Any`` is imported for type checkers only.
 
 What a step means is the same as on the client: ``Place.get``/``Place.set`` for a row
 (module side, ``.source`` operations, select, snapshot, scale, in-place writes) and
@@ -22,8 +22,13 @@ both ways and compares them, so the two cannot drift apart unnoticed.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def check_server(model: object, expected: dict) -> None:
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def check_server(model: Any, expected: dict[str, Any]) -> None:
     """Refuse to run on a model other than the one the client compiled for: another
     attention implementation or dtype, or a forward whose operations differ (another
     transformers: a needle that names another call there)."""
@@ -49,7 +54,7 @@ def check_server(model: object, expected: dict) -> None:
         )
 
 
-def _accessor(source: object) -> object:
+def _accessor(source: Any) -> Any:
     # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
     return getattr(source, "accessor", source)
 
@@ -71,7 +76,7 @@ def _calls(text: str, needle: str) -> bool:
     return False
 
 
-def _find(source: object, needle: str, where: str) -> object:
+def _find(source: Any, needle: str, where: str) -> Any:
     """The operation of ``source`` that the call-shaped ``needle`` names, resolved as
     ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
     line holds the call. None or several is refused with the operation list."""
@@ -95,7 +100,7 @@ def _find(source: object, needle: str, where: str) -> object:
     return getattr(source, hits[0])
 
 
-def _target(model: object, step: dict) -> object:
+def _target(model: Any, step: dict[str, Any]) -> Any:
     """The Envoy (module or operation) whose boundary a step reads or writes; a step
     at the model itself holds no Envoy (the model it names is the one running)."""
     target = model if step["envoy"] is None else step["envoy"]
@@ -104,7 +109,7 @@ def _target(model: object, step: dict) -> object:
     return target
 
 
-def _select_get(value: object, select: object) -> object:
+def _select_get(value: Any, select: Any) -> Any:
     if select is None:
         return value
     if select[0] == "first":
@@ -112,7 +117,7 @@ def _select_get(value: object, select: object) -> object:
     return value[select[1]]
 
 
-def _replace_part(value: object, key: object, new: object) -> object:
+def _replace_part(value: Any, key: Any, new: Any) -> Any:
     from collections.abc import Mapping
 
     if isinstance(value, tuple):
@@ -134,7 +139,7 @@ def _replace_part(value: object, key: object, new: object) -> object:
     raise TypeError(f"cannot replace part {key!r} of a {type(value).__name__}")
 
 
-def _select_put(value: object, select: object, new: object) -> object:
+def _select_put(value: Any, select: Any, new: Any) -> Any:
     if select is None:
         return new
     if select[0] == "first":
@@ -142,7 +147,7 @@ def _select_put(value: object, select: object, new: object) -> object:
     return _replace_part(value, select[1], new)
 
 
-def _whole(model: object, step: dict) -> object:
+def _whole(model: Any, step: dict[str, Any]) -> Any:
     """The tensor at the step's place as the model holds it (all heads)."""
     target = _target(model, step)
     if step["take"] is not None:
@@ -159,7 +164,7 @@ def _whole(model: object, step: dict) -> object:
     return value
 
 
-def _flat(layout: object, native: object) -> object:
+def _flat(layout: Any, native: Any) -> Any:
     if layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
     if layout == "bshd":
@@ -167,7 +172,7 @@ def _flat(layout: object, native: object) -> object:
     return native
 
 
-def _native(layout: object, flat: object, like: object) -> object:
+def _native(layout: Any, flat: Any, like: Any) -> Any:
     if layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)
@@ -176,14 +181,14 @@ def _native(layout: object, flat: object, like: object) -> object:
     return flat
 
 
-def _head(step: dict) -> tuple:
+def _head(step: dict[str, Any]) -> tuple[Any, ...]:
     what, start, size = step["head"]
     if what == "axis1":
         return (slice(None), start)
     return (Ellipsis, slice(start, start + size))
 
 
-def _put(model: object, step: dict, value: object) -> None:
+def _put(model: Any, step: dict[str, Any], value: Any) -> None:
     """Hand the model ``value`` (as it holds it) at the step's place."""
     target = _target(model, step)
     if step["take"] is not None:
@@ -210,7 +215,7 @@ def _put(model: object, step: dict, value: object) -> None:
     setattr(target, attr, value)
 
 
-def _write(model: object, step: dict) -> None:
+def _write(model: Any, step: dict[str, Any]) -> None:
     native = _whole(model, step)
     flat = _flat(step["layout"], native)
     value = step["value"]
@@ -231,14 +236,14 @@ def _write(model: object, step: dict) -> None:
     _put(model, step, _native(step["layout"], value, native))
 
 
-def _open_sources(step: dict) -> None:
+def _open_sources(step: dict[str, Any]) -> None:
     """Open the ``.source`` of the operations this step's module nests into, before
     any of its operations is read (nnsight needs the nested source opened first)."""
     for envoy, needle in step["nested"]:
         _find(envoy.source, needle, step["where"]).source  # noqa: B018
 
 
-def run(model: object, program: tuple, expected: dict) -> list:
+def run(model: Any, program: tuple[Any, ...], expected: dict[str, Any]) -> list[Any]:
     """Run ``program`` in the current trace of ``model``; return the reads, in order."""
     check_server(model, expected)
     reads = []
