@@ -211,6 +211,25 @@ def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, 
             client.layers_mid[1].save()
 
 
+def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, Worker]) -> None:
+    client = StandardizedTransformer("tiny:llama", remote=True, dtype=torch.bfloat16)
+    inputs = c.sample_inputs(client)
+    loop = Loopback(workers["stock"])
+    with loop.installed(), pytest.raises(remote.RemoteMismatch, match=r"dtype=torch\.float32"):
+        plan_for(client, None).run(client, inputs, remote=True)
+
+
+def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operations() -> None:
+    """What the shipped code does where a server's transformers calls the needle at
+    no operation (or several): refuse, listing the forward's operations."""
+    model = load("tiny:llama")
+    source = model.layers[0].self_attn.source
+    find = remote.shipped()["_find"]
+    with pytest.raises(RuntimeError, match=r"(?s)calls 'no_such_call\(' at 0 operations.*o_proj"):
+        find(source, "no_such_call(", "layers.0.self_attn")
+    assert find(source, "self.o_proj(", "layers.0.self_attn") is not None
+
+
 def test_loopback_notices_a_stubbed_server_or_download(
     workers: dict[str, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
