@@ -222,11 +222,15 @@ def _write(model: Any, step: dict[str, Any]) -> None:
     want = flat[_head(step)] if step["head"] is not None else flat
     if tuple(value.shape) != tuple(want.shape):
         raise ValueError(
-            f"cannot write a tensor of shape {tuple(value.shape)} to {step['where']}, which has "
-            f"shape {tuple(want.shape)}; nothing is broadcast"
+            f"causalab_mini: write refused: cannot write a tensor of shape "
+            f"{tuple(value.shape)} to {step['where']}, which has shape {tuple(want.shape)}; "
+            "nothing is broadcast"
         )
     if value.dtype != want.dtype:
-        raise ValueError(f"{step['where']} holds {want.dtype}; the value is {value.dtype}")
+        raise ValueError(
+            f"causalab_mini: write refused: {step['where']} holds {want.dtype}; the value "
+            f"is {value.dtype}"
+        )
     # the value crossed the wire on the CPU; the server's model may sit elsewhere
     value = value.to(want.device)
     if step["head"] is not None:

@@ -146,14 +146,24 @@ def ensure_model_key(model: Any) -> None:
         huggingface.ID_CACHE.setdefault(repo_id, repo_id)
 
 
+_UNANSWERED: set[str] = set()
+
+
 def server_env() -> dict[str, Any] | None:
     """The server's packages as NDIF reports them (its /env), or None where it does
-    not say (no answer is not a refusal: the request itself then finds out)."""
-    try:
-        from nnsight.ndif import get_remote_env
+    not say (no answer is not a refusal: the request itself then finds out). A host
+    that did not answer is not asked again in this process."""
+    from nnsight import CONFIG, ndif
 
-        env = get_remote_env()
+    if isinstance(ndif.NDIF_ENV, dict):
+        return ndif.NDIF_ENV
+    host = str(CONFIG.API.HOST)
+    if host in _UNANSWERED:
+        return None
+    try:
+        env = ndif.get_remote_env()
     except Exception:
+        _UNANSWERED.add(host)
         return None
     return env if isinstance(env, dict) else None
 
@@ -228,9 +238,16 @@ def _explained(exc: Exception) -> Exception:
             "as a Plan (Plan.run(..., remote=True)), which needs neither package there"
         )
     said = _server_says(text)
+    if said is not None and said.startswith(WRITE_REFUSED):
+        from .components import WriteRefused
+
+        return WriteRefused(said[len(WRITE_REFUSED) :])
     if said is not None:
         return RemoteMismatch(said)
     return exc
+
+
+WRITE_REFUSED = "causalab_mini: write refused: "
 
 
 # ---------------------------------------------------------------------- plain model

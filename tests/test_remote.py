@@ -219,6 +219,17 @@ def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, W
         plan_for(client, None).run(client, inputs, remote=True)
 
 
+def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Worker]) -> None:
+    from causalab_mini.components import WriteRefused
+
+    client = remote_llama()
+    inputs = c.sample_inputs(client)
+    wrong = torch.zeros(1, 3, client.hidden_size)
+    plan = Plan.of([locate(client, "logits")], [(locate(client, "block_mid", 0), wrong)])
+    with Loopback(workers["stock"]).installed(), pytest.raises(WriteRefused, match="nothing is"):
+        plan.run(client, inputs, remote=True)
+
+
 def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operations() -> None:
     """What the shipped code does where a server's transformers calls the needle at
     no operation (or several): refuse, listing the forward's operations."""
