@@ -230,6 +230,23 @@ def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Worker]) 
         plan.run(client, inputs, remote=True)
 
 
+def test_a_server_with_other_versions_is_refused_before_sending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import nnsight.ndif
+
+    from causalab_mini import __version__
+
+    client = remote_llama()
+    nnterp = remote.versions()["nnterp"]
+    said = {"packages": {"causalab_mini": "0.0.9", "nnterp": nnterp, "nnsight": "0.7.0"}}
+    monkeypatch.setattr(nnsight.ndif, "NDIF_ENV", said)
+    with pytest.raises(remote.RemoteRefused, match=r"causalab_mini \S+ \(the server has 0\.0\.9\)"):
+        remote.preflight_packages(client)
+    said["packages"]["causalab_mini"] = __version__
+    remote.preflight_packages(client)  # the same versions: nothing to refuse
+
+
 def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operations() -> None:
     """What the shipped code does where a server's transformers calls the needle at
     no operation (or several): refuse, listing the forward's operations."""
