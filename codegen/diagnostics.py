@@ -36,6 +36,7 @@ CODES: dict[str, str] = {
     "X014": "a family that no block-structure rule covers",
     "X015": "a family without a final norm that does not refuse ln_final_output",
     "X016": "a family says why no block structure applies, and a block-structure rule covers it",
+    "X017": "a family row that names no default place without 'add: true', or 'add: true' on a default place",
 }
 
 

@@ -73,6 +73,13 @@ def _extras(row: Address) -> tuple[str, ...]:
         out.append(f"multiplied by config.{row.scale}")
     if row.snapshot:
         out.append("read as a copy (the forward modifies it in place later)")
+    if row.write == "in_place":
+        out.append(
+            "read as a copy: a write overwrites the tensor the block carries on, and a "
+            "value read before it keeps what it was"
+        )
+    if row.read_only:
+        out.append(f"read-only: {row.read_only}")
     for package, spec in row.versions:
         out.append(f"holds for {package} {spec}")
     return tuple(out)
@@ -116,7 +123,13 @@ def places(registry: Registry) -> list[PlaceView]:
                 rank=_rank(row),
                 scope="per layer" if row.per_layer else "whole model",
                 where=row.describe(),
-                write="in place" if row.write == "in_place" else "replace",
+                write=(
+                    "refused"
+                    if row.read_only or row.io is IOType.MODULE
+                    else "in place"
+                    if row.write == "in_place"
+                    else "replace"
+                ),
                 identities=identities,
                 per_structure=tuple(cells),
                 refusals=_refusals(row.unavailable, name),

@@ -257,18 +257,39 @@ def write(rendered: dict[str, str], out_dir: Path) -> Plan:
                 f"{'it' if len(foreign) == 1 else 'them'} elsewhere and run `registry gen` again"
             )
         for name in [*todo.missing, *todo.stale]:
-            target = out_dir / name
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(rendered[name].encode("utf-8"))
-                os.replace(tmp, target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            _write_atomic(out_dir / name, rendered[name])
         for name in todo.orphans:
             (out_dir / name).unlink(missing_ok=True)
     return todo
+
+
+def _umask() -> int:
+    """The process's umask: from /proc where it says (reading it does not change it),
+    else by setting it and putting it back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _write_atomic(target: Path, text: str) -> None:
+    """Write ``target`` whole or not at all (a temporary file renamed over it), with the
+    mode a plain write under the user's umask gives (0644 under 022): mkstemp's 0600
+    would hide generated files from the group and others."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(text.encode("utf-8"))
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 # ------------------------------------------------------------------- documentation
@@ -338,12 +359,5 @@ def write_docs(rendered: dict[str, str], docs_dir: Path) -> Plan:
     with _lock_for(docs_dir):
         todo = plan_docs(rendered, docs_dir)
         for name in [*todo.missing, *todo.stale]:
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=docs_dir)
-            try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(rendered[name].encode("utf-8"))
-                os.replace(tmp, docs_dir / name)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            _write_atomic(docs_dir / name, rendered[name])
     return todo

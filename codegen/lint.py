@@ -6,6 +6,7 @@ left out of the cross-row pass so one mistake is not reported five times.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Iterator
@@ -172,7 +173,8 @@ def _one_schema_error(loaded: Loaded, display: str, error: ValidationError) -> l
     where = _where(path)
     kind = error.validator
     if kind == "additionalProperties" and isinstance(error.instance, dict):
-        allowed = sorted(error.schema.get("properties", {}))
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        allowed = sorted(schema.get("properties", {}))
         out = []
         for key in error.instance:
             if key not in allowed:
@@ -275,7 +277,7 @@ def _short(value: Any) -> str:
 
 def _explain(error: ValidationError) -> str:
     kind, value = error.validator, error.validator_value
-    if kind == "enum":
+    if kind == "enum" and isinstance(value, list):
         return f"{_short(error.instance)} is not one of {', '.join(map(repr, value))}"
     if kind == "const":
         return f"{_short(error.instance)} must be {value!r}"
@@ -331,8 +333,10 @@ def _fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(Unavailable(_condition(u["when"]), u["reason"].strip()) for u in value)
         elif key == "versions":
             out[key] = tuple(sorted(value.items()))
-        elif key == "doc":
-            out[key] = value.strip()
+        elif key in ("doc", "read_only"):
+            out[key] = value.strip() if isinstance(value, str) else value
+        elif key == "add":
+            continue  # says the row is new; not a field of the row
         else:
             out[key] = value
     return out
@@ -826,6 +830,7 @@ def _cross(
                     continue
                 interior = reg.interiors.get(target)
                 per_layer, rank = True, interior.order if interior else 0
+                row = None
             if raw["per_layer"] != per_layer:
                 check.err(
                     co,
@@ -846,6 +851,22 @@ def _cross(
                     name,
                     "a per-head component says how its tensor is held (layout: bhsd, bshd, bsf "
                     "or bhsk) and a component that is not per head has no layout",
+                )
+            if (
+                kind == "boundary"
+                and row is not None
+                and (row.read_only is not None or row.io is IOType.MODULE)
+                and raw["writable"]
+            ):
+                check.err(
+                    co,
+                    d,
+                    ("components", i, "writable"),
+                    "X013",
+                    name,
+                    f"writable is true but {target} refuses writes "
+                    f"({row.read_only or 'it is a module, not a tensor'}); write "
+                    "'writable: false' with a why_read_only in the component's words",
                 )
             if not raw["writable"] and "why_read_only" not in raw:
                 check.err(
@@ -905,6 +926,22 @@ def _cross(
         for row, raw in data.get("addresses", {}).items():
             path: JsonPath = ("addresses", row)
             check.row_fields(fam, d, path, f"{name}:{row}", raw)
+            if pl is not None and (row in reg.places) == bool(raw.get("add")):
+                if raw.get("add"):
+                    message = (
+                        f"{row!r} is a default place, so this row replaces it field by field; "
+                        "drop 'add: true' (or give the new place a name of its own)"
+                    )
+                else:
+                    close = difflib.get_close_matches(row, reg.places, n=1, cutoff=0.6)
+                    hint = f"did you mean {close[0]!r}? " if close else ""
+                    message = (
+                        f"{row!r} is not a default place: {hint}A row here replaces a default "
+                        "place of the same name; to add a place of the family's own, say "
+                        "'add: true' and give module, io, order and doc"
+                    )
+                check.err(fam, d, path, "X017", f"{name}:{row}", message, key=True)
+                continue
             if pl is not None and row not in reg.places:
                 missing = [f for f in NEW_ROW_FIELDS if f not in raw]
                 if missing:
@@ -915,7 +952,7 @@ def _cross(
                         path,
                         "X005",
                         f"{name}:{row}",
-                        f"{row!r} is not a default row, so this adds a row and must give "
+                        f"'add: true' makes {row!r} a new place, which must give "
                         f"{', '.join(missing)}; or replace one of: {known}",
                         key=True,
                     )

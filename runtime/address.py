@@ -142,7 +142,9 @@ class Address:
     resolved from the module tree (``STRUCTURAL_ADDRESSES``). ``source`` holds
     call-shaped needles descended through nnsight's ``.source``; ``select`` is where
     the tensor is inside the value there. ``snapshot`` marks a tensor the forward
-    modifies in place after the place, so a read takes a copy.
+    modifies in place after the place, so a read takes a copy (and a write hands the
+    model a copy of the value). ``read_only`` is the reason a write there is refused
+    (token ids, the model's own output), None where a place takes writes.
     """
 
     module: str
@@ -154,6 +156,7 @@ class Address:
     write: WriteMode = "replace"
     scale: str | None = None
     snapshot: bool = False
+    read_only: str | None = None
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     doc: str = field(default="", compare=False)

@@ -110,7 +110,7 @@ def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
         return Check(
             name, layer, False, float("inf"), f"shape {tuple(got.shape)} != {tuple(want.shape)}"
         )
-    got, want = got.double(), want.double()
+    got, want = got.detach().double(), want.detach().double()
     error = (got - want).abs()
     worst = float(error.max()) if error.numel() else 0.0
     ok = bool(torch.allclose(got, want, atol=ATOL * max(1.0, float(want.abs().max())), rtol=RTOL))
@@ -276,3 +276,81 @@ def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | No
         _value(box["out"]),
         _value(box["clean"]) + 0.25,
     )
+
+
+def write_keeps_earlier_reads(
+    model: Any, inputs: dict[str, Any], name: str, layer: int | None
+) -> list[Check]:
+    """A write must not reach backwards. In one trace: read every available place up
+    to and including ``name`` at ``layer`` (in forward order), write there, read the
+    same place again and a place after it. Every first read must equal a clean run
+    (a saved read keeps the value it had when read, even where the write overwrites
+    the tensor the block carries in place), the second read must equal the written
+    value, and the later place must change (the write reaches the stream). Returns
+    [] where the place or a later one to observe is not available."""
+    import torch
+
+    internals = model.internals
+    place = internals[name]
+    if place.unavailable_on(layer) is not None or place.refuses_writes() is not None:
+        return []
+    rank = internals.rank(name, layer)
+    earlier: list[tuple[tuple[int, int], str, int | None]] = []
+    later: tuple[str, int | None] | None = None
+    for other in internals:
+        row = internals[other].row
+        if row.io.value == "module":
+            continue
+        layers: list[int | None] = list(range(internals.num_layers)) if row.per_layer else [None]
+        for at in layers:
+            if internals[other].unavailable_on(at) is not None:
+                continue
+            key = internals.rank(other, at)
+            if key <= rank:
+                earlier.append((key, other, at))
+            elif other in ("layers_output", "logits") and (later is None or at == layer):
+                later = (other, at)
+    if later is None:
+        return []
+    earlier.sort(key=lambda item: item[0])
+    clean = read_places(model, inputs)
+    before: list[Any] = []
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        for _, other, at in earlier:
+            before.append(internals[other].get(at).save())
+        current = internals[name].get(layer)
+        written = current * 0.5 + 1.0
+        box["written"] = written.save()
+        internals[name].set(layer, written)
+        box["again"] = internals[name].get(layer).save()
+        box["later"] = internals[later[0]].get(later[1]).save()
+    where = f"{name}[{layer}]" if layer is not None else name
+    checks = [
+        compare(
+            f"{other} read before the write at {where} == a clean run",
+            at,
+            _value(saved),
+            clean[(other, at)],
+        )
+        for (_, other, at), saved in zip(earlier, before, strict=True)
+    ]
+    checks.append(
+        compare(
+            f"{where} read after the write == the written value",
+            layer,
+            _value(box["again"]),
+            _value(box["written"]),
+        )
+    )
+    after = _value(box["later"]).detach()
+    moved = float((after.double() - clean[later].detach().double()).abs().max())
+    checks.append(
+        Check(
+            f"{later[0]} after the write at {where} differs from a clean run",
+            later[1],
+            bool(moved > 0 and torch.isfinite(after).all()),
+            moved,
+        )
+    )
+    return checks

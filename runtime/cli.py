@@ -67,6 +67,7 @@ def model_command(
     from causalab_mini.components import component_status
     from causalab_mini.internals import PlaceUnavailable
     from causalab_mini.model import StandardizedTransformer
+    from causalab_mini.spec import ModelSpecError
     from causalab_mini.tiny import TinyBuildError
 
     for noisy in ("nnterp", "transformers"):
@@ -78,8 +79,11 @@ def model_command(
 
     try:
         model = StandardizedTransformer(spec, enable_attention_probs=eager)
+    except ModelSpecError as exc:
+        click.echo(f"registry model: {exc}", err=True)
+        sys.exit(1)
     except (TinyBuildError, OSError, ValueError) as exc:
-        click.echo(f"registry model: cannot load {spec}: {exc}", err=True)
+        click.echo(f"registry model: cannot load {spec}: {_first_line(exc)}", err=True)
         sys.exit(1)
     internals = model.internals
     n = internals.num_layers
@@ -89,8 +93,15 @@ def model_command(
             err=True,
         )
         sys.exit(2)
+    asked = layer
     if layer is not None:
         layer %= n
+    scope = (
+        "every layer"
+        if layer is None
+        else f"layer {layer}"
+        + (f" (--layer {asked} counts from the end)" if asked != layer else "")
+    )
     rows: list[dict[str, object]] = []
     if places:
         for name, reason in internals.status(layer).items():
@@ -125,6 +136,7 @@ def model_command(
         "families": list(model.families),
         "attn_implementation": getattr(model._model.config, "_attn_implementation", None),
         "padding_side": getattr(model.tokenizer, "padding_side", None),
+        "answered_for": scope,
     }
     if diagram_path is not None:
         from causalab_mini.diagram import diagram
@@ -141,7 +153,7 @@ def model_command(
         click.echo(
             f"{spec} via nnterp: {n} layers, padding_side={header['padding_side']} "
             f"({internals.model_class}, block {model.block_structure}, family {families}, "
-            f"attention {header['attn_implementation']})"
+            f"attention {header['attn_implementation']}); answered for {scope}"
         )
         width = max(len(str(r["name"])) for r in rows)
         for r in rows:
@@ -149,7 +161,14 @@ def model_command(
                 click.echo(f"  {r['name']!s:{width}}  ok   {_detail(r, places)}".rstrip())
             else:
                 click.echo(f"  {r['name']!s:{width}}  --   {_first_line(r['reason'])}")
-    if strict and any(not r["ok"] for r in rows):
+    refused = [str(r["name"]) for r in rows if not r["ok"]]
+    if strict and refused:
+        what = "places" if places else "components"
+        click.echo(
+            f"registry model --strict: {len(refused)} of {len(rows)} {what} refused on {spec} "
+            f"({scope}): {', '.join(refused)}",
+            err=True,
+        )
         sys.exit(1)
 
 
@@ -179,7 +198,7 @@ def _print_table(
         title=(
             f"{spec}: {header['model_class']}, {header['layers']} layers, block "
             f"{header['block_structure']}, family {families}, attention "
-            f"{header['attn_implementation']}"
+            f"{header['attn_implementation']}; answered for {header['answered_for']}"
         ),
         title_justify="left",
     )

@@ -19,16 +19,19 @@ from typing import Any
 from causalab_mini.address import Component, Interior
 from causalab_mini.generated import COMPONENTS, FAMILY_INTERIORS_UNAVAILABLE, INTERIORS
 
-from .internals import PlaceUnavailable, _installed, child, layer_config
+from .internals import (
+    PlaceUnavailable,
+    WriteRefused,
+    _installed,
+    check_value,
+    child,
+    layer_config,
+)
 from .ops import OperationNotFound, find_op, op_name
 
 
 class ComponentError(LookupError):
     """A component that cannot be compiled for this model, with the reason."""
-
-
-class WriteRefused(ValueError):
-    """A write that does not fit its place (shape, dtype, device, read-only)."""
 
 
 @dataclass(frozen=True, order=True)
@@ -654,25 +657,16 @@ def read(model: Any, address: ComponentAddress) -> Any:
 
 
 def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
-    """Refuse a write that does not fit: read-only, or shape / dtype / device differ.
-    ``current`` is the place's tensor as handed on (all heads)."""
+    """Refuse a write that does not fit: read-only, or shape / dtype / device differ
+    (``check_value``, the one check every spelling of a write makes). ``current`` is
+    the place's tensor as handed on (all heads)."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    want = tuple(current[_head_slice(address)].shape if address.head is not None else current.shape)
-    got = tuple(getattr(value, "shape", ()))
-    if got != want:
-        what = f"head {address.head} of " if address.head is not None else ""
-        raise WriteRefused(
-            f"cannot write a tensor of shape {got} to {what}{address.component}"
-            f"{'' if address.layer is None else f'[{address.layer}]'}, which has shape {want}; "
-            "nothing is broadcast"
-        )
-    if getattr(value, "dtype", None) != current.dtype:
-        raise WriteRefused(f"{address.component} holds {current.dtype}; the value is {value.dtype}")
-    if getattr(value, "device", None) != current.device:
-        raise WriteRefused(
-            f"{address.component} is on {current.device}; the value is on {value.device}"
-        )
+    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    if address.head is not None:
+        where = f"head {address.head} of {where}"
+        current = current[_head_slice(address)]
+    check_value(where, value, current)
 
 
 def write(model: Any, address: ComponentAddress, value: Any) -> None:

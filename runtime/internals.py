@@ -29,6 +29,41 @@ class RenameError(ValueError):
     """A row whose name the model already uses for something else."""
 
 
+class WriteRefused(ValueError):
+    """A write that does not fit its place (shape, dtype, device, read-only)."""
+
+
+def check_value(where: str, value: Any, current: Any) -> None:
+    """Refuse to write ``value`` at ``where`` (a place or component, with its layer)
+    unless it is a tensor of exactly ``current``'s shape, dtype and device. Nothing is
+    broadcast or cast: a user who means it says so (``v.expand_as(x)``, ``v.to(x)``).
+    Every spelling of a write (``model.<name>[i] = v``, ``model.internals[name][i] =
+    v``, a ``Plan``) checks with this one function, so they refuse alike."""
+    shape = getattr(value, "shape", None)
+    want = tuple(current.shape)
+    if shape is None:
+        raise WriteRefused(
+            f"cannot write a {type(value).__name__} to {where}, which holds a tensor of "
+            f"shape {want}; write a tensor of that shape (e.g. torch.full_like(x, value))"
+        )
+    got = tuple(shape)
+    if got != want:
+        raise WriteRefused(
+            f"cannot write a tensor of shape {got} to {where}, which has shape {want}; "
+            "nothing is broadcast (say v.expand_as(x) if that is what you mean)"
+        )
+    if getattr(value, "dtype", None) != current.dtype:
+        raise WriteRefused(
+            f"{where} holds {current.dtype}; the value is {value.dtype}. Nothing is cast: "
+            f"write v.to({current.dtype})"
+        )
+    if getattr(value, "device", None) != current.device:
+        raise WriteRefused(
+            f"{where} is on {current.device}; the value is on {value.device}: write "
+            f"v.to('{current.device}')"
+        )
+
+
 def has_attr(envoy: Any, name: str) -> bool:
     """Whether ``getattr(envoy, name)`` can find ``name``, decided without calling
     nnsight's ``Envoy.__getattr__`` on a miss: its AttributeError formats the whole
@@ -105,6 +140,13 @@ def child_names(envoy: Any, depth: int = 2) -> list[str]:
 
     walk(envoy, "", 1)
     return out
+
+
+def _copied(address: Address) -> bool:
+    """Whether a read at ``address`` hands out a copy: the tensor there is modified in
+    place later in the same forward (``snapshot``), or a write at this place overwrites
+    it in place (``write: in_place``), and a value already read must not change."""
+    return address.snapshot or address.write == "in_place"
 
 
 def layer_config(config: Any, layer: int | None) -> Any:
@@ -236,37 +278,60 @@ class Place:
             return envoy
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
-            plain = address.select is None and not address.snapshot and address.scale is None
+            plain = address.select is None and not _copied(address) and address.scale is None
             self._reads[layer] = (envoy, attr, None if plain else address)
         return self._finish(address, getattr(envoy, attr))
 
     def _finish(self, address: Address, value: Any) -> Any:
         if address.select is not None:
             value = address.select.get(value)
-        if address.snapshot:
+        if _copied(address):
+            # the tensor here changes later in place (the forward's own in-place add,
+            # or a write at this in_place place): a read is what it was when read
             value = value.clone()
         if address.scale is not None:
             value = value * self._internals.scale(address.scale)
         return value
 
-    def set(self, layer: int | None, value: Any) -> None:
-        address, envoy = self._target(layer)
-        if address.io is IOType.MODULE:
-            raise TypeError(
-                f"{self.name} is a module, not a tensor; write {self.name}_input or "
-                f"{self.name}_output (or another place) instead"
+    def where(self, layer: int | None) -> str:
+        """``layers_mid[1]`` or ``logits()``: the place as a write names it."""
+        return f"{self.name}[{layer}]" if self.per_layer else f"{self.name}()"
+
+    def refuses_writes(self) -> str | None:
+        """Why no write is taken here, whatever the value (None where writes are)."""
+        if self.row.io is IOType.MODULE:
+            return (
+                "it is a module, not a tensor; write its input or output place "
+                f"(e.g. {self.name}_input or {self.name}_output) instead"
             )
+        return self.row.read_only
+
+    def set(self, layer: int | None, value: Any) -> None:
+        """Write ``value`` here: a tensor of exactly the place's shape, dtype and device
+        (``check_value``); refused at a read-only place. Where the row writes in place,
+        the tensor the block carries on is overwritten, and a value read before keeps
+        what it was (reads there are copies)."""
+        address, envoy = self._target(layer)
+        at = self._internals._layer(self, layer)
+        where = self.where(at)
+        refused = self.refuses_writes() if address.io is IOType.MODULE else address.read_only
+        if refused is not None:
+            raise WriteRefused(f"{where} is read-only: {refused}")
+        attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
+        whole = getattr(envoy, attr)
+        current = address.select.get(whole) if address.select is not None else whole
+        check_value(where, value, current)
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
-        attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if address.write == "in_place":
-            current = getattr(envoy, attr)
-            if address.select is not None:
-                current = address.select.get(current)
             current[...] = value
             return
+        if address.snapshot:
+            # the forward modifies this tensor in place after the place: hand it a copy,
+            # so the user's own tensor (perhaps a saved read) is not changed under them
+            value = value.clone()
         if address.select is not None:
-            value = address.select.put(getattr(envoy, attr), value)
+            value = address.select.put(whole, value)
         setattr(envoy, attr, value)
 
     def __getitem__(self, layer: int) -> Any:
@@ -307,14 +372,33 @@ class Internals(Mapping[str, Place]):
         try:
             return self._places[name]
         except KeyError:
-            import difflib
+            raise KeyError(self._unknown(name)) from None
 
-            close = difflib.get_close_matches(name, self._places, n=3)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise KeyError(
-                f"{name!r} is not a place of this model{hint} Add your own with "
-                f"RenameConfig(addresses={{{name!r}: Address(...)}})"
-            ) from None
+    def _unknown(self, name: str) -> str:
+        """Why ``name`` is not a place here, naming the place a component of that name
+        reads and the closest place names."""
+        import difflib
+
+        from causalab_mini.generated import COMPONENTS
+
+        spec = COMPONENTS.get(name) if isinstance(name, str) else None
+        if spec is not None and spec.kind == "boundary" and spec.target in self._places:
+            return (
+                f"{name!r} is a component name, not a place: the place it reads is "
+                f"{spec.target!r}; write model.internals[{spec.target!r}] (or "
+                f"locate(model, {name!r}, layer) for the component)"
+            )
+        if spec is not None:
+            return (
+                f"{name!r} is a component inside the attention's forward, not a place of "
+                f"model.internals; address it with locate(model, {name!r}, layer)"
+            )
+        close = difflib.get_close_matches(str(name), self._places, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else "."
+        return (
+            f"{name!r} is not a place of this model{hint} Add your own with "
+            f"RenameConfig(addresses={{{name!r}: Address(...)}})"
+        )
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._order)

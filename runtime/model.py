@@ -22,7 +22,8 @@ from causalab_mini.generated import (
 from . import remote as _remote
 from .internals import Internals, Place, RenameError
 from .ops import find_op
-from .tiny import resolve_model_spec
+from .quiet import quiet
+from .spec import prepare_model_spec
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(
@@ -108,7 +109,9 @@ def _class_names_before_load(
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     config = AutoConfig.from_pretrained(
-        model, trust_remote_code=kwargs.get("trust_remote_code", False)
+        model,
+        trust_remote_code=kwargs.get("trust_remote_code", False),
+        local_files_only=kwargs.get("local_files_only", False),
     )
     names = tuple(config.architectures or ())
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
@@ -162,7 +165,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     ``model`` may be ``tiny:<model_type>`` (a tiny random checkpoint built locally), a
     hub id, a local directory or a loaded module. ``rename_config`` is
     causalab-mini's ``RenameConfig``: container names plus ``addresses`` of your own,
-    applied after the families'.
+    applied after the families'. Loading prints nothing but warnings; ``verbose=True``
+    shows nnterp's INFO lines and transformers' progress bars.
     """
 
     def __init__(
@@ -171,10 +175,29 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         *,
         rename_config: RenameConfig | None = None,
         enable_attention_probs: bool = False,
+        verbose: bool = False,
         **kwargs: Any,
     ) -> None:
+        self.__dict__["_causalab_verbose"] = verbose
+        with quiet(verbose):
+            self._causalab_init(model, rename_config, enable_attention_probs, kwargs)
+
+    def dispatch(self) -> None:
+        """nnsight's dispatch (the real weights loaded at the first trace of a model
+        built on the meta device), as quiet as the load was."""
+        with quiet(self.__dict__.get("_causalab_verbose", False)):
+            super().dispatch()
+
+    def _causalab_init(
+        self,
+        model: Any,
+        rename_config: RenameConfig | None,
+        enable_attention_probs: bool,
+        kwargs: dict[str, Any],
+    ) -> None:
         if isinstance(model, str):
-            model = resolve_model_spec(model)
+            model, extra = prepare_model_spec(model, kwargs)
+            kwargs.update(extra)
         kwargs.setdefault("device_map", "cpu")
         # remote=True keeps the checkpoint off this machine whatever else is asked: a
         # load-time check that needs a forward is deferred to the server, with why
@@ -230,9 +253,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         rename = dict(kwargs.pop("rename", None) or {})
         for embed in container_paths(merged.embed_name):
             rename.setdefault(embed, "embed_tokens")
-        # nnterp's load-time checks try scan() first; on a mixture of experts torch's
-        # fake tensors cannot run grouped matmuls and log a traceback before nnterp
-        # falls back to a trace. The fallback is nnterp's to make; the log is noise.
+        # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
+        # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)
@@ -353,6 +375,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if "internals" not in self.__dict__:  # nnterp's load-time checks
             return super().logits
         return self.internals["logits"]()
+
+    @logits.setter
+    def logits(self, value: Any) -> None:
+        """Refused like every write at the ``logits`` row (the model's own output)."""
+        self.internals["logits"].set(None, value)
 
     @property
     def token_embeddings(self) -> Any:

@@ -11,6 +11,7 @@ operation list.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any
 
 
@@ -57,7 +58,11 @@ def op_path(op: Any) -> str:
     return str(getattr(op, "path", None) or op.name)
 
 
-_CACHE: dict[tuple[int, str], str] = {}
+# Operation names by accessor (the parsed forward nnsight hands out), held weakly: an
+# entry lives exactly as long as its accessor, so a new accessor can never be handed
+# the name another forward's needle resolved to (an ``id()`` key could be, once the
+# old accessor is collected and its address reused).
+_CACHE: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
 def find_op(
@@ -71,19 +76,23 @@ def find_op(
     """The OperationEnvoy of ``source_envoy`` that ``needle`` names, or a refusal."""
     # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
     accessor = getattr(source_envoy, "accessor", source_envoy)
-    key = (id(accessor), needle)
-    name = _CACHE.get(key)
+    try:
+        names = _CACHE.setdefault(accessor, {})
+    except TypeError:  # not weakly referenceable or not hashable: resolve every time
+        names = {}
+    name = names.get(needle)
     if name is None:
         hits = candidates(accessor, needle)
         if len(hits) != 1:
             raise OperationNotFound(_message(accessor, needle, hits, row, module, model_class))
         name = hits[0]
-        _CACHE[key] = name
+        names[needle] = name
     return getattr(source_envoy, name)
 
 
 # Operation names by (the module's true forward, needle): every module whose forward
-# is the same function has the same operations under the same names.
+# is the same function has the same operations under the same names. The key holds
+# the function itself (a class's function, alive as long as its class), never its id.
 _OP_NAMES: dict[tuple[Any, str], str] = {}
 
 

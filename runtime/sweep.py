@@ -290,6 +290,28 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             write.ok,
             f"max error {write.max_error:.3g}",
         )
+    # a write must not reach backwards: where a write overwrites the tensor the block
+    # carries (in_place) or the forward modifies it later (snapshot), every place read
+    # before the write keeps its clean value
+    probe = min(1, n - 1)
+    for row_name, place in model.internals.items():
+        component = row_of.get(row_name)
+        if component is None or not (place.row.write == "in_place" or place.row.snapshot):
+            continue
+        if place.unavailable_on(probe if place.per_layer else None) is not None:
+            continue
+        kept = cert.write_keeps_earlier_reads(
+            model, inputs, row_name, probe if place.per_layer else None
+        )
+        if kept:
+            failed = [c for c in kept if not c.ok]
+            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
+            checks.add(
+                [component],
+                "a write keeps every earlier read, reads back, and reaches the stream",
+                not failed,
+                detail,
+            )
     shift = cert.attention_write_shifts_mid(model, inputs)
     if shift is not None:
         checks.add(["attention_output"], shift.name, shift.ok, f"max error {shift.max_error:.3g}")
@@ -1144,8 +1166,18 @@ def sweep_command(
             str(c["refused"]),
             str(c["broken"]),
         )
-    if not as_json:
+    if not as_json and sys.stdout.isatty():  # a terminal: the table, in colour
         Console().print(table)
+        click.echo(json.dumps(summarize(results)))
+    elif not as_json:  # piped: plain text, a line an architecture
+        click.echo(f"registry sweep: {len(results)} architectures in {seconds:.0f} s")
+        width = max((len(r.model_type) for r in results), default=0)
+        for r in results:
+            c = r.counts()
+            click.echo(
+                f"{r.model_type:{width}}  {r.structure or '-':16} {r.outcome:11} "
+                f"ok={c['ok']} refused={c['refused']} broken={c['broken']}"
+            )
         click.echo(json.dumps(summarize(results)))
     if out is not None:
         write_report(results, out, seconds)

@@ -708,7 +708,10 @@ def build_tiny(
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=base))
         tmp.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         try:
-            _materialize(model_type, tmp, seed, overrides or {})
+            from causalab_mini.quiet import quiet
+
+            with quiet():  # no "Writing model shards" / "Loading weights" bars
+                _materialize(model_type, tmp, seed, overrides or {})
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -731,7 +734,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
                 f"tiny {model_type!r} has no config attribute {key!r} to set; its config "
                 f"is {type(text).__name__}"
             )
-        setattr(text, key, value)
+        _set_override(model_type, text, key, value)
     tokenizer = tiny_tokenizer()
     vocab_size = getattr(config.get_text_config(), "vocab_size", None)
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
@@ -781,6 +784,35 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
         "build_seconds": round(time.perf_counter() - started, 3),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _set_override(model_type: str, config: Any, key: str, value: Any) -> None:
+    """Set ``config.key = value`` from a ``tiny:`` spec, refusing a value whose type the
+    attribute does not take (named with the key, the value and the type expected)."""
+    current = getattr(config, key)
+    spec_value = (
+        "none" if value is None else str(value).lower() if isinstance(value, bool) else value
+    )
+    expected: str | None = None
+    if isinstance(current, bool):
+        expected = None if isinstance(value, bool) else "a boolean (true or false)"
+    elif isinstance(current, int):
+        expected = None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    elif isinstance(current, float):
+        expected = (
+            None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+        )
+    if expected is None:
+        try:
+            setattr(config, key, value)
+            return
+        except Exception as exc:  # the config's own validation (strict dataclasses)
+            expected = f"what {type(config).__name__} accepts ({_first_line(exc).strip()})"
+    raise TinyBuildError(
+        f"config override {key}={spec_value} for tiny {model_type!r}: {key} takes "
+        f"{expected}, and {value!r} is not one (it is {current!r} by default); write e.g. "
+        f"tiny:{model_type}?{key}={str(current).lower() if isinstance(current, bool) else current}"
+    )
 
 
 _SMOKE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world!"]

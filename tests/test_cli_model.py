@@ -63,8 +63,12 @@ def test_json_and_layer() -> None:
 
 
 def test_strict_exits_1_on_a_refusal_and_eager_enables_probabilities() -> None:
-    code, _ = run("model", "tiny:llama", "--strict")
+    code, out = run("model", "tiny:llama", "--strict")
     assert code == 1  # attention probabilities are refused without --eager
+    assert (
+        "registry model --strict: 2 of 21 components refused on tiny:llama (every layer): "
+        "attention_scores, attention_probs"
+    ) in out
     code, out = run("model", "tiny:llama", "--strict", "--eager")
     assert code == 0, out
 
@@ -74,3 +78,48 @@ def test_bad_layer_and_unknown_type() -> None:
     assert code == 2 and "layers 0..2" in out
     code, out = run("model", "tiny:not_a_model")
     assert code == 1 and "cannot load tiny:not_a_model" in out
+
+
+def test_a_negative_layer_says_which_layer_it_answered_for() -> None:
+    code, out = run("model", "tiny:llama", "--layer", "-1")
+    assert code == 0, out
+    assert out.splitlines()[0].endswith("answered for layer 2 (--layer -1 counts from the end)")
+    code, out = run("model", "tiny:llama", "--layer", "-1", "--json")
+    data = json.loads(out[out.index("{") :])
+    assert data["layer"] == 2 and data["answered_for"].startswith("layer 2 ")
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("/nonexistent/dir", "the directory '/nonexistent/dir' does not exist"),
+        ("README.md", "'README.md' is a file; give the checkpoint's directory"),
+        ("tests", "holds no config.json"),
+        (
+            "tiny:llama?hidden_size=abc",
+            "config override hidden_size=abc for tiny 'llama': hidden_size takes an integer, "
+            "and 'abc' is not one (it is 64 by default); write e.g. tiny:llama?hidden_size=64",
+        ),
+    ],
+)
+def test_a_spec_that_names_nothing_says_so_in_one_line(spec: str, message: str) -> None:
+    code, out = run("model", spec)
+    assert code == 1
+    assert message in out
+    assert "Traceback" not in out and len(out.strip().splitlines()) == 1
+
+
+def test_a_model_type_without_tiny_fails_fast_offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub's own offline mode (HF_HUB_OFFLINE) answers at once, no retries, and a
+    model type gets tiny:<model_type> suggested."""
+    import time
+
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    started = time.perf_counter()
+    code, out = run("model", "llama")
+    assert time.perf_counter() - started < 5
+    assert code == 1
+    assert "the hub's offline mode is on (HF_HUB_OFFLINE)" in out
+    assert "write tiny:llama for a tiny random checkpoint" in out

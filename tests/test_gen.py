@@ -210,3 +210,20 @@ def test_importing_generated_does_not_import_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["22", "21"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_generated_files_get_the_mode_a_plain_write_gives(tmp_path: Path, umask: int) -> None:
+    import os
+    import stat
+
+    old = os.umask(umask)
+    try:
+        result = cli("gen", "--out", str(tmp_path / "generated"))
+    finally:
+        os.umask(old)
+    assert result.exit_code == 0, result.output
+    written = sorted((tmp_path / "generated").glob("*.py"))
+    assert written
+    for path in written:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path

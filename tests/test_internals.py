@@ -477,3 +477,120 @@ def test_a_family_names_the_config_key_of_its_head_count() -> None:
     checks = c.attention_oracle(model, c.sample_inputs(model))
     assert len(checks) == model.internals.num_layers
     assert all(check.ok for check in checks), checks
+
+
+def _writes_to_check(model: StandardizedTransformer) -> list[str]:
+    """The places whose write or read has to take care (in_place, snapshot) on this
+    model, or attentions_output where it has none (a parallel block)."""
+    rows = [
+        name
+        for name, place in model.internals.items()
+        if place.row.write == "in_place" or place.row.snapshot
+    ]
+    available = [n for n in rows if model.internals[n].unavailable_on(1) is None]
+    return available or ["attentions_output"]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_write_never_changes_an_earlier_read(family: str) -> None:
+    """Read everything up to a place, write there, read it again and a later place:
+    the earlier reads equal a clean run, the second read is the written value, and
+    the stream after the write changed; on every block structure, at every place
+    whose write is in place or whose tensor the forward modifies later."""
+    model = load(FAMILIES[family][0])
+    inputs = c.sample_inputs(model)
+    for name in _writes_to_check(model):
+        checks = c.write_keeps_earlier_reads(model, inputs, name, 1)
+        assert len(checks) >= 3, f"{name}[1] was not checked"
+        failed = [check for check in checks if not check.ok]
+        assert not failed, failed
+
+
+def test_the_readme_trace_keeps_its_saved_read() -> None:
+    """The README's example, as written there: the saved mid-stream keeps its value,
+    the write reaches layers_output."""
+    model = load("tiny:llama")
+    with model.trace("The quick brown fox"):
+        clean_mid = model.layers_mid[1].save()
+        clean_mlp = model.mlps_output[1].save()
+        clean_out = model.layers_output[1].save()
+    with model.trace("The quick brown fox"):
+        mid = model.layers_mid[1].save()  # the residual stream between the sublayers
+        model.layers_mid[1] = mid * 0  # a write reaches the stream the block carries on
+        mlp = model.mlps_output[1].save()  # (not in the README: to check the sum)
+        out = model.layers_output[1].save()
+    assert float(clean_mid.abs().sum()) > 0
+    assert torch.equal(mid, clean_mid)
+    assert not torch.allclose(out, clean_out)
+    assert torch.allclose(out, torch.zeros_like(mid) + mlp)  # the written zero, carried on
+    assert not torch.allclose(mlp, clean_mlp)  # the MLP read the written stream too
+
+
+@pytest.mark.parametrize("spelling", ["attribute", "internals"])
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            lambda mid: torch.zeros(mid.shape[-1]),
+            r"shape \(\d+,\) to layers_mid\[0\], which has shape",
+        ),
+        (
+            lambda mid: mid.double(),
+            r"layers_mid\[0\] holds torch.float32; the value is torch.float64",
+        ),
+        (lambda mid: torch.zeros(3, 3), r"shape \(3, 3\) to layers_mid\[0\]"),
+        (lambda mid: 0.0, r"cannot write a float to layers_mid\[0\]"),
+    ],
+)
+def test_every_spelling_of_a_write_refuses_what_does_not_fit(
+    spelling: str, value: Any, message: str
+) -> None:
+    from causalab_mini.components import WriteRefused
+
+    model = load("tiny:llama")
+    with pytest.raises(WriteRefused, match=message):
+        with model.trace("The quick brown fox"):
+            mid = model.internals["layers_mid"][0]
+            if spelling == "attribute":
+                model.layers_mid[0] = value(mid)
+            else:
+                model.internals["layers_mid"][0] = value(mid)
+
+
+@pytest.mark.parametrize(
+    ("name", "layer", "message"),
+    [
+        ("logits", None, r"logits\(\) is read-only: the model's own output"),
+        ("embeddings_input", None, r"embeddings_input\(\) is read-only: token ids"),
+        ("mlps", 0, r"mlps\[0\] is read-only: it is a module, not a tensor"),
+    ],
+)
+def test_read_only_places_refuse_writes_on_every_spelling(
+    name: str, layer: int | None, message: str
+) -> None:
+    from causalab_mini.components import WriteRefused
+
+    model = load("tiny:llama")
+    for spelling in ("attribute", "internals"):
+        with pytest.raises(WriteRefused, match=message):
+            with model.trace("The quick brown fox"):
+                if spelling == "attribute" and name == "logits":
+                    model.logits = torch.zeros(1)  # a property, as nnterp spells it
+                else:
+                    place = (
+                        getattr(model, name) if spelling == "attribute" else model.internals[name]
+                    )
+                    place[layer] = torch.zeros(1)
+
+
+def test_a_component_name_in_internals_names_its_place() -> None:
+    internals = load("tiny:llama").internals
+    with pytest.raises(
+        KeyError,
+        match=r"'block_mid' is a component name, not a place: the place it reads is 'layers_mid'",
+    ):
+        internals["block_mid"]
+    with pytest.raises(KeyError, match=r"locate\(model, 'attention_query', layer\)"):
+        internals["attention_query"]
+    with pytest.raises(KeyError, match=r"did you mean layers_mid"):
+        internals["layers_mdi"]

@@ -71,7 +71,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S001": (
         [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
         [
-            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, module, name, order, per_layer, scale, select, snapshot, source, unavailable, versions, write",
+            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, module, name, order, per_layer, read_only, scale, select, snapshot, source, unavailable, versions, write",
         ],
     ),
     "S002": (
@@ -101,7 +101,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "X001": (
         [("places.yaml", "  - name: attentions\n", "  - name: layers_input\n")],
         [
-            "families/dbrx.yaml:22:3: X005 [dbrx:attentions] 'attentions' is not a default row, so this adds a row and must give io, order; or replace one of: embeddings_input, embeddings_output, layers_input, attentions_norm_output, attentions_input, attention_probabilities, attentions_premix, attentions_output, layers_mid, mlps_norm_output, mlps, mlps_input, mlps_activation, mlps_neurons, mlps_output, layers_output, ln_final_output, lm_head_output, logits",
+            "families/dbrx.yaml:22:3: X017 [dbrx:attentions] 'attentions' is not a default place: did you mean 'attentions_input'? A row here replaces a default place of the same name; to add a place of the family's own, say 'add: true' and give module, io, order and doc",
             "interiors.yaml:29:13: X007 [attention_query] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
             "interiors.yaml:37:13: X007 [attention_key] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
             "interiors.yaml:45:13: X007 [attention_scores] within names 'attentions', which is not a module row of places.yaml (a row with io: module, such as attentions)",
@@ -134,10 +134,15 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
         ],
     ),
     "X005": (
-        [("families/olmo2.yaml", "  mlps_output:\n", "  mlps_outptu:\n")],
         [
-            "block_structures.yaml:95:5: X008 [rules[9]] olmo2: the block is post_norm, where the default mlps_output names a different tensor; a family file matching olmo2 must replace mlps_output (see families/gemma2.yaml)",
-            "families/olmo2.yaml:24:3: X005 [olmo2:mlps_outptu] 'mlps_outptu' is not a default row, so this adds a row and must give io, order; or replace one of: embeddings_input, embeddings_output, layers_input, attentions_norm_output, attentions, attentions_input, attention_probabilities, attentions_premix, attentions_output, layers_mid, mlps_norm_output, mlps, mlps_input, mlps_activation, mlps_neurons, mlps_output, layers_output, ln_final_output, lm_head_output, logits",
+            (
+                "families/olmo2.yaml",
+                "  mlps_output:\n",
+                "  olmo_gate:\n    add: true\n    doc: A gate.\n    module: mlp\n  mlps_output:\n",
+            )
+        ],
+        [
+            "families/olmo2.yaml:24:3: X005 [olmo2:olmo_gate] 'add: true' makes 'olmo_gate' a new place, which must give io, order; or replace one of: embeddings_input, embeddings_output, layers_input, attentions_norm_output, attentions, attentions_input, attention_probabilities, attentions_premix, attentions_output, layers_mid, mlps_norm_output, mlps, mlps_input, mlps_activation, mlps_neurons, mlps_output, layers_output, ln_final_output, lm_head_output, logits",
         ],
     ),
     "X006": (
@@ -237,6 +242,25 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "families/zeta.yaml:7:20: X015 [zeta] ignore_ln_final says the model has no final norm, so ln_final_output must be refused: give it 'unavailable: [{when: always, reason: ...}]' under addresses, naming what to read instead",
         ],
     ),
+    "X017": (
+        [
+            (
+                "families/olmo2.yaml",
+                "  attentions_output:\n",
+                "  attentions_outptu:\n    io: output\n    order: 30\n",
+            ),
+            (
+                "families/gpt2.yaml",
+                "  attention_probabilities:\n",
+                "  attention_probabilities:\n    add: true\n",
+            ),
+        ],
+        [
+            "block_structures.yaml:95:5: X008 [rules[9]] olmo2: the block is post_norm, where the default attentions_output names a different tensor; a family file matching olmo2 must replace attentions_output (see families/gemma2.yaml)",
+            "families/gpt2.yaml:37:3: X017 [gpt2:attention_probabilities] 'attention_probabilities' is a default place, so this row replaces it field by field; drop 'add: true' (or give the new place a name of its own)",
+            "families/olmo2.yaml:20:3: X017 [olmo2:attentions_outptu] 'attentions_outptu' is not a default place: did you mean 'attentions_output'? A row here replaces a default place of the same name; to add a place of the family's own, say 'add: true' and give module, io, order and doc",
+        ],
+    ),
     "X016": (
         [
             (
@@ -329,3 +353,14 @@ def test_missing_registry_directory(tmp_path: Path) -> None:
     result = cli("lint", "--registry", str(tmp_path / "nope"))
     assert result.exit_code == 1
     assert "F001" in result.output and "does not exist" in result.output
+
+
+def test_a_component_cannot_take_writes_its_row_refuses(package_registry_copy: Path) -> None:
+    edit(
+        package_registry_copy / "components.yaml",
+        "width: vocab_size,\n     writable: false, why_read_only: \"the model's output",
+        "width: vocab_size,\n     writable: true, why_read_only: \"the model's output",
+    )
+    diags = [d for d in lint(package_registry_copy)[1] if d.code == "X013"]
+    assert [d.row for d in diags] == ["logits"]
+    assert "writable is true but logits refuses writes (the model's own output" in diags[0].message

@@ -740,7 +740,7 @@ def _cold_caches() -> None:
                 clear()
     for name in ("_CACHE", "_OP_NAMES"):
         cache = getattr(ops, name, None)
-        if isinstance(cache, dict):
+        if cache is not None and callable(getattr(cache, "clear", None)):
             cache.clear()
 
 
