@@ -184,7 +184,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     def dispatch(self) -> None:
         """nnsight's dispatch (the real weights loaded at the first trace of a model
-        built on the meta device), as quiet as the load was."""
+        built on the meta device), as quiet as the load was. Never while a remote model
+        is being built: remote=True keeps the weights off this machine."""
+        why = self.__dict__.get("_no_dispatch")
+        if why:
+            raise RuntimeError(why)
         with quiet(self.__dict__.get("_causalab_verbose", False)):
             super().dispatch()
 
@@ -326,12 +330,6 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             object.__setattr__(self, name, internals[name])
 
     # ------------------------------------------------------------ remote
-
-    def dispatch(self) -> None:
-        why = self.__dict__.get("_no_dispatch")
-        if why:
-            raise RuntimeError(why)
-        super().dispatch()
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
         if kwargs.get("remote") is True and kwargs.get("backend") is None:

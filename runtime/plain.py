@@ -157,7 +157,7 @@ def _whole(model: Any, step: dict[str, Any]) -> Any:
         value = target.output
         return value[index] if isinstance(value, tuple) else value
     value = _select_get(getattr(target, step["attr"]), step["select"])
-    if step["snapshot"]:
+    if step["copy"]:
         value = value.clone()
     if step["scale"] is not None:
         value = value * step["scale"]
@@ -210,6 +210,10 @@ def _put(model: Any, step: dict[str, Any], value: Any) -> None:
         current = _select_get(getattr(target, attr), step["select"])
         current[...] = value
         return
+    if step["snapshot"]:
+        # the forward modifies this tensor in place after the place: the model gets a
+        # copy, so the value handed in (perhaps a saved read) keeps what it holds
+        value = value.clone()
     if step["select"] is not None:
         value = _select_put(getattr(target, attr), step["select"], value)
     setattr(target, attr, value)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plain as plain_module
-from .internals import _installed, boundary, child
+from .internals import WriteRefused, _installed, boundary, child
 
 
 class RemoteRefused(RuntimeError):
@@ -239,8 +239,6 @@ def _explained(exc: Exception) -> Exception:
         )
     said = _server_says(text)
     if said is not None and said.startswith(WRITE_REFUSED):
-        from .components import WriteRefused
-
         return WriteRefused(said[len(WRITE_REFUSED) :])
     if said is not None:
         return RemoteMismatch(said)
@@ -318,9 +316,10 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
         "take": None,
         "attr": None,
         "select": None,
-        "snapshot": False,
+        "copy": False,
         "scale": None,
         "in_place": False,
+        "snapshot": False,
     }
     if address.head is not None:
         if address.layout == "bhsk":
@@ -328,8 +327,6 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
         else:
             step["head"] = ("last", address.head * address.head_dim, address.head_dim)
     if write and not address.writable:
-        from .components import WriteRefused
-
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
     if address.kind == "boundary":
         place = internals[address.accessor]
@@ -338,6 +335,8 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             raise RemoteRefused(
                 f"{address.component} is a module, not a tensor: a plan reads tensors"
             )
+        if write and row.read_only is not None:
+            raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
         base = internals.layer_envoy(address.layer) if row.per_layer else model
         envoy = child(base, row.module)
         side = "input" if row.io is IOType.INPUT else "output"
@@ -348,6 +347,10 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             # operation has no children
             attr=side if row.source else boundary(side, envoy),
             select=_select(row.select),
+            # Place.get/set's contract: a read where the tensor changes in place later
+            # (the forward's own add, or an in-place write) is a copy; a write at a
+            # snapshot place hands the model a copy of the value
+            copy=bool(row.snapshot) or row.write == "in_place",
             snapshot=bool(row.snapshot),
             scale=internals.scale(row.scale) if row.scale is not None else None,
             in_place=row.write == "in_place",
