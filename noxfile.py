@@ -37,7 +37,9 @@ def typecheck(session: nox.Session) -> None:
     environment with fewer makes other errors appear, or `type: ignore`s unused)."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
-    session.run("mypy", "--strict", "codegen", "generated", "runtime/address.py", "runtime/cli.py")
+    session.run(
+        "mypy", "--strict", "codegen", "generated", "runtime/address.py", "runtime/tools/cli.py"
+    )
 
 
 @nox.session

@@ -13,7 +13,7 @@ from typing import Any
 
 from causalab_mini.address import Address, Condition, IOType, Unavailable
 
-from .lint import FamilyDef, Registry
+from .model import FamilyDef, Registry
 
 _IDENTITY = re.compile(r"\w+")
 

@@ -28,7 +28,7 @@ from typing import Any
 import jinja2
 from filelock import FileLock
 
-from .lint import Registry
+from .model import Registry
 
 # emitted module -> (template, registry sources it is built from)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {

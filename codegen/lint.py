@@ -10,7 +10,6 @@ import difflib
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -39,6 +38,7 @@ from causalab_mini.address import (
 
 from .diagnostics import Diagnostic
 from .loader import JsonPath, Loaded, load_file
+from .model import FamilyDef, Registry
 
 SCHEMA_VERSION = 1
 
@@ -77,38 +77,6 @@ def load_schema(name: str) -> dict[str, Any]:
 @cache
 def _validator(name: str) -> Draft202012Validator:
     return Draft202012Validator(load_schema(name))
-
-
-@dataclass(frozen=True)
-class FamilyDef:
-    name: str
-    file: str
-    doc: str
-    match: FamilyMatch
-    rename: tuple[tuple[str, str | bool | tuple[str, ...]], ...]
-    # row -> typed field values that differ from the default row (replace()), or a
-    # whole new row where the name is not a default row
-    overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
-    new_rows: tuple[tuple[str, Address], ...]
-    # why the four interiors do not exist on this family, where they do not
-    interiors_unavailable: str | None = None
-    # why no block structure applies to this family (the reason of every structural
-    # place), where none does
-    structure_unknown_reason: str | None = None
-
-
-@dataclass
-class Registry:
-    root: Path
-    sources: dict[str, bytes] = field(default_factory=dict)
-    places: dict[str, Address] = field(default_factory=dict)
-    structures: dict[str, BlockStructure] = field(default_factory=dict)
-    rules: list[StructureRule] = field(default_factory=list)
-    layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
-    structural: dict[str, dict[str, StructuralEntry]] = field(default_factory=dict)
-    interiors: dict[str, Interior] = field(default_factory=dict)
-    components: dict[str, Component] = field(default_factory=dict)
-    families: list[FamilyDef] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------- schema pass

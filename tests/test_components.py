@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from causalab_mini import Address, IOType, RenameConfig
-from causalab_mini import certify as c
 from causalab_mini import components as comp
 from causalab_mini.components import ComponentError, Plan, WriteRefused, locate
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.ops import OperationNotFound
+from causalab_mini.tools import certify as c
 
 from .conftest import gpt2_with_a_moved_op
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from causalab_mini.cli import main
-from causalab_mini.diagram import Scene, Tap, diagram, render_svg
 from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools.cli import main
+from causalab_mini.tools.diagram import Scene, Tap, diagram, render_svg
 
 from .conftest import REPO
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from causalab_mini import Address, FirstIfTuple, Index, IOType, RenameConfig
-from causalab_mini import certify as c
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.internals import PlaceUnavailable, RenameError
 from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools import certify as c
 
 # family -> the model spec that builds it, and the block structure it must report
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -208,7 +208,7 @@ def test_a_family_says_why_no_block_structure_applies(monkeypatch: pytest.Monkey
     # Dory's family gives structure_unknown_reason: it is the reason of every
     # structural place (those resolved through structural.yaml, and those refused
     # where the structure is unknown), with the place's name filled in
-    from causalab_mini.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     if "dory" not in causal_lm_model_types():
         pytest.skip("Dory is not in this transformers (it arrived after 5.17)")
@@ -268,7 +268,7 @@ def test_reading_a_refused_place_says_why_and_where() -> None:
 def test_structural_resolution_refuses_none_and_several() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from causalab_mini.tiny import build_tiny
+    from causalab_mini.tools.tiny import build_tiny
 
     path = build_tiny("llama")
     module = AutoModelForCausalLM.from_pretrained(path)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from causalab_mini import RenameConfig
-from causalab_mini import certify as c
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
-from causalab_mini.sweep import GATE_CALLS, _close, gated, run_one
+from causalab_mini.tools import certify as c
+from causalab_mini.tools.sweep import GATE_CALLS, _close, gated, run_one
 
 FALCON_H1 = (
     "tiny:falcon_h1?attention_in_multiplier=2.0&attention_out_multiplier=0.5&ssm_out_multiplier=0.7"

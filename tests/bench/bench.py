@@ -49,7 +49,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The models of part 1 (built locally by causalab_mini.tiny, cached after the first run).
+# The models of part 1 (built locally by causalab_mini.tools.tiny, cached after the first run).
 READS_MODEL = {
     "num_hidden_layers": 4,
     "hidden_size": 256,
@@ -407,7 +407,7 @@ def bench_boundary(repeats: int) -> dict[str, Any]:
 
     from causalab_mini import StandardizedTransformer
     from causalab_mini.components import Plan, locate
-    from causalab_mini.tiny import build_tiny
+    from causalab_mini.tools.tiny import build_tiny
 
     out: dict[str, Any] = {}
 
@@ -556,7 +556,7 @@ def bench_interiors(repeats: int) -> dict[str, Any]:
     from causalab_mini import StandardizedTransformer
     from causalab_mini.components import Plan, locate
     from causalab_mini.ops import find_op
-    from causalab_mini.tiny import build_tiny
+    from causalab_mini.tools.tiny import build_tiny
 
     log("part 1: interiors (eager attention)")
     path = build_tiny("llama", overrides=READS_MODEL)
@@ -621,7 +621,7 @@ def bench_per_read(repeats: int) -> dict[str, Any]:
     """Where Python overhead dominates (a small model): the cost of one read,
     (trace with N reads - trace with none) / N."""
     from causalab_mini import StandardizedTransformer
-    from causalab_mini.tiny import build_tiny
+    from causalab_mini.tools.tiny import build_tiny
 
     log("part 1: small llama 8x64, seq 8: the cost of one read")
     model = StandardizedTransformer(str(build_tiny("llama", overrides=SMALL_MODEL)))
@@ -747,7 +747,7 @@ def _cold_caches() -> None:
 def big_config_dir(root: Path) -> Path:
     from transformers import LlamaConfig
 
-    from causalab_mini.tiny import tiny_tokenizer
+    from causalab_mini.tools.tiny import tiny_tokenizer
 
     out = root / "llama-70b-class-config"
     config = LlamaConfig(**BIG_CONFIG)
@@ -837,7 +837,7 @@ _REGISTRY_MODEL = r"""
 import contextlib, io, json, sys, time
 t0 = time.perf_counter()
 import causalab_mini.model as M
-from causalab_mini.cli import main
+from causalab_mini.tools.cli import main
 spent = []
 class Timed(M.StandardizedTransformer):
     def __init__(self, *args, **kwargs):

@@ -25,7 +25,7 @@ hold it:
    evidence), ``refused`` (the structure has no such place, with its reason) or
    ``unchecked`` (no identity can check it; the runtime's resolution is reported).
 4. **Proof.** The rows are loaded into a ``StandardizedTransformer`` and run through
-   ``causalab_mini.certify`` (identities, hidden-state and attention oracles, the
+   ``causalab_mini.tools.certify`` (identities, hidden-state and attention oracles, the
    write that must reach the stream). A row whose check fails is not written.
 
 Nothing unverified is ever written as a row: undecided places are comments saying
@@ -48,7 +48,6 @@ from typing import Any
 import click
 
 from causalab_mini.address import Address, IOType, RenameConfig
-from causalab_mini.completion import complete_spec
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     BLOCK_STRUCTURES,
@@ -56,6 +55,7 @@ from causalab_mini.generated import (
     FAMILY_ADDRESSES,
     STRUCTURAL_ADDRESSES,
 )
+from causalab_mini.tools.completion import complete_spec
 
 __all__ = [
     "Candidate",
@@ -225,7 +225,7 @@ def resolve_spec(arg: str) -> tuple[str, str]:
     directory -> a tiny random instance of its model type, with the boolean and
     string config values that differ from the tiny defaults (they may decide the
     block's structure). Returns (spec, model_type)."""
-    from causalab_mini.tiny import TINY_PREFIX, parse_tiny_spec
+    from causalab_mini.tools.tiny import TINY_PREFIX, parse_tiny_spec
 
     if arg.startswith(TINY_PREFIX):
         model_type, _ = parse_tiny_spec(arg)
@@ -263,7 +263,7 @@ def _spec_text(value: Any) -> str:
 
 
 def _structural_overrides(model_type: str, config: dict[str, Any]) -> dict[str, Any]:
-    from causalab_mini.tiny import tiny_config
+    from causalab_mini.tools.tiny import tiny_config
 
     tiny = tiny_config(model_type).get_text_config()
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
@@ -526,7 +526,7 @@ def capture(model: Any, inputs: dict[str, Any]) -> Capture:
 
 
 def _close(got: Any, want: Any) -> tuple[bool, float]:
-    from causalab_mini.certify import compare
+    from causalab_mini.tools.certify import compare
 
     check = compare("", None, got, want)
     return check.ok, check.max_error
@@ -648,7 +648,7 @@ class _Search:
 
 
 def _identity_places(text: str) -> tuple[str, tuple[str, ...]]:
-    from causalab_mini.certify import parse_identity
+    from causalab_mini.tools.certify import parse_identity
 
     return parse_identity(text)
 
@@ -1055,8 +1055,8 @@ def _probabilities(model: Any, rows: dict[str, Address]) -> Verdict:
     """Try each known way to the probabilities against output_attentions, on one
     model loaded with eager attention (the runtime reads the row; nnterp's own
     load-time check runs later, on the chosen row)."""
-    from causalab_mini.certify import attention_oracle, sample_inputs
     from causalab_mini.internals import Internals
+    from causalab_mini.tools.certify import attention_oracle, sample_inputs
 
     inputs = sample_inputs(model)
     passing: list[Address] = []
@@ -1222,8 +1222,8 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
     """Inspect, try and verify: everything a family file for ``arg`` can say."""
     from transformers import AutoModelForCausalLM
 
-    from causalab_mini import certify
-    from causalab_mini.tiny import TinyBuildError, resolve_model_spec
+    from causalab_mini.tools import certify
+    from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
 
     _quiet()
     spec, model_type = resolve_spec(arg)
@@ -1354,7 +1354,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
 def _read_all(model: Any, inputs: dict[str, Any]) -> tuple[dict[Any, Any], dict[str, str]]:
     """certify.read_places over every place; where one trace fails, place by place, so
     one unreadable row names itself instead of failing the whole proof."""
-    from causalab_mini import certify
+    from causalab_mini.tools import certify
 
     try:
         return certify.read_places(model, inputs), {}

@@ -1,7 +1,7 @@
 """``registry sweep``: every causal-LM architecture of the installed transformers,
 each of the 21 components certified on real tensors or refused with a reason.
 
-Each architecture runs in its own process (``python -m causalab_mini.sweep TYPE``)
+Each architecture runs in its own process (``python -m causalab_mini.tools.sweep TYPE``)
 with a timeout, so a hang or a crash never stops the sweep. A component is
 
 * ``ok``      it resolved, and every check that covers it passed;
@@ -88,8 +88,8 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     check that applies, and say per component ok / refused / broken."""
     import torch
 
-    from causalab_mini import certify as cert
     from causalab_mini.components import ComponentError, Plan, locate
+    from causalab_mini.tools import certify as cert
 
     n = model.internals.num_layers
     addresses: dict[tuple[str, int | None], Any] = {}
@@ -869,9 +869,9 @@ def run_one(spec: str) -> Result:
     warnings.filterwarnings("ignore")
     started = time.perf_counter()
     model_type = spec.removeprefix("tiny:").split("?")[0]
-    from causalab_mini import certify as cert
     from causalab_mini.model import StandardizedTransformer
-    from causalab_mini.tiny import TinyBuildError, resolve_model_spec
+    from causalab_mini.tools import certify as cert
+    from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
 
     for noisy in ("nnterp", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -923,7 +923,7 @@ _PRELOAD = [
     "nnsight",
     "nnterp",
     "causalab_mini.model",
-    "causalab_mini.sweep",
+    "causalab_mini.tools.sweep",
 ]
 
 
@@ -1015,7 +1015,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
 def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
-    from causalab_mini.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     data = {
         "transformers": transformers.__version__,
@@ -1123,7 +1123,7 @@ def sweep_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from causalab_mini.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     every = causal_lm_model_types()
     chosen = [t.strip() for t in only.split(",") if t.strip()] if only else every
@@ -1193,7 +1193,7 @@ def sweep_command(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m causalab_mini.sweep TYPE``: one architecture, one JSON line."""
+    """``python -m causalab_mini.tools.sweep TYPE``: one architecture, one JSON line."""
     args = sys.argv[1:] if argv is None else argv
     result = run_one(args[0])
     sys.stdout.write("\n" + json.dumps(result.__dict__) + "\n")

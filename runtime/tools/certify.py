@@ -299,7 +299,10 @@ def write_keeps_earlier_reads(
     later: tuple[str, int | None] | None = None
     for other in internals:
         row = internals[other].row
-        if row.io.value == "module":
+        if row.io.value == "module" or row.source:
+            # module boundaries only: an operation inside a forward (attention
+            # probabilities) is found by a trace, and a row that finds none is
+            # refused by its own check, not here
             continue
         layers: list[int | None] = list(range(internals.num_layers)) if row.per_layer else [None]
         for at in layers:
@@ -313,7 +316,7 @@ def write_keeps_earlier_reads(
     if later is None:
         return []
     earlier.sort(key=lambda item: item[0])
-    clean = read_places(model, inputs)
+    clean = read_places(model, inputs, sorted({other for _, other, _ in earlier} | {later[0]}))
     before: list[Any] = []
     box: dict[str, Any] = {}
     with model.trace(inputs):
