@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 import torch
 
-from causalab_mini import certify as c
 from causalab_mini import remote
 from causalab_mini.components import ComponentAddress, Plan, component_status, locate
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools import certify as c
 
 from .ndif_loopback import Loopback, Worker
 from .test_components import eager
