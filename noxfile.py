@@ -60,7 +60,12 @@ def tests(session: nox.Session) -> None:
 
 
 # The semantic suite: identities, oracles, interiors, the rows' ops.
-SEMANTIC = ["tests/test_internals.py", "tests/test_components.py", "tests/test_cli_model.py"]
+SEMANTIC = [
+    "tests/test_internals.py",
+    "tests/test_components.py",
+    "tests/test_cli_model.py",
+    "tests/test_remote.py",  # the NDIF loopback: nnsight's own client and request path
+]
 
 
 @nox.session

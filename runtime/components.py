@@ -743,10 +743,21 @@ class Plan:
         steps = [Step(a) for a in reads] + [Step(a, True, v) for a, v in writes]
         return Plan(tuple(sorted(steps, key=lambda s: (s.address.rank, not s.write))))
 
-    def run(self, model: Any, inputs: Any, held: bool = False) -> dict[ComponentAddress, Any]:
+    def run(
+        self, model: Any, inputs: Any, held: bool = False, **remote: Any
+    ) -> dict[ComponentAddress, Any]:
         """Run the plan in one trace; return what was read, by address. With ``held``,
         a read returns the whole tensor as the model holds it (a per-head place before
-        it is handed on flat), to see the heads it holds."""
+        it is handed on flat), to see the heads it holds.
+
+        ``remote=True`` (or ``backend=...``) runs it on NDIF as plain nnsight module
+        accesses (``causalab_mini.remote``): every read comes back, or it raises."""
+        if set(remote) - {"remote", "backend", "blocking"}:
+            raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
+        if remote.get("remote") or remote.get("backend") is not None:
+            from .remote import run_plan
+
+            return run_plan(self, model, inputs, held=held, **remote)
         saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
         sources = _prepare_sources(model, [s.address for s in self.steps])
         try:

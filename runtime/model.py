@@ -19,6 +19,7 @@ from causalab_mini.generated import (
     FAMILY_RENAME,
 )
 
+from . import remote as _remote
 from .internals import Internals, Place, RenameError
 from .ops import find_op
 from .quiet import quiet
@@ -183,7 +184,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     def dispatch(self) -> None:
         """nnsight's dispatch (the real weights loaded at the first trace of a model
-        built on the meta device), as quiet as the load was."""
+        built on the meta device), as quiet as the load was. Never while a remote model
+        is being built: remote=True keeps the weights off this machine."""
+        why = self.__dict__.get("_no_dispatch")
+        if why:
+            raise RuntimeError(why)
         with quiet(self.__dict__.get("_causalab_verbose", False)):
             super().dispatch()
 
@@ -198,6 +203,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             model, extra = prepare_model_spec(model, kwargs)
             kwargs.update(extra)
         kwargs.setdefault("device_map", "cpu")
+        # remote=True keeps the checkpoint off this machine whatever else is asked: a
+        # load-time check that needs a forward is deferred to the server, with why
+        deferred = _remote.defer_checks(kwargs, enable_attention_probs)
         class_names, model_type, config = _class_names_before_load(model, kwargs)
         families = _families(class_names, model_type, config)
         merged = self._merge_rename(families, rename_config)
@@ -254,6 +262,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)
+        # nothing during construction may load the weights of a remote model
+        self.__dict__["_no_dispatch"] = _remote.NO_DISPATCH if kwargs.get("remote") else None
         try:
             super().__init__(
                 model,
@@ -264,6 +274,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             )
         finally:
             fake_log.setLevel(level)
+            self.__dict__["_no_dispatch"] = None
+        self.deferred_checks: dict[str, str] = deferred
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
         self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
@@ -316,6 +328,34 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     f"RenameConfig(addresses={{'my_{name}': ...}}))"
                 )
             object.__setattr__(self, name, internals[name])
+
+    # ------------------------------------------------------------ remote
+
+    def trace(self, *inputs: Any, **kwargs: Any) -> Any:
+        if kwargs.get("remote") is True and kwargs.get("backend") is None:
+            # nnsight's RemoteBackend, whose failures say what the server lacks
+            kwargs["backend"] = _remote.backend(self, kwargs.get("blocking", True))
+        return super().trace(*inputs, **kwargs)
+
+    def to_model_key(self) -> str:
+        """The model key a remote request names (nnsight's), after checking that the
+        server has what a trace of this model's places needs (where it says)."""
+        _remote.ensure_model_key(self)
+        _remote.preflight_packages(self)
+        key: str = super().to_model_key()
+        return key
+
+    def __getstate__(self) -> dict[str, Any]:
+        # what the server's model must run with travels with the pickled model
+        state: dict[str, Any] = super().__getstate__()
+        state[_remote.EXPECTED] = _remote.expected(self, with_versions=True)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        wanted = state.pop(_remote.EXPECTED, None)
+        super().__setstate__(state)
+        if wanted is not None:
+            _remote.check_arrival(self, wanted)
 
     # ------------------------------------------------------------ properties
 
