@@ -59,20 +59,24 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *session.posargs)
 
 
-# The semantic suite: identities, oracles, interiors, the rows' ops.
+# The semantic suite: identities, oracles, interiors, the rows' ops, what differs
+# between nnsight releases, and the NDIF loopback.
 SEMANTIC = [
     "tests/test_internals.py",
     "tests/test_components.py",
     "tests/test_cli_model.py",
+    "tests/test_nnsight_versions.py",
     "tests/test_remote.py",  # the NDIF loopback: nnsight's own client and request path
 ]
+# The nnsight releases the project supports (pyproject: nnsight>=0.6,<0.9), newest last.
+NNSIGHT = ["0.6.3", "0.7.0", "0.8.1"]
 
 
 @nox.session
-@nox.parametrize("nnsight", ["0.6.3", "0.7.0"])
+@nox.parametrize("nnsight", NNSIGHT)
 @nox.parametrize("transformers", ["5.17.0", "5.24.0"])
 def drift(session: nox.Session, nnsight: str, transformers: str) -> None:
-    """The semantic suite under nnsight 0.6 and 0.7 and an older and the newest
+    """The semantic suite under nnsight 0.6, 0.7 and 0.8 and an older and the newest
     transformers 5.x: a row whose operations moved fails here, with its op list."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
@@ -102,7 +106,28 @@ def coverage(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks, every figure a ratio against a baseline of the same run (tracing
     overhead, resolve cost on a 70B-class meta model, tooling speed): writes bench.json
-    and prints the table. Not a test: nothing here fails on a slow machine."""
+    and prints the table. Not a test: nothing here fails on a slow machine.
+
+    ``nox -s bench -- --nnsight 0.7.0,0.8.1`` runs the tracing part once per nnsight
+    release (installed in turn), writes bench-nnsight-<version>.json each, and prints
+    their figures side by side, the first as the baseline."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
-    session.run("python", "tests/bench/bench.py", "--out", "bench.json", *session.posargs)
+    args = list(session.posargs)
+    versions: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--nnsight" or arg.startswith("--nnsight="):
+            value = arg.split("=", 1)[1] if "=" in arg else args[i + 1]
+            versions = [v for v in value.split(",") if v]
+            del args[i : i + (1 if "=" in arg else 2)]
+            break
+    if not versions:
+        session.run("python", "tests/bench/bench.py", "--out", "bench.json", *args)
+        return
+    outs = []
+    for version in versions:
+        session.install(f"nnsight=={version}")
+        out = f"bench-nnsight-{version}.json"
+        session.run("python", "tests/bench/bench.py", "--only", "tracing", "--out", out, *args)
+        outs.append(out)
+    session.run("python", "tests/bench/bench.py", "--compare", *outs)

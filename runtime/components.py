@@ -19,6 +19,7 @@ from typing import Any
 from causalab_mini.address import Component, Interior
 from causalab_mini.generated import COMPONENTS, FAMILY_INTERIORS_UNAVAILABLE, INTERIORS
 
+from . import compat
 from .internals import (
     PlaceUnavailable,
     WriteRefused,
@@ -780,13 +781,10 @@ class Plan:
         held: bool = False,
     ) -> None:
         with model.trace(inputs):
-            touched: set[tuple[int | None, str]] = set()
+            touched: set[Any] = set()
             for step in self.steps:
-                key = (step.address.layer, step.address.module)
-                if key in sources and key not in touched:
-                    touched.add(key)
-                    for address in sources[key]:
-                        _interior_op(model, address).source  # noqa: B018 - installs the nested source
+                for address in _nested_sources_due(step.address, sources, touched):
+                    _interior_op(model, address).source  # noqa: B018 - installs the nested source
                 if step.write:
                     write(model, step.address, step.value)
                 elif held:
@@ -795,12 +793,41 @@ class Plan:
                     saved.append((step.address, read(model, step.address).save()))
 
 
+def _nested_sources_due(
+    address: ComponentAddress,
+    sources: dict[tuple[int | None, str], list[ComponentAddress]],
+    opened: set[Any],
+) -> list[ComponentAddress]:
+    """The interiors whose outer operation's nested ``.source`` must be opened before
+    the step at ``address`` runs (each once; ``opened`` remembers).
+
+    Opening a nested source waits for the operation to hand over the function it
+    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so every
+    nested source of a module opens before the first step at that module; nnsight 0.8
+    hands it over after the inputs (``run_op``: input, skip, fn, output), so it opens
+    just before the first step inside it, after the steps that read or write the
+    operation's arguments (which rank before it)."""
+    if not compat.callee_after_inputs():
+        key = (address.layer, address.module)
+        if key not in sources or key in opened:
+            return []
+        opened.add(key)
+        return sources[key]
+    if len(address.needles) < 2:
+        return []
+    op = (address.layer, address.module, address.op)
+    if op in opened:
+        return []
+    opened.add(op)
+    return [address]
+
+
 def _prepare_sources(
     model: Any, addresses: Sequence[ComponentAddress]
 ) -> dict[tuple[int | None, str], list[ComponentAddress]]:
     """Touch every module's ``.source`` before the trace (nnsight needs it first), and
-    list, per (layer, module), the interiors that open a nested source: their outer
-    operation's ``.source`` must be opened before its inputs are read."""
+    list, per (layer, module), the interiors that open a nested source (when in the
+    trace: ``_nested_sources_due``)."""
     nested: dict[tuple[int | None, str], list[ComponentAddress]] = {}
     for address in addresses:
         if address.kind == "interior" or address.needles:

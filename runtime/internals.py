@@ -18,6 +18,7 @@ from packaging.version import Version
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
+from .compat import alias_target, aliases_of, child_attribute, shared_path
 from .ops import find_op, op_path
 
 
@@ -70,17 +71,17 @@ def has_attr(envoy: Any, name: str) -> bool:
     subtree into the message, which on an 80-layer model costs a quarter second."""
     if name in envoy.__dict__ or any(name in vars(k) for k in type(envoy).__mro__):
         return True
-    alias = envoy.__dict__.get("_alias")
-    if alias is not None and name in alias.alias_to_name:
+    if alias_target(envoy, name) is not None:
         return True
     module = envoy.__dict__.get("_module")
     return module is None or hasattr(module, name)
 
 
 def boundary(attr: str, envoy: Any) -> str:
-    """The attribute that reads a module's ``input``/``output`` boundary: nnsight mounts
-    it at ``nns_input``/``nns_output`` on a module that has a child of that name (a
-    BERT layer's ``output`` submodule)."""
+    """The attribute that reads a module's ``input``/``output`` boundary: nnsight 0.6/0.7
+    mount it at ``nns_input``/``nns_output`` on a module that has a child of that name
+    (a BERT layer's ``output`` submodule); 0.8 keeps it and mounts the child at
+    ``E_output`` instead (see ``child``)."""
     return f"nns_{attr}" if attr in envoy.__dict__ else attr
 
 
@@ -92,8 +93,7 @@ def _unset_module(envoy: Any, name: str) -> bool:
     module = envoy.__dict__.get("_module")
     if module is None:
         return False
-    alias = envoy.__dict__.get("_alias")
-    target = alias.alias_to_name.get(name, name) if alias is not None else name
+    target = alias_target(envoy, name) or name
     value: Any = module
     for atom in target.split("."):
         if atom not in getattr(value, "__dict__", {}) and atom not in getattr(
@@ -109,7 +109,8 @@ def child(envoy: Any, path: str) -> Any | None:
     from nnsight.intervention.envoy import Envoy
 
     current = envoy
-    for part in path.split(".") if path else ():
+    for name in path.split(".") if path else ():
+        part = child_attribute(current, name)  # a child named `output`: E_output on 0.8
         try:
             if part not in current.__dict__ and hasattr(Envoy, part):
                 return None  # nnsight's own attribute (output, input, source ...), no module
@@ -123,16 +124,40 @@ def child(envoy: Any, path: str) -> Any | None:
     return current
 
 
+def _shared_on(base: Any, path: str) -> str | None:
+    """The first path of a module that ``path`` below ``base`` reaches through a second
+    path (``compat.shared_path``), or None."""
+    current = base
+    for name in path.split("."):
+        first = shared_path(current, name)
+        if first is not None:
+            return first
+        current = getattr(current, child_attribute(current, name), None)
+        if current is None:
+            return None
+    return None
+
+
+def _shared_reason(name: str, module: str, first: str) -> str:
+    return (
+        f"{name} reads {module!r}, which here is the module object at {first} (one module "
+        "called by several layers, as a shared activation): nnsight 0.8 gives it one envoy "
+        "and serves its calls in order, so a read here would see that first call. A family "
+        f"row (or RenameConfig(addresses={{{name!r}: Address(...)}})) can read the layer's "
+        "own use of it instead, such as the input of the module that consumes it"
+    )
+
+
 def child_names(envoy: Any, depth: int = 2) -> list[str]:
     """The layer's module paths ``depth`` levels deep, in standardized names."""
     out: list[str] = []
 
     def walk(env: Any, prefix: str, level: int) -> None:
-        alias = getattr(env, "_alias", None)
+        aliases = aliases_of(env)
         for sub in env._children:
             name = sub.path.split(".")[-1]
-            if alias is not None and name in alias.name_to_aliases:
-                name = alias.name_to_aliases[name][0]
+            if name in aliases:
+                name = aliases[name][0]
             path = f"{prefix}{name}"
             out.append(path)
             if level < depth:
@@ -555,6 +580,10 @@ class Internals(Mapping[str, Place]):
             )
         else:
             result = (row, None)
+        if result[0] is not None and result[0].module:
+            shared = _shared_on(base, result[0].module)
+            if shared is not None:
+                result = (None, _shared_reason(name, result[0].module, shared))
         self._resolved[key] = result
         return result
 

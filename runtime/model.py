@@ -5,13 +5,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import nnterp
-from nnterp.rename_utils import AttnProbFunction
-from nnterp.rename_utils import RenameConfig as NnterpRenameConfig
+from causalab_mini import compat
 
-from causalab_mini.address import Address, FamilyMatch, RenameConfig
-from causalab_mini.address import names as container_paths
-from causalab_mini.generated import (
+compat.install()  # before nnterp is imported: its nnsight 0.8 bridges (none on 0.6/0.7)
+
+import nnterp  # noqa: E402
+from nnterp.rename_utils import AttnProbFunction  # noqa: E402
+from nnterp.rename_utils import RenameConfig as NnterpRenameConfig  # noqa: E402
+
+from causalab_mini.address import Address, FamilyMatch, RenameConfig  # noqa: E402
+from causalab_mini.address import names as container_paths  # noqa: E402
+from causalab_mini.generated import (  # noqa: E402
     BLOCK_STRUCTURE_RULES,
     DEFAULT_ADDRESSES,
     FAMILY_ADDRESSES,
@@ -19,11 +23,11 @@ from causalab_mini.generated import (
     FAMILY_RENAME,
 )
 
-from . import remote as _remote
-from .internals import Internals, Place, RenameError
-from .ops import find_op
-from .quiet import quiet
-from .spec import prepare_model_spec
+from . import remote as _remote  # noqa: E402
+from .internals import Internals, Place, RenameError  # noqa: E402
+from .ops import find_op  # noqa: E402
+from .quiet import quiet  # noqa: E402
+from .spec import prepare_model_spec  # noqa: E402
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(
@@ -202,6 +206,17 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if isinstance(model, str):
             model, extra = prepare_model_spec(model, kwargs)
             kwargs.update(extra)
+        if enable_attention_probs and "attn_implementation" in kwargs:
+            # nnterp 1.3.0 checks this value and then passes it to nnsight a second
+            # time beside its own "eager" (a TypeError); the probabilities imply eager
+            implementation = kwargs.pop("attn_implementation")
+            if implementation != "eager":
+                raise ValueError(
+                    f"enable_attention_probs=True needs eager attention, and "
+                    f"attn_implementation={implementation!r} was given: drop "
+                    "attn_implementation (the probabilities imply 'eager') or pass "
+                    "enable_attention_probs=False"
+                )
         kwargs.setdefault("device_map", "cpu")
         # remote=True keeps the checkpoint off this machine whatever else is asked: a
         # load-time check that needs a forward is deferred to the server, with why

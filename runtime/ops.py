@@ -14,6 +14,8 @@ import re
 import weakref
 from typing import Any
 
+from .compat import forward_key, parsed_source, source_identity
+
 
 class OperationNotFound(LookupError):
     """A row's needle matches no operation, or several, in a forward's source."""
@@ -25,14 +27,15 @@ def needle_prefix(needle: str) -> str:
 
 
 def candidates(accessor: Any, needle: str) -> list[str]:
-    """Operation names of ``accessor`` (an nnsight SourceAccessor) that ``needle`` hits."""
+    """Operation names of ``accessor`` (a parsed forward: nnsight 0.8's ``Source``, 0.7's
+    ``SourceAccessor``, 0.6's source envoy) that ``needle`` hits."""
     stem = re.compile(rf"^{re.escape(needle_prefix(needle))}_\d+$")
-    lines = accessor.source.split("\n")
+    source, line_of = parsed_source(accessor)
+    lines = source.split("\n")
     hits = []
-    for name, line_number in accessor.line_numbers.items():
+    for name, index in line_of.items():
         if not stem.match(name):
             continue
-        index = line_number + 1
         text = lines[index] if 0 <= index < len(lines) else ""
         if _calls(text, needle):
             hits.append(name)
@@ -54,14 +57,15 @@ def _calls(text: str, needle: str) -> bool:
 
 
 def op_path(op: Any) -> str:
-    """An operation's dotted path (``.path`` in nnsight 0.7, ``.name`` in 0.6)."""
+    """An operation's dotted path (``.path`` in nnsight 0.7 and 0.8, ``.name`` in 0.6)."""
     return str(getattr(op, "path", None) or op.name)
 
 
-# Operation names by accessor (the parsed forward nnsight hands out), held weakly: an
-# entry lives exactly as long as its accessor, so a new accessor can never be handed
-# the name another forward's needle resolved to (an ``id()`` key could be, once the
-# old accessor is collected and its address reused).
+# Operation names by parsed forward (what nnsight hands out: 0.6/0.7's accessor, the
+# code object of 0.8's compiled forward), held weakly: an entry lives exactly as long
+# as its parsed forward, so a new one can never be handed the name another forward's
+# needle resolved to (an ``id()`` key could be, once the old one is collected and its
+# address reused).
 _CACHE: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
 
 
@@ -74,10 +78,11 @@ def find_op(
     model_class: str,
 ) -> Any:
     """The OperationEnvoy of ``source_envoy`` that ``needle`` names, or a refusal."""
-    # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
+    # nnsight 0.8 keeps the parsed forward on .compiled (a new Source per read), 0.7
+    # on an accessor, 0.6 on the source envoy
     accessor = getattr(source_envoy, "accessor", source_envoy)
     try:
-        names = _CACHE.setdefault(accessor, {})
+        names = _CACHE.setdefault(source_identity(source_envoy), {})
     except TypeError:  # not weakly referenceable or not hashable: resolve every time
         names = {}
     name = names.get(needle)
@@ -103,7 +108,7 @@ def op_name(envoy: Any, needle: str, *, row: str, module: str, model_class: str)
     resolving layer 79 neither opens that layer's ``.source`` (nnsight parses and
     rewrites the forward for every module it opens) nor searches it again.
     """
-    forward = _true_forward(envoy._module)
+    forward = forward_key(envoy._module)
     key = (forward, needle)
     name = _OP_NAMES.get(key) if forward is not None else None
     if name is None:
@@ -112,18 +117,6 @@ def op_name(envoy: Any, needle: str, *, row: str, module: str, model_class: str)
         if forward is not None:
             _OP_NAMES[key] = name
     return name
-
-
-def _true_forward(module: Any) -> Any | None:
-    """The function nnsight reads the source of (None where that cannot be said)."""
-    try:
-        from nnsight.intervention.source import resolve_true_forward
-    except ImportError:
-        return None
-    try:
-        return resolve_true_forward(module)
-    except Exception:
-        return None
 
 
 def _message(

@@ -363,7 +363,7 @@ def test_every_row_is_an_attribute_and_logits_stay_properties() -> None:
         box["emb"] = model.token_embeddings.save()
         box["logits"] = model.logits.save()
     with torch.no_grad():
-        out = model._model(**inputs)
+        out = model._model(**c.forward_inputs(model, inputs))
         emb = model._model.model.embed_tokens(inputs["input_ids"])
     assert torch.allclose(box["logits"], out.logits)
     assert torch.allclose(box["emb"], emb)

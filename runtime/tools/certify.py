@@ -74,6 +74,31 @@ def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str,
     return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
 
+def forward_inputs(model: Any, inputs: Any) -> dict[str, Any]:
+    """The keyword arguments the trace's own forward receives for ``inputs``: what a
+    plain forward (an oracle) must be fed to compute what the places hold.
+
+    A place holds what the traced forward computes, and nnsight decides part of that
+    forward's input: on a left-padded text batch without ``position_ids``, nnsight
+    0.8 adds position ids counted from each row's first real token (so left padding
+    does not shift an absolute-position model such as GPT-2 or OPT), while 0.6 and
+    0.7 pass the batch as given and the model counts positions itself. The oracles
+    are fed exactly what the trace's forward got, read from the trace itself, so they
+    hold on every nnsight. (Pass ``position_ids`` yourself to get the same places on
+    every nnsight.)
+    """
+    box: list[Any] = []  # bound before the trace
+    with model.trace(inputs):
+        box.append(model.inputs.save())
+    args, kwargs = _value(box[0])
+    if args:
+        raise TypeError(
+            f"the traced forward was called with {len(args)} positional arguments; the "
+            "oracles pass keyword arguments only: give the trace a mapping of tensors"
+        )
+    return dict(kwargs)
+
+
 def read_places(
     model: Any, inputs: dict[str, Any], names: list[str] | None = None
 ) -> dict[tuple[str, int | None], Any]:
@@ -145,7 +170,7 @@ def hidden_state_oracle(
     import torch
 
     with torch.no_grad():
-        out = model._model(**inputs, output_hidden_states=True)
+        out = model._model(**forward_inputs(model, inputs), output_hidden_states=True)
     hidden = out.hidden_states
     checks = []
     n = model.internals.num_layers
@@ -180,7 +205,7 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     import torch
 
     with torch.no_grad():
-        out = model._model(**inputs, output_attentions=True)
+        out = model._model(**forward_inputs(model, inputs), output_attentions=True)
     values = read_places(model, inputs, ["attention_probabilities"])
     return [
         compare(

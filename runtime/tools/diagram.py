@@ -480,6 +480,9 @@ def diagram_command(spec: str, out: pathlib.Path, layer: int, as_json: bool) -> 
     import warnings
 
     warnings.filterwarnings("ignore")
+    from causalab_mini import compat
+
+    compat.install()  # nnterp imports under nnsight 0.8 only through its bridges
     import nnterp  # noqa: F401  (it sets its logger's level when first imported)
 
     for noisy in ("nnterp", "transformers"):

@@ -48,6 +48,7 @@ from typing import Any
 import click
 
 from causalab_mini.address import Address, IOType, RenameConfig
+from causalab_mini.compat import aliases_of
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     BLOCK_STRUCTURES,
@@ -281,6 +282,9 @@ def _quiet() -> None:
     import logging
     import warnings
 
+    from causalab_mini import compat
+
+    compat.install()  # nnterp imports under nnsight 0.8 only through its bridges
     import nnterp  # noqa: F401  (it sets its logger's level when first imported)
 
     warnings.filterwarnings("ignore")
@@ -432,13 +436,13 @@ def walk_layer(envoy: Any) -> Iterator[tuple[str, Any]]:
     yield "", envoy._module
 
     def walk(env: Any, prefix: str) -> Iterator[tuple[str, Any]]:
-        alias = getattr(env, "_alias", None)
+        aliases = aliases_of(env)
         for sub in env._children:
             name = sub.path.split(".")[-1]
             # the layer's own children by their standardized names (self_attn, mlp);
             # deeper modules by their own (DBRX's self_attn.attn, not self_attn.self_attn)
-            if not prefix and alias is not None and name in alias.name_to_aliases:
-                name = alias.name_to_aliases[name][0]
+            if not prefix and name in aliases:
+                name = aliases[name][0]
             path = f"{prefix}{name}"
             yield path, sub._module
             yield from walk(sub, f"{path}.")

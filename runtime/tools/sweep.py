@@ -115,17 +115,23 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "refused_layers": sorted(k for k in refusals if k is not None),
                 "reason": reason,
             }
-    values_by_address = _read_all(model, inputs, addresses, result, partial)
+    unordered: dict[Any, str] = {}
+    values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
     # a whole-model place must not depend on what else the trace reads: where its
-    # module runs more than once (Dory's norm), nnsight hands on the call after the
-    # last place read before it
+    # module runs more than once (Dory's norm), nnsight 0.6/0.7 hand on the call after
+    # the last place read before it, and 0.8 refuses to read it after them
     whole = {key: a for key, a in addresses.items() if key[1] is None}
     if whole:
         alone = Plan.of(reads=whole.values()).run(model, inputs)
         for key, address in whole.items():
-            ok, d = _close(alone[address], v[key]) if hasattr(v[key], "shape") else (True, "")
+            if address in unordered:
+                ok, d = False, unordered[address]
+            elif hasattr(v[key], "shape"):
+                ok, d = _close(alone[address], v[key])
+            else:
+                ok, d = True, ""
             checks.add([key[0]], "read alone == read with the layers' places", ok, d)
     heads_refused = _layout_checks(model, inputs, addresses, checks)
     layers = range(n)
@@ -161,7 +167,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     # oracles written by others
     with torch.no_grad():
         hf = model._model(
-            **inputs, output_hidden_states=True, output_attentions=model.attention_probs_enabled
+            **cert.forward_inputs(model, inputs),
+            output_hidden_states=True,
+            output_attentions=model.attention_probs_enabled,
         )
     hidden = hf.hidden_states
     attention_layers = [layer for layer in layers if ("attention_probs", layer) in v]
@@ -373,22 +381,67 @@ def _layout_checks(
     return refused
 
 
+def _is_out_of_order(exc: BaseException) -> bool:
+    """nnsight's refusal of a read after its value has passed (OutOfOrderError)."""
+    names = {k.__name__ for k in type(exc).__mro__}
+    text = str(exc)
+    return "OutOfOrderError" in names or "ran past it" in text or "out of order" in text
+
+
+def _run_in_order(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    unordered: dict[Any, str],
+) -> dict[Any, Any]:
+    """Plan.run over ``addresses``. Where nnsight refuses a whole-model place read after
+    the layers' places (0.8 serves a module's calls in order, so a module that runs
+    more than once in a forward, as Dory's norm, has passed its first call by then),
+    the place is read alone and named in ``unordered`` with nnsight's refusal."""
+    from causalab_mini.components import Plan
+
+    try:
+        return Plan.of(reads=addresses.values()).run(model, inputs)
+    except Exception as exc:
+        if not _is_out_of_order(exc):
+            raise
+    per_layer = [a for key, a in addresses.items() if key[1] is not None]
+    values = dict(Plan.of(reads=per_layer).run(model, inputs))
+    for key, address in addresses.items():
+        if key[1] is not None:
+            continue
+        try:
+            values[address] = Plan.of(reads=[*per_layer, address]).run(model, inputs)[address]
+        except Exception as exc:
+            if not _is_out_of_order(exc):
+                raise
+            values[address] = Plan.of(reads=[address]).run(model, inputs)[address]
+            unordered[address] = (
+                "nnsight cannot read it after the layers' places (its module runs more "
+                f"than once in a forward): {str(exc).strip().splitlines()[-1][:200]}"
+            )
+    return values
+
+
 def _read_all(
     model: Any,
     inputs: dict[str, Any],
     addresses: dict[tuple[str, int | None], Any],
     result: dict[str, dict[str, Any]],
     partial: dict[str, dict[str, Any]],
+    unordered: dict[Any, str] | None = None,
 ) -> dict[Any, Any]:
     """Read every address in one trace. A needle after the first is looked up inside
     the function the previous call dispatches to, so only a trace finds that it names
     no operation there: such a component is refused where it does not resolve (with
-    the lookup's own message), and the rest are read."""
+    the lookup's own message), and the rest are read. Whole-model places nnsight
+    cannot read after the layers' places are read alone (``_run_in_order``)."""
     from causalab_mini.components import Plan
     from causalab_mini.ops import OperationNotFound
 
+    unordered = {} if unordered is None else unordered
     try:
-        return Plan.of(reads=addresses.values()).run(model, inputs)
+        return _run_in_order(model, inputs, addresses, unordered)
     except OperationNotFound:
         failing: dict[str, dict[int | None, str]] = {}
         for key, address in addresses.items():
@@ -413,7 +466,7 @@ def _read_all(
         else:
             result[name] = {"state": "refused", "reason": reason}
             partial.pop(name, None)
-    return Plan.of(reads=addresses.values()).run(model, inputs)
+    return _run_in_order(model, inputs, addresses, unordered)
 
 
 def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
@@ -536,17 +589,18 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
     its output gate, with their kinds: each needle naming exactly one operation, made
     after the call that returns attention_z (a gate multiplies it; Doge's softplus
     before the call shapes the mask, not the output)."""
+    from causalab_mini.compat import parsed_source
     from causalab_mini.ops import OperationNotFound, find_op, op_path
 
     internals = model.internals
     path = internals["attentions"].address_at(layer).module
     source = _module(model, layer, path).source
-    accessor = getattr(source, "accessor", source)
+    _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
     where["model_class"] = internals.model_class
 
     def line(op: Any) -> int:
-        return int(accessor.line_numbers[op_path(op).split(".")[-1]])
+        return line_of[op_path(op).split(".")[-1]]
 
     try:  # the call that returns attention_z
         call = line(find_op(source, z_address.needles[0], **where))
@@ -1015,10 +1069,13 @@ def summarize(results: list[Result]) -> dict[str, Any]:
 def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
+    from causalab_mini.internals import _installed
     from causalab_mini.tools.tiny import causal_lm_model_types
 
     data = {
         "transformers": transformers.__version__,
+        "nnsight": _installed("nnsight"),
+        "nnterp": _installed("nnterp"),
         "seconds": round(seconds, 1),
         "summary": summarize(results),
         "all_model_types": len(causal_lm_model_types()),
@@ -1028,8 +1085,81 @@ def write_report(results: list[Result], path: Path, seconds: float) -> None:
     path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
 
 
-def coverage_markdown(report: dict[str, Any]) -> str:
-    """docs/coverage.md from a sweep report and the registry's block structures."""
+def _versions_of(report: dict[str, Any]) -> str:
+    """``transformers 5.24.0, nnsight 0.7.0, nnterp 1.3.0`` (what the report records)."""
+    return ", ".join(
+        f"{package} {report[package]}"
+        for package in ("transformers", "nnsight", "nnterp")
+        if report.get(package)
+    )
+
+
+def _states(result: dict[str, Any]) -> dict[str, str]:
+    return {name: item["state"] for name, item in result["components"].items()}
+
+
+def _cell(text: str | None, limit: int = 240) -> str:
+    return (text or "").replace("|", "\\|").replace("\n", " ")[:limit]
+
+
+def _why(result: dict[str, Any]) -> str:
+    """An architecture's outcome in a cell: its counts where certified, else its reason."""
+    if result["outcome"] == "certified":
+        states = list(_states(result).values())
+        return f"certified: {states.count('ok')} ok, {states.count('refused')} refused"
+    return f"{result['outcome']}: {_cell(result['reason'])}"
+
+
+def differences_markdown(report: dict[str, Any], other: dict[str, Any]) -> list[str]:
+    """Where another sweep (another nnsight or transformers) differs from ``report``,
+    architecture by architecture: its outcome, or the components whose state differs,
+    with the reasons both runs give (one sentence where they agree)."""
+    here, there = _versions_of(report), _versions_of(other)
+    mine = {r["model_type"]: r for r in report["results"]}
+    theirs = {r["model_type"]: r for r in other["results"]}
+    s, o = report["summary"], other["summary"]
+    rows: list[str] = []
+    for name in sorted(set(mine) & set(theirs)):
+        a, b = mine[name], theirs[name]
+        if a["outcome"] != b["outcome"]:
+            rows.append(f"| {name} | {a['outcome']} -> {b['outcome']} | {_why(a)} | {_why(b)} |")
+            continue
+        sa, sb = _states(a), _states(b)
+        for component in sorted(k for k in set(sa) | set(sb) if sa.get(k) != sb.get(k)):
+            ia, ib = a["components"].get(component, {}), b["components"].get(component, {})
+            rows.append(
+                f"| {name} | {component}: {sa.get(component)} -> {sb.get(component)} | "
+                f"{_cell(ia.get('reason'))} | {_cell(ib.get('reason'))} |"
+            )
+    only = sorted(set(mine) ^ set(theirs))
+    lines = ["", f"## Against {there}", ""]
+    if not rows and not only:
+        return [
+            *lines,
+            f"The sweep under {there} gives the same outcome and the same state "
+            "for every component of every architecture.",
+        ]
+    lines += [
+        f"The same sweep under {there}: {o['certified']} certified (here {s['certified']}), "
+        f"{o['ok']} ok ({s['ok']}), {o['refused']} refused ({s['refused']}), "
+        f"{o['broken']} broken ({s['broken']}), {o['unloadable']} do not load "
+        f"({s['unloadable']}), {o['crashed']} crashed ({s['crashed']}). Every architecture "
+        "not listed here has the same outcome and the same state for every component; "
+        "architectures that do not load under both are listed only where they load under "
+        "one.",
+        "",
+        f"| architecture | what differs ({here} -> {there}) | here | there |",
+        "|---|---|---|---|",
+        *rows,
+    ]
+    if only:
+        lines += ["", f"Swept in one run only: {', '.join(only)}."]
+    return lines
+
+
+def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = None) -> str:
+    """docs/coverage.md from a sweep report and the registry's block structures; with
+    ``against`` (another run's report), where that run differs."""
     from causalab_mini.generated import BLOCK_STRUCTURES
 
     s = report["summary"]
@@ -1038,7 +1168,7 @@ def coverage_markdown(report: dict[str, Any]) -> str:
         "report and the registry. -->",
         "# Coverage",
         "",
-        f"transformers {report['transformers']}: {s['architectures']} causal-LM architectures swept "
+        f"{_versions_of(report)}: {s['architectures']} causal-LM architectures swept "
         f"in {report['seconds']} s. {s['certified']} loaded and certified component by component; "
         f"{s['unbuildable']} cannot be built tiny, {s['unloadable']} do not load, "
         f"{s['crashed']} crashed, {s['timeout']} timed out.",
@@ -1076,6 +1206,8 @@ def coverage_markdown(report: dict[str, Any]) -> str:
     for text, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         cell = text[:400].replace("|", "\\|")
         lines.append(f"| {count} | {cell} |")
+    if against is not None:
+        lines += differences_markdown(report, against)
     return "\n".join(lines) + "\n"
 
 
@@ -1101,6 +1233,13 @@ def coverage_markdown(report: dict[str, Any]) -> str:
     default=None,
     help="Write the coverage table (markdown) here, e.g. docs/coverage.md.",
 )
+@click.option(
+    "--against",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="With --doc: another run's report (--out of a sweep under another nnsight or "
+    "transformers); the table lists where it differs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def sweep_command(
     only: str | None,
@@ -1109,6 +1248,7 @@ def sweep_command(
     out: Path | None,
     doc: Path | None,
     as_json: bool = False,
+    against: Path | None = None,
 ) -> None:
     """Certify every causal-LM architecture of the installed transformers: each of
     the 21 components ok (identities and oracles pass), refused (with the reason),
@@ -1118,6 +1258,7 @@ def sweep_command(
     Example:
       registry sweep --only llama,gpt2,bloom
       registry sweep --jobs 2 --out docs/coverage.json --doc docs/coverage.md
+      registry sweep --doc docs/coverage.md --against nnsight-0.8.json
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -1189,7 +1330,8 @@ def sweep_command(
             report_path = Path(tempfile.mkstemp(suffix=".json")[1])
             write_report(results, report_path, seconds)
         doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(coverage_markdown(json.loads(report_path.read_text())))
+        other = json.loads(against.read_text()) if against is not None else None
+        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -553,9 +553,9 @@ def bench_interiors(repeats: int) -> dict[str, Any]:
     """The four interiors (eager attention, so the scores exist): locate + Plan against
     the same tensors hand-written through ``.source``, flattened the way the Plan hands
     them on."""
-    from causalab_mini import StandardizedTransformer
+    from causalab_mini import StandardizedTransformer, compat
     from causalab_mini.components import Plan, locate
-    from causalab_mini.ops import find_op
+    from causalab_mini.ops import find_op, op_name
     from causalab_mini.tools.tiny import build_tiny
 
     log("part 1: interiors (eager attention)")
@@ -566,26 +566,41 @@ def bench_interiors(repeats: int) -> dict[str, Any]:
     floor = TorchHooks(path, attn_implementation="eager")
     kinds = ["attention_query", "attention_key", "attention_scores", "attention_z"]
     plan = Plan.of(reads=[locate(model, k, i) for i in range(n_layers) for k in kinds])
+    # the attention call's name is the installed nnsight's (attention_interface_1 on
+    # 0.8, which also numbers the assignment that picks the function; _0 before)
+    interface = op_name(
+        model.layers[0].self_attn,
+        "attention_interface(",
+        row="bench",
+        module="self_attn",
+        model_class="bench",
+    )
     # nnsight hands a trace body's new names back to the frame, not to closures
     names: dict[str, str] = {}
     with model.trace(inputs):
         found = find_op(
-            model.model.layers[0].self_attn.source.attention_interface_0.source,
+            getattr(model.model.layers[0].self_attn.source, interface).source,
             "nn.functional.softmax(",
             row="bench",
-            module="self_attn.attention_interface_0",
+            module=f"self_attn.{interface}",
             model_class="bench",
         )
         names["softmax"] = str(found.path.split(".")[-1])
     softmax = names["softmax"]
+    # nnsight 0.8 hands an operation its callee after its inputs: the nested source
+    # opens after the inputs are read there, before them on 0.6/0.7
+    callee_after_inputs = compat.callee_after_inputs()
 
     def hand() -> list[Any]:
         saved: list[Any] = []
         with model.trace(inputs):
             for i in range(n_layers):
-                call = model.model.layers[i].self_attn.source.attention_interface_0
-                inner = call.source
+                call = getattr(model.model.layers[i].self_attn.source, interface)
+                if not callee_after_inputs:
+                    inner = call.source
                 args = call.inputs[0]
+                if callee_after_inputs:
+                    inner = call.source
                 saved.append(args[1].transpose(1, 2).flatten(2).save())
                 saved.append(args[2].transpose(1, 2).flatten(2).save())
                 saved.append(getattr(inner, softmax).inputs[0][0].save())
@@ -603,6 +618,7 @@ def bench_interiors(repeats: int) -> dict[str, Any]:
     )
     return {
         "reads_per_trace": len(plan.steps),
+        "interface_op": interface,
         "softmax_op": softmax,
         "check": same,
         "times": timing(times),
@@ -1112,14 +1128,100 @@ def table(result: dict[str, Any]) -> str:
     def line(cells: tuple[str, ...]) -> str:
         return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
 
+    meta = result.get("meta", {})
+    caption = ", ".join(
+        f"{k} {meta.get(k, '?')}" for k in ("torch", "transformers", "nnsight", "nnterp")
+    )
     return "\n".join(
-        [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
+        [
+            f"{caption}; torch threads {meta.get('torch_threads', '?')}",
+            "",
+            line(head),
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+            *map(line, rows),
+        ]
+    )
+
+
+# (label, part of result["tracing"], variant) of the absolute times compared across runs
+COMPARED_TIMES = [
+    ("empty trace, small model", "per_read", "empty_trace"),
+    ("reads: nnsight hand", "reads", "nnsight_hand"),
+    ("reads: internals", "reads", "internals"),
+    ("reads: Plan", "reads", "plan"),
+    ("reads: torch hooks (floor)", "reads", "torch_hooks"),
+    ("writes: nnsight hand", "writes", "nnsight_hand"),
+    ("writes: internals", "writes", "internals"),
+    ("interiors: hand .source", "interiors", "nnsight_hand"),
+    ("interiors: Plan", "interiors", "plan"),
+]
+# (label, part, figure) of the ratios compared across runs
+COMPARED_RATIOS = [
+    ("reads: internals / nnsight hand", "reads", "internals / nnsight hand-written"),
+    ("reads: Plan / nnsight hand", "reads", "plan / nnsight hand-written"),
+    ("reads: nnsight hand / torch hooks", "reads", "nnsight hand-written / torch hooks"),
+    ("writes: internals / nnsight hand", "writes", "internals / nnsight hand-written"),
+    ("writes: nnsight hand / torch hooks", "writes", "nnsight hand-written / torch hooks"),
+    ("interiors: Plan / hand .source", "interiors", "plan / nnsight hand-written .source"),
+    ("per read: internals / hand", "per_read", "internals / nnsight hand-written, per read"),
+]
+
+
+def compare(results: list[dict[str, Any]]) -> str:
+    """The tracing figures of several runs side by side (one per installed nnsight, as
+    ``nox -s bench -- --nnsight 0.7.0,0.8.1`` writes them): the median wall times, and
+    each later run's against the first; the ratios of each run to its own baselines."""
+    heads = [f"nnsight {r['meta'].get('nnsight', '?')}" for r in results]
+    first = heads[0]
+    cols = ["figure (median)", *heads, *[f"{h} / {first}" for h in heads[1:]]]
+    rows: list[list[str]] = []
+    for label, part, variant in COMPARED_TIMES:
+        medians = []
+        for r in results:
+            t = r.get("tracing", {}).get(part, {}).get("times", {}).get(variant)
+            medians.append(None if t is None else t["wall"]["median"])
+        cells = ["-" if m is None else f"{m * 1000:.2f} ms" for m in medians]
+        base = medians[0]
+        cells += ["-" if m is None or not base else f"{m / base:.2f}x" for m in medians[1:]]
+        rows.append([label, *cells])
+    for label, part, name in COMPARED_RATIOS:
+        cells = []
+        for r in results:
+            fig = r.get("tracing", {}).get(part, {}).get("figures", {}).get(name)
+            cells.append("-" if fig is None else f"{fig['ratio']['median']:.3f}x")
+        rows.append([label, *cells, *["" for _ in results[1:]]])
+    loads = [
+        f"{h}: torch {r['meta'].get('torch_threads')} thread(s), load "
+        f"{r['meta'].get('load', '?')}, transformers {r['meta'].get('transformers')}"
+        for h, r in zip(heads, results, strict=True)
+    ]
+    widths = [max(len(row[k]) for row in [cols, *rows]) for k in range(len(cols))]
+
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join(
+        [
+            line(cols),
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+            *map(line, rows),
+            "",
+            *loads,
+        ]
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench.json"), help="where the JSON goes")
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="print the tracing figures of earlier runs (one per nnsight) side by side, "
+        "the first as the baseline, and exit",
+    )
     parser.add_argument("--repeats", type=int, default=40, help="repeats of each traced figure")
     parser.add_argument(
         "--small-repeats", type=int, default=300, help="repeats of the per-read figure"
@@ -1135,6 +1237,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated parts: tracing, resolve, tooling",
     )
     args = parser.parse_args(argv)
+    if args.compare:
+        print(compare([json.loads(path.read_text()) for path in args.compare]))
+        return 0
     parts = set(args.only.split(","))
     quiet()
     started = time.perf_counter()
@@ -1154,6 +1259,7 @@ def main(argv: list[str] | None = None) -> int:
                 "tooling": args.tool_repeats,
             },
             "judged_on": "ratio of mins",
+            "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
         }
     }
     if "tracing" in parts:
@@ -1165,6 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         result["tooling"] = bench_tooling(args.tool_repeats)
     result["sweep"] = {"status": "pending: the sweep command does not exist yet"}
     result["meta"]["bench_seconds"] = time.perf_counter() - started
+    result["meta"]["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     result["table"] = table(result)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(result["table"])

@@ -1,0 +1,295 @@
+"""What differs between the nnsight releases the project supports (0.6, 0.7, 0.8).
+
+Two kinds of thing live here, and nothing else does:
+
+* **Shims** (``install()``): where nnterp 1.3 (which has no release for nnsight 0.8)
+  or nnsight itself breaks on 0.8, the smallest bridge for that one break, each naming
+  the upstream line it bridges and the versions that need it. ``install()`` runs
+  before nnterp is imported (``causalab_mini.model`` calls it first) and does nothing
+  on nnsight 0.6 and 0.7. Each shim checks that the thing it bridges is still broken,
+  so a fixed upstream release turns it off by itself.
+* **Spellings**: the few nnsight internals the runtime reads, one function each,
+  answered for the installed version (the alias map, a child module named after an
+  nnsight attribute, a forward's parsed source, the function a forward's operations
+  are named from, the order in which an operation hands over its inputs and its
+  callee).
+
+No shim touches nnsight's ``Envoy`` or tracing: the runtime asks here instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from typing import Any
+
+from packaging.version import Version
+
+
+@functools.cache
+def nnsight_version() -> Version:
+    """The installed nnsight's version (read from its metadata, without importing it)."""
+    from importlib.metadata import version
+
+    return Version(version("nnsight"))
+
+
+def is_08() -> bool:
+    """Whether the installed nnsight is 0.8 or later (the releases with ``Source`` /
+    ``Compiled``, ``_aliases`` and ``E_``-mounted children)."""
+    return nnsight_version() >= Version("0.8.0.dev0")
+
+
+# ---------------------------------------------------------------------- shims
+
+_INSTALLED = False
+
+
+def install() -> None:
+    """Install the shims the installed nnsight needs (none before 0.8). Idempotent;
+    call it before the first ``import nnterp``."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    _INSTALLED = True
+    if not is_08():
+        return
+    _nnterp_object_import()
+    _nnsight_tokenizer_lookup()
+    _nnterp_model_alias()
+
+
+_GLOBALS = "nnsight.intervention.tracing.globals"
+
+
+class _ObjectModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Serves ``nnsight.intervention.tracing`` and ``…tracing.globals`` (only those two
+    names, and only where no other finder can) as modules holding ``Object``."""
+
+    names = ("nnsight.intervention.tracing", _GLOBALS)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=fullname != _GLOBALS)
+
+    def create_module(self, spec: Any) -> None:
+        return None
+
+    def exec_module(self, module: Any) -> None:
+        from nnsight.tracing.hint import Object
+
+        module.Object = Object
+        if module.__name__ != _GLOBALS:
+            module.__path__ = []
+
+
+def _nnterp_object_import() -> None:
+    """nnterp 1.3.0 ``utils.py:8`` and ``nnsight_utils.py:10``: ``from
+    nnsight.intervention.tracing.globals import Object``, a type hint. nnsight 0.8
+    moved it to ``nnsight.tracing.hint.Object`` and removed the module, so ``import
+    nnterp`` fails. Bridged by an import finder placed last on ``sys.meta_path``: it
+    answers those two module names only, and only when nnsight has no such module."""
+    try:
+        importlib.util.find_spec(_GLOBALS)
+    except ModuleNotFoundError:
+        pass
+    else:
+        return  # the module exists: nothing to bridge
+    if not any(isinstance(f, _ObjectModuleFinder) for f in sys.meta_path):
+        sys.meta_path.append(_ObjectModuleFinder())
+
+
+_PREPROCESSOR_FLAGS = {
+    "tokenizer": "_load_tokenizer",
+    "image_processor": "_load_image_processor",
+    "feature_extractor": "_load_feature_extractor",
+    "processor": "_load_processor",
+}
+
+
+def _nnsight_tokenizer_lookup() -> None:
+    """nnsight 0.8.1 ``modeling/transformers.py`` ``TransformersModel._loaded_preprocessors``
+    reads ``getattr(check_task(task)[1]["impl"], "_load_tokenizer")``; transformers
+    5.23 made ``impl`` a dotted-path string, so no preprocessor is sourced and the meta
+    pipeline fails with "Impossible to guess which tokenizer to use" (a plain
+    ``LanguageModel(path)`` too). Bridged by resolving a string ``impl`` to its class
+    and adding what that class loads; a class ``impl`` (transformers < 5.23) is left
+    to nnsight."""
+    from nnsight.modeling.transformers import TransformersModel
+
+    original = TransformersModel.__dict__.get("_loaded_preprocessors")
+    if original is None or getattr(original, "_causalab_mini_shim", False):
+        return
+
+    @functools.wraps(original)
+    def _loaded_preprocessors(self: Any) -> set[str]:
+        found: set[str] = set(original(self))
+        try:
+            from transformers.pipelines import check_task
+
+            impl = check_task(self.task)[1]["impl"]
+        except Exception:
+            return found  # nnsight's own answer (every preprocessor, for an unknown task)
+        if isinstance(impl, str):
+            module, _, name = impl.rpartition(".")
+            cls = getattr(importlib.import_module(module), name)
+            found |= {
+                attr for attr, flag in _PREPROCESSOR_FLAGS.items() if getattr(cls, flag, False)
+            }
+        return found
+
+    _loaded_preprocessors._causalab_mini_shim = True  # type: ignore[attr-defined]
+    TransformersModel._loaded_preprocessors = _loaded_preprocessors
+
+
+def _nnterp_model_alias() -> None:
+    """nnterp 1.3.0 ``standardized_transformer.py:133-153`` and ``rename_utils.py:432``
+    read ``model._model``, the alias nnsight 0.6/0.7 kept of ``model._module``; nnsight
+    0.8 removed it. Bridged by a read-only ``_model`` property on nnterp's
+    ``StandardizedTransformer`` only (not on nnsight's classes)."""
+    import nnterp
+    from nnsight import LanguageModel
+
+    cls = nnterp.StandardizedTransformer
+    if "_model" in vars(cls) or hasattr(LanguageModel, "_model"):
+        return
+    cls._model = property(lambda self: self._module, doc="nnsight < 0.8's alias of _module")
+
+
+# ---------------------------------------------------------------------- spellings
+
+#: nnsight 0.8 mounts a child module named after one of its own attributes (a BERT
+#: layer's ``output``) at ``E_<name>``; 0.6/0.7 mount it at ``<name>`` and move the
+#: module's own boundary to ``nns_<name>``.
+OVERLOAD_PREFIX = "E_"
+
+
+def child_attribute(envoy: Any, name: str) -> str:
+    """The attribute of ``envoy`` that holds its child module ``name`` (``E_output``
+    for a child called ``output`` on nnsight 0.8; ``name`` elsewhere)."""
+    overloaded = OVERLOAD_PREFIX + name
+    if overloaded in envoy.__dict__ and is_08():
+        return overloaded
+    return name
+
+
+def alias_target(envoy: Any, name: str) -> str | None:
+    """The module path an alias ``name`` of ``envoy`` stands for, or None.
+    (``_alias.alias_to_name`` on nnsight 0.6/0.7; ``_aliases`` on 0.8.)"""
+    d = envoy.__dict__
+    alias = d.get("_alias")
+    target: str | None = None
+    if alias is not None:
+        target = alias.alias_to_name.get(name)
+    elif not name.startswith(OVERLOAD_PREFIX):
+        target = (d.get("_aliases") or {}).get(name)
+    return target
+
+
+def aliases_of(envoy: Any) -> dict[str, list[str]]:
+    """Module name -> its aliases on ``envoy`` (``_alias.name_to_aliases`` on nnsight
+    0.6/0.7; ``_aliases`` inverted on 0.8, without the ``E_`` mounts)."""
+    d = envoy.__dict__
+    alias = d.get("_alias")
+    if alias is not None:
+        return dict(alias.name_to_aliases)
+    out: dict[str, list[str]] = {}
+    for name, target in (d.get("_aliases") or {}).items():
+        if not name.startswith(OVERLOAD_PREFIX):
+            out.setdefault(target, []).append(name)
+    return out
+
+
+def shared_path(envoy: Any, name: str) -> str | None:
+    """Where the child ``name`` of ``envoy`` is a second path to a module the tree
+    already holds (one module object in every layer, as GPT-1's activation), the first
+    path; else None. nnsight 0.8 gives such a module one envoy, at its first path, and
+    serves its calls in order, so a read through the second path sees the first call;
+    0.6/0.7 give each path its own envoy."""
+    if not is_08():
+        return None
+    d = envoy.__dict__
+    attribute = child_attribute(envoy, name)
+    first = (d.get("_aliases") or {}).get(attribute)
+    sub = d.get(attribute)
+    if first is None or getattr(sub, "path", None) != first:
+        return None  # not shared, or a rename alias (its target is a relative path)
+    return None if first == f"{envoy.path}.{name}" else str(first)
+
+
+def forward_key(module: Any) -> Any | None:
+    """The function whose source nnsight parses for ``module``'s ``.source``: modules
+    sharing it have the same operations under the same names (None where that cannot
+    be said). ``resolve_true_forward`` on nnsight 0.6/0.7; on 0.8, the body its
+    controller runs (``module_body``), as it was before instrumentation."""
+    if not is_08():
+        try:
+            from nnsight.intervention.source import resolve_true_forward
+        except ImportError:
+            return None
+        try:
+            return resolve_true_forward(module)
+        except Exception:
+            return None
+    try:
+        from nnsight.intervention import source
+    except ImportError:
+        return None
+    state = module.__dict__.get(getattr(source, "STATE", None))
+    if state is not None:
+        return state.original
+    try:
+        return source.module_body(module)
+    except Exception:
+        return None
+
+
+def parsed_source(accessor: Any) -> tuple[str, dict[str, int]]:
+    """A parsed forward's text and, per operation name, the 0-based index of its line
+    in ``text.split("\\n")``. nnsight 0.8: ``Source.compiled`` (``.source``, ``.names``,
+    ``.lines`` 1-based); 0.6/0.7: ``.source`` and ``.line_numbers`` (0-based within the
+    body, after the ``def`` line)."""
+    compiled = getattr(accessor, "__dict__", {}).get("compiled")  # never an op name
+    if compiled is not None:
+        return compiled.source, {name: compiled.lines[name] - 1 for name in compiled.names}
+    return accessor.source, {name: line + 1 for name, line in accessor.line_numbers.items()}
+
+
+def source_identity(source_envoy: Any) -> Any:
+    """The object a parsed forward lives on, stable across ``.source`` reads and
+    weakly referenceable: 0.8 builds a new ``Source`` on each read around one
+    ``Compiled`` (a tuple), whose code object is the key; 0.7 its accessor, 0.6 the
+    source envoy."""
+    compiled = getattr(source_envoy, "__dict__", {}).get("compiled")
+    if compiled is not None:
+        return compiled.code
+    return getattr(source_envoy, "accessor", source_envoy)
+
+
+def callee_after_inputs() -> bool:
+    """Whether an operation hands over its callee (what a nested ``.source`` waits for)
+    after its inputs: nnsight 0.8's ``run_op`` emits input, skip, fn, output; 0.6/0.7
+    hand the fn over first. A trace must open a nested ``.source`` after reading the
+    operation's inputs on 0.8 and before on 0.6/0.7, or nnsight raises OutOfOrderError."""
+    return is_08()
+
+
+__all__ = [
+    "OVERLOAD_PREFIX",
+    "alias_target",
+    "aliases_of",
+    "callee_after_inputs",
+    "child_attribute",
+    "forward_key",
+    "install",
+    "is_08",
+    "nnsight_version",
+    "parsed_source",
+    "shared_path",
+    "source_identity",
+]
