@@ -75,9 +75,8 @@ def test_a_wrong_query_fails_the_query_key_check(with_scores: bool) -> None:
     raw = sweep._raw_outputs(model, inputs, addresses)
     for factor, holds in ((1.0, True), (1.1, False)):
         tampered = {**values, ("attention_query", 1): values[("attention_query", 1)] * factor}
-        checks = sweep._Checks()
-        sweep._interior_checks(model, tampered, raw, 1, checks)
-        assert [ok for _, ok, _ in checks.by_component["attention_query"]] == [holds]
+        outcomes = list(sweep._interior_checks(model, tampered, raw, 1))
+        assert [o.ok for o in outcomes if "attention_query" in o.components] == [holds]
 
 
 def test_the_unembedding_is_checked_on_what_it_reads() -> None:
