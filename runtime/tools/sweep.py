@@ -328,7 +328,7 @@ def _raw_outputs(
     one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
     the output projection; its kind under ("gate_kind", layer)), per layer, and the
     unembedding's input, from one more trace (in forward order)."""
-    from causalab_mini import components as comp
+    from causalab_mini import plan as comp
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
