@@ -65,6 +65,7 @@ def test_wheel_install(tmp_path: Path) -> None:
         "causalab_mini/address.py",
         "causalab_mini/generated/places.py",
         "causalab_mini/codegen/lint.py",
+        "causalab_mini/codegen/rules/places.py",
         "causalab_mini/codegen/templates/places.py.j2",
         "causalab_mini/registry/places.yaml",
         "causalab_mini/registry/families/gpt2.yaml",
