@@ -34,6 +34,8 @@ FILES: dict[str, str] = {
     "components.yaml": "components.schema.json",
 }
 FAMILY_SCHEMA = "family.schema.json"
+# the definitions the file schemas share, referenced as common.schema.json#/$defs/<name>
+COMMON_SCHEMA = "common.schema.json"
 
 
 def default_registry() -> Path:
@@ -50,7 +52,38 @@ def load_schema(name: str) -> dict[str, Any]:
 
 @cache
 def _validator(name: str) -> Draft202012Validator:
-    return Draft202012Validator(load_schema(name))
+    """A validator of the file schema ``name`` whose references to the common schema
+    resolve offline: the file schemas carry no ``$id``, so a reference is relative to
+    the schema's own path (as an editor resolves it) and names a resource of this
+    registry; any other reference is an error, never a download."""
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+
+    common = Resource.from_contents(load_schema(COMMON_SCHEMA), default_specification=DRAFT202012)
+    resources_ = Registry().with_resource(COMMON_SCHEMA, common)
+    return Draft202012Validator(load_schema(name), registry=resources_)
+
+
+def _ref_target(ref: str) -> Any:
+    """The subschema a ``$ref`` of a file schema or of the common schema names (every
+    reference with a target lands in the common schema)."""
+    document, _, pointer = ref.partition("#")
+    node: Any = load_schema(document or COMMON_SCHEMA)
+    for part in pointer.strip("/").split("/") if pointer.strip("/") else ():
+        node = node[part.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def _known_keys(schema: Any) -> set[str]:
+    """The keys an object schema knows: its ``properties`` and those of the schemas it
+    references (a row schema adds its own keys to the common Address fields)."""
+    if not isinstance(schema, dict):
+        return set()
+    keys = set(schema.get("properties", {}))
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        keys |= _known_keys(_ref_target(ref))
+    return keys
 
 
 # ---------------------------------------------------------------- schema pass
@@ -114,9 +147,10 @@ def _one_schema_error(loaded: Loaded, display: str, error: ValidationError) -> l
     line, col = loaded.where(path)
     where = _where(path)
     kind = error.validator
-    if kind == "additionalProperties" and isinstance(error.instance, dict):
-        schema = error.schema if isinstance(error.schema, dict) else {}
-        allowed = sorted(schema.get("properties", {}))
+    if kind in ("additionalProperties", "unevaluatedProperties") and isinstance(
+        error.instance, dict
+    ):
+        allowed = sorted(_known_keys(error.schema))
         out = []
         for key in error.instance:
             if key not in allowed:
@@ -318,4 +352,6 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
     ctx = Context(registry, loaded, fam_loaded, disp)
     rules.run(ctx)
     diags.extend(ctx.out)
-    return registry, sorted(set(diags), key=lambda d: (d.path, d.line, d.col, d.code, d.message))
+    return registry, sorted(
+        set(diags), key=lambda d: (d.path, d.line, d.col, d.code, d.message, d.row)
+    )
