@@ -31,6 +31,7 @@ import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from functools import cache, cached_property
 from typing import Any
 
 LINE_LENGTH = 100
@@ -64,6 +65,10 @@ class Atom:
 
     text: str
 
+    @property
+    def flat(self) -> str:
+        return self.text
+
 
 @dataclass(frozen=True)
 class Bracket:
@@ -76,6 +81,14 @@ class Bracket:
     head: str = ""
     one_tuple: bool = False
 
+    @cached_property
+    def flat(self) -> str:
+        """On one line (computed once: layout asks at every depth)."""
+        inner = ", ".join(before + child.flat for before, child in self.items)
+        if self.one_tuple:
+            inner += ","
+        return f"{self.head}{self.open}{inner}{self.close}"
+
 
 Node = Atom | Bracket
 
@@ -86,6 +99,8 @@ Node = Atom | Bracket
 def py_str(text: str) -> str:
     """A string literal as ruff writes it: ``repr()``'s escapes, double quotes unless
     the text holds more double quotes than single ones."""
+    if "'" not in text and '"' not in text:
+        return '"' + repr(text)[1:-1] + '"'  # repr chose ', and escaped nothing else
     quote = "'" if text.count('"') > text.count("'") else '"'
     out = [quote]
     for ch in text:
@@ -132,21 +147,27 @@ def node(value: Any) -> Node:
     if isinstance(value, Mapping):
         return proxy(value)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        kwargs: list[tuple[str, Any]] = []
-        for f in dataclasses.fields(value):
-            current = getattr(value, f.name)
-            default = f.default
-            if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
-                default = f.default_factory()
-            if (
-                default is not dataclasses.MISSING
-                and current == default
-                and not (f.name == "doc" and current)
-            ):
-                continue
-            kwargs.append((f.name, current))
-        return call(type(value).__name__, *(), **dict(kwargs))
+        kwargs: dict[str, Any] = {}
+        for name, default in _fields(type(value)):
+            current = getattr(value, name)
+            if default is not dataclasses.MISSING and current == default:
+                if not (name == "doc" and current):
+                    continue
+            kwargs[name] = current
+        return call(type(value).__name__, **kwargs)
     raise EmitError(f"cannot emit a value of type {type(value).__name__}: {value!r}")
+
+
+@cache
+def _fields(kind: type) -> tuple[tuple[str, Any], ...]:
+    """A dataclass's fields and their defaults (MISSING where there is none)."""
+    out = []
+    for f in dataclasses.fields(kind):
+        default = f.default
+        if default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        out.append((f.name, default))
+    return tuple(out)
 
 
 def call(head: str, *args: Any, **kwargs: Any) -> Bracket:
@@ -193,12 +214,7 @@ def _width(text: str) -> int:
 
 def flat(item: Node) -> str:
     """The node on one line."""
-    if isinstance(item, Atom):
-        return item.text
-    inner = ", ".join(before + flat(child) for before, child in item.items)
-    if item.one_tuple:
-        inner += ","
-    return f"{item.head}{item.open}{inner}{item.close}"
+    return item.flat
 
 
 def _fits(depth: int, text: str) -> bool:
@@ -209,7 +225,7 @@ def layout(item: Node, depth: int = 0, before: str = "", after: str = "") -> lis
     """The lines of ``before + item + after`` at ``depth`` indents, laid out by the
     rules in this module's docstring."""
     pad = INDENT * depth
-    one_line = before + flat(item) + after
+    one_line = before + item.flat + after
     if isinstance(item, Atom) or not item.items or _fits(depth, one_line):
         return [pad + one_line]
     lines = [pad + before + item.head + item.open]
@@ -217,7 +233,7 @@ def layout(item: Node, depth: int = 0, before: str = "", after: str = "") -> lis
         ((child_before, child),) = item.items
         lines += layout(child, depth + 1, child_before)
     else:
-        joined = ", ".join(b + flat(c) for b, c in item.items)
+        joined = ", ".join(b + c.flat for b, c in item.items)
         if item.head and _fits(depth + 1, joined):  # a call's arguments may share a line
             lines.append(pad + INDENT + joined)
         else:

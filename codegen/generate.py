@@ -23,15 +23,16 @@ from dataclasses import dataclass
 from importlib import resources
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any
-
-import jinja2
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any
 
 from causalab_mini import __version__
 
 from . import emit
 from .model import Registry
+
+if TYPE_CHECKING:  # imported where they are used: a cached `gen --check` needs neither
+    import jinja2
+    from filelock import FileLock
 
 # emitted module -> (template, registry sources it is built from)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -120,6 +121,8 @@ def header(
 def template_environment(*, autoescape: bool) -> jinja2.Environment:
     """The Jinja environment over codegen/templates: strict about undefined names, and
     escaping (for the SVG diagram) or not (for Python and markdown)."""
+    import jinja2
+
     return jinja2.Environment(
         loader=jinja2.PackageLoader("causalab_mini.codegen", "templates"),
         undefined=jinja2.StrictUndefined,
@@ -201,6 +204,23 @@ def render(registry: Registry) -> dict[str, str]:
     return out
 
 
+def render_all(registry: Registry, *, docs: bool) -> tuple[dict[str, str], dict[str, str]]:
+    """``render`` and (where ``docs``) ``render_docs``, from the cache when the same
+    registry files were rendered by the same code before (codegen/cache.py: the key
+    covers the files, codegen, its templates, the row types and jinja2's version)."""
+    from .cache import RenderCache, render_key
+
+    store = RenderCache()
+    key = render_key(registry.sources, "modules+docs" if docs else "modules")
+    hit = store.get(key)
+    if hit is not None and set(hit) == {"modules", "docs"}:
+        return hit["modules"], hit["docs"]
+    modules = render(registry)
+    pages = render_docs(registry) if docs else {}
+    store.put(key, {"modules": modules, "docs": pages})
+    return modules, pages
+
+
 @dataclass(frozen=True)
 class Plan:
     """What writing would change: files to write, and orphans to remove."""
@@ -232,6 +252,8 @@ def plan(rendered: dict[str, str], out_dir: Path) -> Plan:
 
 
 def _lock_for(out_dir: Path) -> FileLock:
+    from filelock import FileLock
+
     key = hashlib.sha256(str(out_dir.resolve()).encode()).hexdigest()[:16]
     return FileLock(os.path.join(tempfile.gettempdir(), f"causalab_mini-gen-{key}.lock"))
 

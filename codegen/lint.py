@@ -12,16 +12,18 @@ from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
-
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
+from typing import TYPE_CHECKING, Any
 
 from . import rules
+from .cache import Entry, LintCache
 from .diagnostics import Diagnostic
-from .loader import JsonPath, Loaded, load_file
+from .loader import JsonPath, Loaded, load_text
 from .model import Registry
 from .rules import Context
+
+if TYPE_CHECKING:  # imported where a file is checked: a cached run never needs them
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import ValidationError
 
 SCHEMA_VERSION = 1
 
@@ -56,6 +58,7 @@ def _validator(name: str) -> Draft202012Validator:
     resolve offline: the file schemas carry no ``$id``, so a reference is relative to
     the schema's own path (as an editor resolves it) and names a resource of this
     registry; any other reference is an error, never a download."""
+    from jsonschema import Draft202012Validator
     from referencing import Registry, Resource
     from referencing.jsonschema import DRAFT202012
 
@@ -119,6 +122,8 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
 
 def _leaf_errors(error: ValidationError) -> Iterator[ValidationError]:
     """Descend oneOf/anyOf to the sub-error that explains the failure best."""
+    from jsonschema.exceptions import best_match
+
     if error.validator in ("oneOf", "anyOf") and error.context:
         # A oneOf over an object shape: prefer the branch whose required keys fit.
         best = best_match(error.context)
@@ -289,7 +294,8 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
     def disp(rel: str) -> str:
         return str(root / rel)
 
-    loaded: dict[str, Loaded] = {}
+    # (relative path, path, schema) of every registry file there is, in lint order
+    files: list[tuple[str, Path, str]] = []
     for name, schema in FILES.items():
         path = root / name
         if not path.is_file():
@@ -305,15 +311,7 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
                 )
             )
             continue
-        data, errs = load_file(path, disp(name))
-        registry.sources[name] = path.read_bytes()
-        if errs:
-            diags.extend(errs)
-            continue
-        errs = _schema_diagnostics(data, disp(name), schema)
-        diags.extend(errs)
-        if not errs:
-            loaded[name] = data
+        files.append((name, path, schema))
     for path in sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml")):
         if path.name not in FILES:
             diags.append(
@@ -327,7 +325,6 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
                     f"{', '.join(FILES)} and families/*.yaml. Move or rename it",
                 )
             )
-    fam_loaded: list[tuple[str, Loaded]] = []
     fam_dir = root / "families"
     if fam_dir.is_dir():
         for path in sorted(fam_dir.iterdir()):
@@ -337,17 +334,21 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
                     Diagnostic(disp(rel), 1, 1, "F002", "-", "family files end in .yaml; rename it")
                 )
                 continue
-            if path.suffix != ".yaml":
-                continue
-            data, errs = load_file(path, disp(rel))
-            registry.sources[rel] = path.read_bytes()
-            if errs:
-                diags.extend(errs)
-                continue
-            errs = _schema_diagnostics(data, disp(rel), FAMILY_SCHEMA)
-            diags.extend(errs)
-            if not errs:
-                fam_loaded.append((rel, data))
+            if path.suffix == ".yaml":
+                files.append((rel, path, FAMILY_SCHEMA))
+
+    entries = _parse_and_check(files, registry, diags, disp)
+    loaded: dict[str, Loaded] = {}
+    fam_loaded: list[tuple[str, Loaded]] = []
+    for rel, _, _ in files:
+        entry = entries.get(rel)
+        if entry is None:
+            continue
+        diags.extend(entry.diagnostics(disp(rel)))
+        if entry.passed and rel in FILES:
+            loaded[rel] = entry.loaded
+        elif entry.passed:
+            fam_loaded.append((rel, entry.loaded))
 
     ctx = Context(registry, loaded, fam_loaded, disp)
     rules.run(ctx)
@@ -355,3 +356,44 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
     return registry, sorted(
         set(diags), key=lambda d: (d.path, d.line, d.col, d.code, d.message, d.row)
     )
+
+
+def _parse_and_check(
+    files: list[tuple[str, Path, str]],
+    registry: Registry,
+    diags: list[Diagnostic],
+    disp: Any,
+) -> dict[str, Entry]:
+    """Each file's parse and schema pass, from the content-keyed cache where it holds
+    them (codegen/cache.py), else computed and stored. A file that cannot be read is an
+    F003 and has no entry."""
+    cache = LintCache()
+    keys: dict[str, str] = {}
+    texts: dict[str, str] = {}
+    paths = {rel: path for rel, path, _ in files}
+    for rel, path, schema in files:
+        try:
+            content = path.read_bytes()
+        except OSError as exc:
+            diags.append(Diagnostic(disp(rel), 1, 1, "F003", "-", f"cannot read the file: {exc}"))
+            continue
+        registry.sources[rel] = content
+        try:
+            texts[rel] = content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            diags.append(Diagnostic(disp(rel), 1, 1, "F003", "-", f"cannot read the file: {exc}"))
+            continue
+        keys[rel] = cache.key(schema, content)
+    entries = cache.lookup(keys, paths) if keys else {}
+    if len(entries) == len(keys):
+        return entries
+    for rel, path, schema in files:
+        if rel not in keys or rel in entries:
+            continue
+        data, errs = load_text(texts[rel], disp(rel), Loaded(path=path))
+        if not errs:
+            errs = _schema_diagnostics(data, disp(rel), schema)
+        entries[rel] = Entry.of(data, errs, passed=not errs)
+        cache.store(keys[rel], entries[rel])
+    cache.store_registry(keys, entries)
+    return entries
