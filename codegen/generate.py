@@ -37,7 +37,10 @@ if TYPE_CHECKING:  # imported where they are used: a cached `gen --check` needs 
 # emitted module -> (template, registry sources it is built from)
 MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "places.py": ("places.py.j2", ("places.yaml",)),
-    "families.py": ("families.py.j2", ("places.yaml", "families/*.yaml")),
+    "families.py": (
+        "families.py.j2",
+        ("places.yaml", "block_structures.yaml", "families/*.yaml"),
+    ),
     "structures.py": ("structures.py.j2", ("block_structures.yaml",)),
     "structural.py": ("structural.py.j2", ("structural.yaml",)),
     "interiors.py": ("interiors.py.j2", ("interiors.yaml",)),
@@ -150,6 +153,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
     return {
         "places": registry.places,
         "structures": registry.structures,
+        "structure_places": registry.structure_places,
         "rules": tuple(registry.rules),
         "layer_kinds": registry.layer_kinds,
         "structural": registry.structural,
@@ -170,9 +174,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
                     emit.ref("FAMILY_MATCH", f.name),
                     {
                         **{
-                            row: emit.call(
-                                "replace", emit.ref("DEFAULT_ADDRESSES", row), **dict(fields)
-                            )
+                            row: emit.call("replace", _base_row(registry, row), **dict(fields))
                             for row, fields in f.overrides
                         },
                         **dict(f.new_rows),
@@ -182,6 +184,14 @@ def _tables(registry: Registry) -> dict[str, Any]:
             for f in families
         ),
     }
+
+
+def _base_row(registry: Registry, row: str) -> emit.Atom:
+    """What a family row replaces: the default row, or the row a structure declares."""
+    structure = registry.structure_of(row) if row not in registry.places else None
+    if structure is None:
+        return emit.ref("DEFAULT_ADDRESSES", row)
+    return emit.Atom(f"{emit.ref('STRUCTURE_ADDRESSES', structure).text}[{emit.py_str(row)}]")
 
 
 def render(registry: Registry) -> dict[str, str]:

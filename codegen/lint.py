@@ -108,6 +108,15 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
     if head == "addresses" and len(path) > 1:
         family = data.get("family")
         return f"{family}:{path[1]}" if isinstance(family, str) else str(path[1])
+    if head == "structures" and len(path) > 3 and path[2] == "places":
+        structure = data.get("structures", {}).get(path[1])
+        items = structure.get("places") if isinstance(structure, dict) else None
+        index = path[3]
+        if isinstance(items, list) and isinstance(index, int) and index < len(items):
+            item = items[index]
+            if isinstance(item, dict) and isinstance(item.get("name"), str):
+                return str(item["name"])
+        return f"{path[1]}:places[{index}]"
     if head in ("structures", "layer_kinds") and len(path) > 1:
         return str(path[1])
     if head == "places" and len(path) > 1:  # structural.yaml
@@ -222,6 +231,9 @@ def _one_schema_error(loaded: Loaded, display: str, error: ValidationError) -> l
 
 def _where(path: JsonPath) -> str:
     """The part of the path below the row the error belongs to."""
+    if len(path) >= 4 and path[0] == "structures" and path[2] == "places":
+        rest = path[4:]
+        return ".".join(str(p) for p in rest) if rest else "the row"
     if len(path) >= 2 and path[0] in (
         "places",
         "interiors",

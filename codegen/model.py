@@ -36,6 +36,7 @@ __all__ = [
     "interior",
     "layer_kind",
     "match",
+    "rank_key",
     "select",
     "structural_entry",
     "structure_rule",
@@ -66,12 +67,44 @@ class Registry:
     sources: dict[str, bytes] = field(default_factory=dict)
     places: dict[str, Address] = field(default_factory=dict)
     structures: dict[str, BlockStructure] = field(default_factory=dict)
+    # structure -> the rows only its blocks have (block_structures.yaml, ``places``)
+    structure_places: dict[str, dict[str, Address]] = field(default_factory=dict)
     rules: list[StructureRule] = field(default_factory=list)
     layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
     structural: dict[str, dict[str, StructuralEntry]] = field(default_factory=dict)
     interiors: dict[str, Interior] = field(default_factory=dict)
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
+
+    def structure_of(self, name: str) -> str | None:
+        """The structure that declares the row ``name`` (None for a default row or no
+        row)."""
+        for structure, rows in self.structure_places.items():
+            if name in rows:
+                return structure
+        return None
+
+    def row(self, name: str) -> Address | None:
+        """The default row ``name``, else the structure row of that name."""
+        if name in self.places:
+            return self.places[name]
+        structure = self.structure_of(name)
+        return self.structure_places[structure][name] if structure is not None else None
+
+    def all_rows(self) -> dict[str, Address]:
+        """The default rows and every structure's rows, in forward order (whole-model
+        places before the layers, per-layer places, whole-model places after)."""
+        rows = dict(self.places)
+        for declared in self.structure_places.values():
+            rows.update(declared)
+        return dict(sorted(rows.items(), key=lambda item: rank_key(item[1])))
+
+
+def rank_key(row: Address) -> tuple[int, int]:
+    """A row's place in forward order, as ``model.internals.rank`` orders layer 0."""
+    if row.per_layer:
+        return (1, row.order)
+    return (0 if row.order < 0 else 2, row.order)
 
 
 # ------------------------------------------------------------ YAML rows -> types

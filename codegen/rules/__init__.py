@@ -16,6 +16,7 @@ Rule = Callable[[Context], None]
 RULES: tuple[Rule, ...] = (
     structures.structures,
     places.default_rows,
+    structures.structure_places,
     structural.candidates,
     structures.required_rows_exist,
     interiors.interiors,

@@ -27,7 +27,8 @@ NEW_ROW_FIELDS = ("module", "io", "order", "doc")
 class Context:
     """One lint run's cross-row state. ``loaded`` holds the registry files that passed
     their schema (by name), ``families`` the family files that did (by path relative
-    to the registry); ``rows_raw`` the default rows as written, by name."""
+    to the registry); ``rows_raw`` the default rows as written, by name, and
+    ``structure_rows_raw`` the rows a structure declares."""
 
     reg: Registry
     loaded: dict[str, Loaded]
@@ -35,6 +36,8 @@ class Context:
     disp: Callable[[str], str]
     out: list[Diagnostic] = field(default_factory=list)
     rows_raw: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the rows structures declare, as written: name -> (structure, index, row)
+    structure_rows_raw: dict[str, tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
 
     def file(self, name: str) -> Loaded | None:
         return self.loaded.get(name)

@@ -1,7 +1,8 @@
 """families/*.yaml: the file is named for its family (X009) and the family is unique
 (X001); its rows replace a default place, or add one with 'add: true' (X017) that
 gives every field a new place needs (X005) at a free order (X002); a family without a
-final norm refuses ln_final_output (X015); reasons fill in only {place} (X010)."""
+final norm refuses ln_final_output (X015); reasons fill in only {place} (X010). A row
+may replace a row a structure declares: it applies on models of that structure."""
 
 from __future__ import annotations
 
@@ -47,14 +48,24 @@ def families(ctx: Context) -> None:
         for row, raw in data.get("addresses", {}).items():
             path: JsonPath = ("addresses", row)
             ctx.row_fields(fam, d, path, f"{name}:{row}", raw)
-            if pl is not None and (row in reg.places) == bool(raw.get("add")):
+            declared_by = ctx.structure_rows_raw.get(row, (None,))[0]
+            known = row in reg.places or declared_by is not None
+            if ctx.file("block_structures.yaml") is None and not raw.get("add"):
+                known = True  # perhaps a structure's row: its file failed its schema
+            if pl is not None and known == bool(raw.get("add")):
                 if raw.get("add"):
+                    what = (
+                        "a default place"
+                        if declared_by is None
+                        else f"a place of {declared_by} blocks (block_structures.yaml)"
+                    )
                     message = (
-                        f"{row!r} is a default place, so this row replaces it field by field; "
+                        f"{row!r} is {what}, so this row replaces it field by field; "
                         "drop 'add: true' (or give the new place a name of its own)"
                     )
                 else:
-                    close = difflib.get_close_matches(row, reg.places, n=1, cutoff=0.6)
+                    names = [*reg.places, *ctx.structure_rows_raw]
+                    close = difflib.get_close_matches(row, names, n=1, cutoff=0.6)
                     hint = f"did you mean {close[0]!r}? " if close else ""
                     message = (
                         f"{row!r} is not a default place: {hint}A row here replaces a default "
@@ -63,10 +74,10 @@ def families(ctx: Context) -> None:
                     )
                 ctx.err(fam, d, path, "X017", f"{name}:{row}", message, key=True)
                 continue
-            if pl is not None and row not in reg.places:
+            if pl is not None and not known:
                 missing = [f for f in NEW_ROW_FIELDS if f not in raw]
                 if missing:
-                    known = ", ".join(reg.places)
+                    known_names = ", ".join(reg.places)
                     ctx.err(
                         fam,
                         d,
@@ -74,7 +85,7 @@ def families(ctx: Context) -> None:
                         "X005",
                         f"{name}:{row}",
                         f"'add: true' makes {row!r} a new place, which must give "
-                        f"{', '.join(missing)}; or replace one of: {known}",
+                        f"{', '.join(missing)}; or replace one of: {known_names}",
                         key=True,
                     )
                     continue

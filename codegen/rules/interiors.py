@@ -16,9 +16,12 @@ def interiors(ctx: Context) -> None:
     pl = ctx.file("places.yaml")
     rows_raw = ctx.rows_raw
     taken = {raw["order"]: raw["name"] for raw in rows_raw.values() if raw.get("per_layer", True)}
+    for name, (_, _, raw) in ctx.structure_rows_raw.items():
+        if raw.get("per_layer", True):
+            taken.setdefault(raw["order"], name)
     for i, raw in enumerate(it.data["interiors"]):
         name = raw["name"]
-        if name in reg.interiors or name in rows_raw:
+        if name in reg.interiors or name in rows_raw or name in ctx.structure_rows_raw:
             ctx.err(
                 it,
                 d,
