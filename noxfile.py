@@ -18,7 +18,6 @@ CODEGEN_DEPS = [
     "rich>=13",
     "filelock>=3.12",
     "packaging>=23",
-    "ruff==0.17.*",
 ]
 
 

@@ -107,8 +107,7 @@ def gen_command(
         default_output,
         plan,
         plan_docs,
-        render,
-        render_docs,
+        render_all,
         write,
         write_docs,
     )
@@ -122,10 +121,9 @@ def gen_command(
         sys.exit(1)
     try:
         out = out_dir or default_output()
-        rendered = render(registry)
         # the repository's docs/, only when generating the package's own registry
         docs_dir = default_docs() if registry_dir is None and out_dir is None else None
-        docs = render_docs(registry) if docs_dir is not None else {}
+        rendered, docs = render_all(registry, docs=docs_dir is not None)
         if check:
             todo = plan(rendered, out)
             doc_todo = plan_docs(docs, docs_dir) if docs_dir is not None else None

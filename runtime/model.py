@@ -21,6 +21,7 @@ from causalab_mini.generated import (  # noqa: E402
     FAMILY_ADDRESSES,
     FAMILY_MATCH,
     FAMILY_RENAME,
+    STRUCTURE_ADDRESSES,
 )
 
 from . import remote as _remote  # noqa: E402
@@ -91,6 +92,19 @@ def _refused_by_config(row: Address, config: Any) -> bool:
         if kind == "always" or (kind == "config" and item.when.holds_for_config(config)):
             return True
     return False
+
+
+# every row some structure declares: a family row that replaces one applies only on a
+# model whose block is of that structure
+_STRUCTURE_ROWS = frozenset(name for rows in STRUCTURE_ADDRESSES.values() for name in rows)
+
+
+def _structure_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str | None:
+    """The block structure the first matching rule gives (None: no rule matches)."""
+    for rule in BLOCK_STRUCTURE_RULES:
+        if rule.match.matches(class_names, model_type, config):
+            return rule.structure
+    return None
 
 
 def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
@@ -318,19 +332,24 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     def _rows(
         class_names: tuple[str, ...], model_type: str | None, config: Any, user: RenameConfig | None
     ) -> dict[str, Address]:
-        rows = dict(DEFAULT_ADDRESSES)
+        """The default rows, the rows the model's block structure declares, every
+        matching family's rows, then the user's (later ones win)."""
+        structure = _structure_for(class_names, model_type, config)
+        own = STRUCTURE_ADDRESSES.get(structure, {}) if structure is not None else {}
+        rows = {**DEFAULT_ADDRESSES, **own}
         for match, family_rows in FAMILY_ADDRESSES:
             if match.matches(class_names, model_type, config):
-                rows.update(family_rows)
+                rows.update(
+                    (name, row)
+                    for name, row in family_rows.items()
+                    if name not in _STRUCTURE_ROWS or name in own
+                )
         if user is not None:
             rows.update(user.addresses)
         return rows
 
     def _structure(self, class_names: tuple[str, ...]) -> str | None:
-        for rule in BLOCK_STRUCTURE_RULES:
-            if rule.match.matches(class_names, self.model_type, self.text_config):
-                return rule.structure
-        return None
+        return _structure_for(class_names, self.model_type, self.text_config)
 
     def _attach(self, internals: Internals) -> None:
         for name in internals:

@@ -55,6 +55,7 @@ from causalab_mini.generated import (
     DEFAULT_ADDRESSES,
     FAMILY_ADDRESSES,
     STRUCTURAL_ADDRESSES,
+    STRUCTURE_ADDRESSES,
 )
 from causalab_mini.tools.completion import complete_spec
 
@@ -66,6 +67,22 @@ __all__ = [
     "render_family",
     "scaffold",
 ]
+
+# Every row a place may have: the default rows and the rows structures declare (a
+# structure's identities name its own rows), in forward order; the row of a place.
+ROWS: dict[str, Address] = dict(
+    sorted(
+        {
+            **DEFAULT_ADDRESSES,
+            **{name: row for rows in STRUCTURE_ADDRESSES.values() for name, row in rows.items()},
+        }.items(),
+        key=lambda item: (
+            (1, item[1].order)
+            if item[1].per_layer
+            else (0 if item[1].order < 0 else 2, item[1].order)
+        ),
+    )
+)
 
 # A structure whose sublayer modules add the residual themselves (see
 # block_structures.yaml): the one structure that expects a sublayer's own output to
@@ -635,7 +652,7 @@ class _Search:
     ) -> tuple[list[Candidate], list[Candidate], str | None]:
         """(the structural table's existing candidates, the others to try, the reason
         the structure has no such place)."""
-        row = DEFAULT_ADDRESSES[place]
+        row = ROWS[place]
         if place in CONTRIBUTIONS:
             return [], self.contributions(place, structure), None
         if not row.is_structural:
@@ -809,11 +826,11 @@ def _table_resolution(model: Any, search: _Search, place: str, structure: str) -
     found = [p for p in (_canonical(model, c) for c in entry.candidates) if p is not None]
     if len(found) != 1:
         return None
-    return search.cand(found[0], DEFAULT_ADDRESSES[place].io.value)
+    return search.cand(found[0], ROWS[place].io.value)
 
 
 def _default_candidate(model: Any, search: _Search, place: str, structure: str) -> Candidate | None:
-    row = DEFAULT_ADDRESSES[place]
+    row = ROWS[place]
     if row.is_structural:
         return _table_resolution(model, search, place, structure)
     return search.cand(row.module, row.io.value)
@@ -822,7 +839,7 @@ def _default_candidate(model: Any, search: _Search, place: str, structure: str) 
 def _skip_layers(model: Any, place: str) -> set[int]:
     """Layers where the default row refuses the place by layer kind (MoE layers)."""
     out: set[int] = set()
-    for item in DEFAULT_ADDRESSES[place].unavailable:
+    for item in ROWS[place].unavailable:
         if item.when.kind == "layer_kind" and item.when.layer_kind:
             for layer in range(len(model.layers)):
                 if model.internals._layer_kind(item.when.layer_kind, layer):
@@ -907,7 +924,7 @@ def place_verdicts(
             if place in out:
                 continue
             passing = [s[place] for s in solutions]
-            row = DEFAULT_ADDRESSES[place]
+            row = ROWS[place]
             default = _default_candidate(model, search, place, structure)
             where = sorted({c.describe() for c in passing})
             out[place] = _pick(
@@ -932,7 +949,7 @@ def _relation(
     place: str,
     chosen: dict[str, Candidate],
 ) -> Verdict:
-    row = DEFAULT_ADDRESSES[place]
+    row = ROWS[place]
     entry = STRUCTURAL_ADDRESSES.get(place, {}).get(structure)
     if entry is not None and entry.reason is not None:
         return Verdict(place, "refused", entry.reason.replace("{place}", place))
@@ -1183,7 +1200,7 @@ def _rows_for(verdicts: dict[str, Verdict]) -> dict[str, Address]:
     rows = dict(DEFAULT_ADDRESSES)  # every name, so no existing family's row leaks in
     for name, verdict in verdicts.items():
         if verdict.status == "verified" and verdict.fields:
-            rows[name] = dataclasses.replace(DEFAULT_ADDRESSES[name], **_typed(verdict.fields))
+            rows[name] = dataclasses.replace(ROWS[name], **_typed(verdict.fields))
     return rows
 
 
@@ -1265,7 +1282,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
         for text in {t for s in BLOCK_STRUCTURES.values() for t in s.identities}:
             left, right = _identity_places(text)
             for place in (left, *right):
-                if DEFAULT_ADDRESSES[place].is_structural or place in CONTRIBUTIONS:
+                if ROWS[place].is_structural or place in CONTRIBUTIONS:
                     verdicts.setdefault(
                         place,
                         Verdict(
@@ -1344,7 +1361,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
         structure=structure,
         structure_evidence=structure_evidence,
         trials=trials,
-        verdicts={name: verdicts[name] for name in DEFAULT_ADDRESSES if name in verdicts},
+        verdicts={name: verdicts[name] for name in ROWS if name in verdicts},
         checks=passed,
         failures=failures,
         existing_rule=_existing_rule(verify_model),
@@ -1496,7 +1513,7 @@ def _choice_fields(verdict: Verdict, choice: Candidate) -> dict[str, Any]:
                     fields["module"] = row.module
                 fields["source"] = list(row.source)
         return fields or {"source": [needles]}
-    return choice.row_fields(DEFAULT_ADDRESSES[verdict.place]) or {"module": choice.module}
+    return choice.row_fields(ROWS[verdict.place]) or {"module": choice.module}
 
 
 def rule_text(structure: str, model_type: str, spec: str) -> list[str]:
