@@ -18,7 +18,6 @@ CODEGEN_DEPS = [
     "rich>=13",
     "filelock>=3.12",
     "packaging>=23",
-    "ruff==0.17.*",
 ]
 
 
@@ -37,7 +36,9 @@ def typecheck(session: nox.Session) -> None:
     environment with fewer makes other errors appear, or `type: ignore`s unused)."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
-    session.run("mypy", "--strict", "codegen", "generated", "runtime/address.py", "runtime/cli.py")
+    session.run(
+        "mypy", "--strict", "codegen", "generated", "runtime/address.py", "runtime/tools/cli.py"
+    )
 
 
 @nox.session
@@ -57,13 +58,14 @@ def tests(session: nox.Session) -> None:
     session.run("python", "-m", "pytest", *session.posargs)
 
 
-# The semantic suite: identities, oracles, interiors, the rows' ops, and what differs
-# between nnsight releases.
+# The semantic suite: identities, oracles, interiors, the rows' ops, what differs
+# between nnsight releases, and the NDIF loopback.
 SEMANTIC = [
     "tests/test_internals.py",
     "tests/test_components.py",
     "tests/test_cli_model.py",
     "tests/test_nnsight_versions.py",
+    "tests/test_remote.py",  # the NDIF loopback: nnsight's own client and request path
 ]
 # The nnsight releases the project supports (pyproject: nnsight>=0.6,<0.9), newest last.
 NNSIGHT = ["0.6.3", "0.7.0", "0.8.1"]

@@ -1,5 +1,6 @@
-"""`python -m causalab_mini.codegen` runs the `registry` command."""
+"""`python -m causalab_mini.codegen` runs the `registry` command line, every command
+of it (the group is ``causalab_mini.tools.cli``; this is only its entry point)."""
 
-from .cli import main
+from causalab_mini.tools.cli import main
 
 main()

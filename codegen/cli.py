@@ -1,4 +1,5 @@
-"""The `registry` (alias `causalab-mini`) command line."""
+"""The codegen commands of `registry`: `registry lint` and `registry gen`. The group
+that holds them and the tools' commands is ``causalab_mini.tools.cli``."""
 
 from __future__ import annotations
 
@@ -45,26 +46,7 @@ def _print_diagnostics(diags: list[Diagnostic], fmt: str) -> None:
         click.echo(f"{len(diags)} {noun}; the registry was not changed.", err=True)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="causalab-mini")
-def main() -> None:
-    """causalab-mini: named places inside transformer language models.
-
-    \b
-    Example:
-      registry lint
-      registry gen --check
-      registry model tiny:llama
-      registry new-family starcoder2
-      registry diagram tiny:gpt_neox parallel.svg
-
-    \b
-    Shell completion (bash; zsh_source and fish_source for the others):
-      eval "$(_REGISTRY_COMPLETE=bash_source registry)"
-    """
-
-
-@main.command("lint")
+@click.command("lint")
 @REGISTRY_OPTION
 @click.option(
     "--format",
@@ -92,7 +74,7 @@ def lint_command(registry_dir: Path | None, fmt: str, as_json: bool) -> None:
     sys.exit(1 if diags else 0)
 
 
-@main.command("gen")
+@click.command("gen")
 @REGISTRY_OPTION
 @click.option(
     "--out",
@@ -125,8 +107,7 @@ def gen_command(
         default_output,
         plan,
         plan_docs,
-        render,
-        render_docs,
+        render_all,
         write,
         write_docs,
     )
@@ -140,10 +121,9 @@ def gen_command(
         sys.exit(1)
     try:
         out = out_dir or default_output()
-        rendered = render(registry)
         # the repository's docs/, only when generating the package's own registry
         docs_dir = default_docs() if registry_dir is None and out_dir is None else None
-        docs = render_docs(registry) if docs_dir is not None else {}
+        rendered, docs = render_all(registry, docs=docs_dir is not None)
         if check:
             todo = plan(rendered, out)
             doc_todo = plan_docs(docs, docs_dir) if docs_dir is not None else None

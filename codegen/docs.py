@@ -13,7 +13,7 @@ from typing import Any
 
 from causalab_mini.address import Address, Condition, IOType, Unavailable
 
-from .lint import FamilyDef, Registry
+from .model import FamilyDef, Registry
 
 _IDENTITY = re.compile(r"\w+")
 
@@ -92,7 +92,8 @@ def places(registry: Registry) -> list[PlaceView]:
         for text in structure.identities:
             holds.setdefault(text, []).append(name)
     out = []
-    for name, row in registry.places.items():
+    for name, row in registry.all_rows().items():
+        declared_by = registry.structure_of(name)
         identities = tuple(
             (text, ", ".join(names))
             for text, names in holds.items()
@@ -100,6 +101,9 @@ def places(registry: Registry) -> list[PlaceView]:
         )
         cells = []
         for structure in structures:
+            if declared_by is not None and structure != declared_by:
+                cells.append((structure, "—", f"only a {declared_by} block has {name}"))
+                continue
             entry = registry.structural.get(name, {}).get(structure)
             required = name in registry.structures[structure].requires_rows
             if entry is not None and entry.reason is not None:
@@ -116,6 +120,14 @@ def places(registry: Registry) -> list[PlaceView]:
                 )
             else:
                 cells.append((structure, "✓", "the default row"))
+        extras = _extras(row)
+        if declared_by is not None:
+            extras = (
+                f"a row of {declared_by} blocks only (block_structures.yaml, under "
+                f"{declared_by}'s places): a model whose block is not {declared_by} has no "
+                f"{name}",
+                *extras,
+            )
         out.append(
             PlaceView(
                 name=name,
@@ -133,7 +145,7 @@ def places(registry: Registry) -> list[PlaceView]:
                 identities=identities,
                 per_structure=tuple(cells),
                 refusals=_refusals(row.unavailable, name),
-                extras=_extras(row),
+                extras=extras,
             )
         )
     return out
@@ -203,7 +215,9 @@ def families(registry: Registry) -> list[FamilyView]:
         rows = []
         for name, fields in family.overrides:
             changed = dict(fields)
-            row = dataclasses.replace(registry.places[name], **changed)
+            base = registry.row(name)
+            assert base is not None, name  # lint: a family row replaces a row there is
+            row = dataclasses.replace(base, **changed)
             shown = [k for k in changed if k not in ("doc", "unavailable")]
             rows.append(
                 FamilyRow(
@@ -253,7 +267,7 @@ def families(registry: Registry) -> list[FamilyView]:
 
 def matrix(registry: Registry, views: list[FamilyView]) -> list[tuple[str, list[str]]]:
     """place -> one cell per family (in the order of ``views``)."""
-    names = list(registry.places)
+    names = list(registry.all_rows())
     for view in views:
         names += [r.name for r in view.rows if r.name not in names]
     out = []

@@ -3,6 +3,12 @@
 The file is *composed* (parsed to a node graph) and never *constructed*: no tag can
 make the loader build a Python object. Scalars are resolved by their YAML 1.2 core
 tag only; any other tag is an error. Positions are 1-based (line, column).
+
+The composer is ruamel's pure-Python one. libyaml's (ruamel.yaml.clib) is about six
+times faster and keeps line and column, but it is not the same YAML: it accepts block
+scalars and flow text the pure composer refuses, marks an empty value elsewhere, and
+reads YAML 1.1 (``\x85`` and ``\u2028`` break lines); the lint cache makes the parse
+rare instead (`codegen/cache.py`). ruamel is imported only when a file is parsed.
 """
 
 from __future__ import annotations
@@ -10,13 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from ruamel.yaml import YAML
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from typing import TYPE_CHECKING, Any
 
 from .diagnostics import Diagnostic
+
+if TYPE_CHECKING:
+    from ruamel.yaml.nodes import Node, ScalarNode
 
 JsonPath = tuple[str | int, ...]
 
@@ -78,7 +83,11 @@ def _scalar(node: ScalarNode) -> Any:
         try:
             return int(cleaned, 0)
         except ValueError:
+            pass
+        try:
             return int(cleaned, 10)
+        except ValueError:
+            return text  # the resolver's pattern is looser than a number ('0x_'): text
     if tag == _CORE + "float":
         lowered = text.lower().replace("_", "")
         if lowered in (".inf", "+.inf"):
@@ -87,7 +96,10 @@ def _scalar(node: ScalarNode) -> Any:
             return -math.inf
         if lowered == ".nan":
             return math.nan
-        return float(lowered)
+        try:
+            return float(lowered)
+        except ValueError:
+            return text  # as for ints ('._')
     shown = "!!" + tag[len(_CORE) :] if tag.startswith(_CORE) else tag
     raise _Invalid(
         node,
@@ -98,6 +110,8 @@ def _scalar(node: ScalarNode) -> Any:
 
 
 def _convert(node: Node, path: JsonPath, out: Loaded, depth: int = 0) -> Any:
+    from ruamel.yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
     if depth > 64:
         raise _Invalid(node, "Y004", "nesting deeper than 64 levels; flatten the file")
     out.values[path] = _pos(node)
@@ -140,7 +154,7 @@ def load_file(path: Path, display: str) -> tuple[Loaded, list[Diagnostic]]:
     """Load ``path``; ``display`` is how diagnostics name it."""
     out = Loaded(path=path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         return out, [Diagnostic(display, 1, 1, "F003", "-", f"cannot read the file: {exc}")]
     return load_text(text, display, out)
@@ -150,6 +164,9 @@ def load_text(
     text: str, display: str, out: Loaded | None = None
 ) -> tuple[Loaded, list[Diagnostic]]:
     out = out if out is not None else Loaded(path=Path(display))
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
     # the safe composer: the same YAML 1.2 nodes and marks as the round-trip one, without
     # gathering comments (which took a third of `registry lint`)
     yaml = YAML(typ="safe", pure=True)

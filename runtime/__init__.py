@@ -23,7 +23,7 @@ _LAZY: dict[str, str] = {
     "RenameError": "causalab_mini.internals",
     "OperationNotFound": "causalab_mini.ops",
     "find_op": "causalab_mini.ops",
-    "build_tiny": "causalab_mini.tiny",
+    "build_tiny": "causalab_mini.tools.tiny",
 }
 
 __all__ = ["__version__", *sorted(_LAZY)]

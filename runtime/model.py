@@ -21,8 +21,10 @@ from causalab_mini.generated import (  # noqa: E402
     FAMILY_ADDRESSES,
     FAMILY_MATCH,
     FAMILY_RENAME,
+    STRUCTURE_ADDRESSES,
 )
 
+from . import remote as _remote  # noqa: E402
 from .internals import Internals, Place, RenameError  # noqa: E402
 from .ops import find_op  # noqa: E402
 from .quiet import quiet  # noqa: E402
@@ -90,6 +92,19 @@ def _refused_by_config(row: Address, config: Any) -> bool:
         if kind == "always" or (kind == "config" and item.when.holds_for_config(config)):
             return True
     return False
+
+
+# every row some structure declares: a family row that replaces one applies only on a
+# model whose block is of that structure
+_STRUCTURE_ROWS = frozenset(name for rows in STRUCTURE_ADDRESSES.values() for name in rows)
+
+
+def _structure_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str | None:
+    """The block structure the first matching rule gives (None: no rule matches)."""
+    for rule in BLOCK_STRUCTURE_RULES:
+        if rule.match.matches(class_names, model_type, config):
+            return rule.structure
+    return None
 
 
 def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
@@ -187,7 +202,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     def dispatch(self) -> None:
         """nnsight's dispatch (the real weights loaded at the first trace of a model
-        built on the meta device), as quiet as the load was."""
+        built on the meta device), as quiet as the load was. Never while a remote model
+        is being built: remote=True keeps the weights off this machine."""
+        why = self.__dict__.get("_no_dispatch")
+        if why:
+            raise RuntimeError(why)
         with quiet(self.__dict__.get("_causalab_verbose", False)):
             super().dispatch()
 
@@ -213,6 +232,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     "enable_attention_probs=False"
                 )
         kwargs.setdefault("device_map", "cpu")
+        # remote=True keeps the checkpoint off this machine whatever else is asked: a
+        # load-time check that needs a forward is deferred to the server, with why
+        deferred = _remote.defer_checks(kwargs, enable_attention_probs)
         class_names, model_type, config = _class_names_before_load(model, kwargs)
         families = _families(class_names, model_type, config)
         merged = self._merge_rename(families, rename_config)
@@ -269,6 +291,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)
+        # nothing during construction may load the weights of a remote model
+        self.__dict__["_no_dispatch"] = _remote.NO_DISPATCH if kwargs.get("remote") else None
         try:
             super().__init__(
                 model,
@@ -279,6 +303,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             )
         finally:
             fake_log.setLevel(level)
+            self.__dict__["_no_dispatch"] = None
+        self.deferred_checks: dict[str, str] = deferred
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
         self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
@@ -306,19 +332,24 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     def _rows(
         class_names: tuple[str, ...], model_type: str | None, config: Any, user: RenameConfig | None
     ) -> dict[str, Address]:
-        rows = dict(DEFAULT_ADDRESSES)
+        """The default rows, the rows the model's block structure declares, every
+        matching family's rows, then the user's (later ones win)."""
+        structure = _structure_for(class_names, model_type, config)
+        own = STRUCTURE_ADDRESSES.get(structure, {}) if structure is not None else {}
+        rows = {**DEFAULT_ADDRESSES, **own}
         for match, family_rows in FAMILY_ADDRESSES:
             if match.matches(class_names, model_type, config):
-                rows.update(family_rows)
+                rows.update(
+                    (name, row)
+                    for name, row in family_rows.items()
+                    if name not in _STRUCTURE_ROWS or name in own
+                )
         if user is not None:
             rows.update(user.addresses)
         return rows
 
     def _structure(self, class_names: tuple[str, ...]) -> str | None:
-        for rule in BLOCK_STRUCTURE_RULES:
-            if rule.match.matches(class_names, self.model_type, self.text_config):
-                return rule.structure
-        return None
+        return _structure_for(class_names, self.model_type, self.text_config)
 
     def _attach(self, internals: Internals) -> None:
         for name in internals:
@@ -331,6 +362,34 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     f"RenameConfig(addresses={{'my_{name}': ...}}))"
                 )
             object.__setattr__(self, name, internals[name])
+
+    # ------------------------------------------------------------ remote
+
+    def trace(self, *inputs: Any, **kwargs: Any) -> Any:
+        if kwargs.get("remote") is True and kwargs.get("backend") is None:
+            # nnsight's RemoteBackend, whose failures say what the server lacks
+            kwargs["backend"] = _remote.backend(self, kwargs.get("blocking", True))
+        return super().trace(*inputs, **kwargs)
+
+    def to_model_key(self) -> str:
+        """The model key a remote request names (nnsight's), after checking that the
+        server has what a trace of this model's places needs (where it says)."""
+        _remote.ensure_model_key(self)
+        _remote.preflight_packages(self)
+        key: str = super().to_model_key()
+        return key
+
+    def __getstate__(self) -> dict[str, Any]:
+        # what the server's model must run with travels with the pickled model
+        state: dict[str, Any] = super().__getstate__()
+        state[_remote.EXPECTED] = _remote.expected(self, with_versions=True)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        wanted = state.pop(_remote.EXPECTED, None)
+        super().__setstate__(state)
+        if wanted is not None:
+            _remote.check_arrival(self, wanted)
 
     # ------------------------------------------------------------ properties
 

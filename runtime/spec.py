@@ -113,7 +113,7 @@ def prepare_model_spec(
     id is checked against the hub (or its cache, where the hub is unreachable)."""
     kwargs = kwargs or {}
     if spec.startswith(TINY_PREFIX):
-        from causalab_mini.tiny import resolve_model_spec
+        from causalab_mini.tools.tiny import resolve_model_spec
 
         return resolve_model_spec(spec), {}
     if _path_like(spec) or Path(spec).expanduser().exists():

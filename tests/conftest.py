@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from causalab_mini.codegen.cli import main
 from causalab_mini.codegen.lint import default_registry
+from causalab_mini.tools.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 # A frozen snapshot of the registry: golden positions do not move when rows are added.

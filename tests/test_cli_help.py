@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from causalab_mini.cli import main
+from causalab_mini.tools.cli import main
 
-COMMANDS = sorted(main.commands)
+COMMANDS = sorted(main.list_commands(None))  # type: ignore[arg-type]
 
 
 def test_the_commands() -> None:

@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from causalab_mini.cli import main
 from causalab_mini.generated import COMPONENTS, DEFAULT_ADDRESSES
+from causalab_mini.tools.cli import main
 
 pytestmark = pytest.mark.slow
 

@@ -13,12 +13,14 @@ import pytest
 import torch
 
 from causalab_mini import Address, IOType, RenameConfig
-from causalab_mini import certify as c
 from causalab_mini import components as comp
+from causalab_mini import locate as locate_module
+from causalab_mini import plan as plan_module
 from causalab_mini.components import ComponentError, Plan, WriteRefused, locate
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.ops import OperationNotFound
+from causalab_mini.tools import certify as c
 
 from .conftest import gpt2_with_a_moved_op
 
@@ -169,7 +171,7 @@ def test_per_layer_disagreement_names_the_component_table() -> None:
     with pytest.raises(
         ComponentError, match=r"component table \(registry/components.yaml\) is what to fix"
     ):
-        comp._boundary(model, wrong, None, None)
+        locate_module._boundary(model, wrong, None, None)
 
 
 def test_refusals_at_compile_time() -> None:
@@ -269,7 +271,7 @@ def _semantics(family: str) -> dict[str, Any]:
     op_address = reads[0]
     box: dict[str, Any] = {}
     with model.trace(inputs):
-        op = comp._interior_op(model, op_address)
+        op = plan_module._interior_op(model, op_address)
         args, kwargs = op.inputs
         box["v"] = args[3].save()
         box["mask"] = args[4].save() if len(args) > 4 and args[4] is not None else None

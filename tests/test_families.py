@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from causalab_mini.generated import FAMILY_MATCH
-from causalab_mini.sweep import GENERIC, run_one
+from causalab_mini.tools.sweep import GENERIC, run_one
 
 pytestmark = pytest.mark.slow
 

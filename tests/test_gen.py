@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from causalab_mini.codegen.generate import HEADER_MARK, default_output, render
+from causalab_mini.codegen.generate import HEADER_MARK, default_output, digest, render
 from causalab_mini.codegen.lint import lint
 
 from .conftest import REPO, cli, edit
@@ -37,16 +37,44 @@ def test_same_input_same_bytes(package_registry_copy: Path, tmp_path: Path) -> N
 
 def test_every_file_opens_with_do_not_edit_and_its_sources() -> None:
     registry, _ = lint()
-    for name, text in render(registry).items():
+    rendered = render(registry)
+    for name, text in rendered.items():
         first = text.splitlines()[0]
         assert first.startswith(HEADER_MARK), name
         assert "sha256" in first and "run `registry gen`" in first
         assert "timestamp" not in text.lower()
-    first = render(registry)["places.py"].splitlines()[0]
-    import hashlib
+        assert first.count("sha256") == 1, "one digest, not one per source"
+    first = rendered["places.py"].splitlines()[0]
+    assert "from places.yaml with template places.py.j2 (causalab-mini " in first
+    assert f"sha256 {digest(registry, ('places.yaml',), ('places.py.j2', '_header.py.j2'))})" in (
+        first
+    )
+    # __init__.py is built from no registry file: a registry edit never changes it
+    assert "from no registry file with template __init__.py.j2" in rendered["__init__.py"]
+    families = rendered["families.py"].splitlines()[0]
+    assert "from places.yaml, block_structures.yaml, families/*.yaml with template families" in (
+        families
+    )
 
-    digest = hashlib.sha256((registry.root / "places.yaml").read_bytes()).hexdigest()
-    assert f"places.yaml (sha256 {digest})" in first
+
+def test_the_digest_covers_every_source_the_templates_and_the_version(
+    registry_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from causalab_mini.codegen import generate
+
+    registry, _ = lint(registry_copy)
+    patterns, templates = ("places.yaml", "families/*.yaml"), ("families.py.j2",)
+    before = digest(registry, patterns, templates)
+    assert digest(registry, patterns, templates) == before  # no timestamp, no order
+    registry.sources["families/llama.yaml"] += b"\n# a comment\n"
+    after_family = digest(registry, patterns, templates)
+    assert after_family != before
+    assert digest(registry, ("places.yaml",), templates) == digest(
+        lint(registry_copy)[0], ("places.yaml",), templates
+    )  # a family edit does not touch a module built from places.yaml only
+    assert digest(registry, patterns, ("places.py.j2",)) != after_family
+    monkeypatch.setattr(generate, "__version__", "9.9.9")
+    assert digest(registry, patterns, templates) != after_family
 
 
 def test_writes_only_what_changed(registry_copy: Path, tmp_path: Path) -> None:
@@ -57,7 +85,7 @@ def test_writes_only_what_changed(registry_copy: Path, tmp_path: Path) -> None:
     result = cli("gen", "--registry", str(registry_copy), "--out", str(out))
     assert result.exit_code == 0
     changed = {p.name for p in out.iterdir() if p.stat().st_mtime_ns != before[p.name]}
-    assert changed == {"interiors.py", "components.py", "__init__.py"}  # their sources
+    assert changed == {"interiors.py", "components.py"}  # their sources
     assert "The query vectors as" in (out / "interiors.py").read_text()
 
 
@@ -209,7 +237,7 @@ def test_importing_generated_does_not_import_torch() -> None:
         "print(len(g.DEFAULT_ADDRESSES), len(g.COMPONENTS))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["22", "21"]
+    assert out.stdout.split() == ["20", "21"]
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -227,3 +255,111 @@ def test_generated_files_get_the_mode_a_plain_write_gives(tmp_path: Path, umask:
     assert written
     for path in written:
         assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+
+
+def _ruff(*args: str) -> subprocess.CompletedProcess[str]:
+    ruff = Path(sys.executable).with_name("ruff")
+    command = [str(ruff) if ruff.exists() else "ruff", *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=False)
+
+
+def test_generated_modules_come_out_as_ruff_formats_them() -> None:
+    # the committed modules, with the project's ruff settings: format and lint
+    check = _ruff("format", "--check", "--diff", "generated")
+    assert check.returncode == 0, check.stdout + check.stderr
+    lint_ = _ruff("check", "generated")
+    assert lint_.returncode == 0, lint_.stdout + lint_.stderr
+
+
+def test_gen_emits_ruff_formatted_modules_for_any_rows(registry_copy: Path, tmp_path: Path) -> None:
+    """The frozen fixture, and rows whose text is hostile, long or wide, are emitted as
+    `ruff format` would leave them, without ruff."""
+    import json
+
+    edit(
+        registry_copy / "places.yaml",
+        "    doc: The residual stream entering the block.\n",
+        f"    doc: {json.dumps(HOSTILE[2] + ' 漢字' * 40)}\n",
+    )
+    edit(
+        registry_copy / "families/gpt2.yaml", "doc: GPT-2, whose", "doc: 'it''s \"GPT-2\"'\n# whose"
+    )
+    out = tmp_path / "gen"
+    result = cli("gen", "--registry", str(registry_copy), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    check = _ruff("format", "--isolated", "--line-length", "100", "--check", "--diff", str(out))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_emitter_lays_out_values_as_ruff_does(tmp_path: Path) -> None:
+    """Random nested values (calls, tuples, mappings, rows, strings of every kind) at
+    every width: ruff format changes nothing the emitter wrote."""
+    import random
+
+    from causalab_mini.address import Address, Condition, FirstIfTuple, Index, IOType, Unavailable
+    from causalab_mini.codegen import emit
+
+    rng = random.Random(20261201)
+    alphabet = "abcdefghij_ xyz'\"\\\n\t{}()é漢ᵀ\u0301\x00"
+
+    def text() -> str:
+        n = rng.choice([0, 1, 5, 20, 40, 70, 120])
+        return "".join(rng.choice(alphabet if rng.random() < 0.3 else "abcdef_ ") for _ in range(n))
+
+    def value(depth: int = 0) -> object:
+        r = rng.random()
+        if depth > 3 or r < 0.35:
+            return rng.choice([None, True, 3, -7, 1.5, float("inf"), text(), IOType.INPUT])
+        if r < 0.5:
+            return tuple(value(depth + 1) for _ in range(rng.choice([0, 1, 2, 3, 6])))
+        if r < 0.65:
+            return {text()[:15] or "k": value(depth + 1) for _ in range(rng.choice([0, 1, 2, 4]))}
+        if r < 0.8:
+            args = [value(depth + 1) for _ in range(rng.choice([0, 1, 2]))]
+            kwargs = {f"k{i}": value(depth + 1) for i in range(rng.choice([0, 1, 2, 3]))}
+            return emit.call(rng.choice(["F", "RenameConfig"]), *args, **kwargs)
+        if r < 0.9:
+            reason = Unavailable(Condition("config", config=(("a", 1),)), text())
+            return Address(
+                module=text()[:30],
+                order=rng.randint(-3, 99),
+                source=tuple(text()[:20] for _ in range(rng.choice([0, 1, 3]))),
+                select=rng.choice([None, Index(rng.choice([0, "x"])), FirstIfTuple()]),
+                unavailable=(reason,) * rng.choice([0, 1, 2]),
+                doc=text(),
+            )
+        return emit.tuple_of([emit.ref("TABLE", text()[:20]), value(depth + 1)])
+
+    targets = ["X", "LONG_TABLE_NAME: Final[Mapping[str, Address]]", "Y: Final[tuple[str, ...]]"]
+    source = "\n".join(emit.assign(rng.choice(targets), value()) for _ in range(600)) + "\n"
+    path = tmp_path / "emitted.py"
+    path.write_text(source, encoding="utf-8")
+    ast.parse(source)
+    check = _ruff("format", "--isolated", "--line-length", "100", "--check", "--diff", str(path))
+    assert check.returncode == 0, check.stdout[:4000]
+
+
+def test_gen_runs_no_formatter(registry_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"registry gen started a process: {args}")
+
+    monkeypatch.setattr(subprocess, "run", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    rendered = render(lint(registry_copy)[0])
+    assert sorted(rendered) == sorted(generate_modules())
+
+
+def generate_modules() -> list[str]:
+    from causalab_mini.codegen.generate import MODULES
+
+    return list(MODULES)
+
+
+def test_ruff_is_a_tool_of_developers_not_a_dependency() -> None:
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("ruff")]
+    assert "ruff==0.17.*" in project["optional-dependencies"]["dev"]
+    for needed in ("jinja2", "ruamel.yaml", "jsonschema", "click"):
+        assert any(d.startswith(needed) for d in project["dependencies"]), needed

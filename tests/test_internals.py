@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from causalab_mini import Address, FirstIfTuple, Index, IOType, RenameConfig
-from causalab_mini import certify as c
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.internals import PlaceUnavailable, RenameError
 from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools import certify as c
 
 # family -> the model spec that builds it, and the block structure it must report
 FAMILIES: dict[str, tuple[str, str]] = {
@@ -177,19 +177,64 @@ def test_at_a_glance_one_name_two_spellings() -> None:
 
 
 DEFAULT_ROWS = list(DEFAULT_ADDRESSES)
+# the spec's twenty names, in forward order: what a pre-norm Llama or GPT-2 has
+TWENTY = [
+    "embeddings_input",
+    "embeddings_output",
+    "layers_input",
+    "attentions_norm_output",
+    "attentions",
+    "attentions_input",
+    "attention_probabilities",
+    "attentions_premix",
+    "attentions_output",
+    "layers_mid",
+    "mlps_norm_output",
+    "mlps",
+    "mlps_input",
+    "mlps_activation",
+    "mlps_neurons",
+    "mlps_output",
+    "layers_output",
+    "ln_final_output",
+    "lm_head_output",
+    "logits",
+]
 POST_LN_ONLY = ["layers_mid_prenorm", "layers_output_prenorm"]
 
 
 def test_status_names_the_default_rows_in_forward_order() -> None:
+    assert DEFAULT_ROWS == TWENTY
     for spec in ("tiny:llama", "tiny:gpt2"):
         status = load(spec).internals.status()
-        assert list(status) == DEFAULT_ROWS
+        assert list(status) == TWENTY
         missing = {k: v for k, v in status.items() if v is not None}
-        assert list(missing) == ["attention_probabilities", *POST_LN_ONLY]
+        assert list(missing) == ["attention_probabilities"]
         assert "enable_attention_probs=True" in missing["attention_probabilities"]
-        for row in POST_LN_ONLY:
-            assert "no norm follows the residual add" in missing[row]
     assert load("tiny:llama", probs=True).internals.status()["attention_probabilities"] is None
+
+
+def test_a_post_ln_block_adds_its_structure_rows_in_forward_order() -> None:
+    # rows block_structures.yaml declares under post_ln: only post-LN models have them,
+    # sorted among the default rows by their order
+    from causalab_mini.generated import STRUCTURE_ADDRESSES
+
+    model = load("tiny:openai-gpt")
+    assert model.block_structure == "post_ln"
+    assert list(STRUCTURE_ADDRESSES["post_ln"]) == POST_LN_ONLY
+    names = list(model.internals.status())
+    assert sorted(names) == sorted([*TWENTY, *POST_LN_ONLY])
+    assert names.index("layers_mid_prenorm") == names.index("attentions_output") + 1
+    assert names.index("layers_output_prenorm") == names.index("layers_output") - 1
+    orders = [model.internals[n].row.order for n in names if model.internals[n].row.per_layer]
+    assert orders == sorted(orders)
+    for name in POST_LN_ONLY:
+        assert model.internals.status()[name] is None
+        assert hasattr(model, name)
+    for spec in ("tiny:llama", "tiny:gpt_neox"):
+        other = load(spec)
+        assert not set(POST_LN_ONLY) & set(other.internals.status())
+        assert not hasattr(other, "layers_mid_prenorm")
 
 
 def test_status_on_a_parallel_block_says_why() -> None:
@@ -208,7 +253,7 @@ def test_a_family_says_why_no_block_structure_applies(monkeypatch: pytest.Monkey
     # Dory's family gives structure_unknown_reason: it is the reason of every
     # structural place (those resolved through structural.yaml, and those refused
     # where the structure is unknown), with the place's name filled in
-    from causalab_mini.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     if "dory" not in causal_lm_model_types():
         pytest.skip("Dory is not in this transformers (it arrived after 5.17)")
@@ -268,7 +313,7 @@ def test_reading_a_refused_place_says_why_and_where() -> None:
 def test_structural_resolution_refuses_none_and_several() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from causalab_mini.tiny import build_tiny
+    from causalab_mini.tools.tiny import build_tiny
 
     path = build_tiny("llama")
     module = AutoModelForCausalLM.from_pretrained(path)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from causalab_mini.address import IOType
 from causalab_mini.codegen.diagnostics import CODES
 from causalab_mini.codegen.lint import lint
 
@@ -364,3 +365,121 @@ def test_a_component_cannot_take_writes_its_row_refuses(package_registry_copy: P
     diags = [d for d in lint(package_registry_copy)[1] if d.code == "X013"]
     assert [d.row for d in diags] == ["logits"]
     assert "writable is true but logits refuses writes (the model's own output" in diags[0].message
+
+
+# A structure's own rows (block_structures.yaml, `places:` under a structure): the
+# frozen fixture has none, so these cases add one to its parallel structure (and its
+# structural entry) and break it. Existing codes, exact messages and positions.
+_PARALLEL_ROW = (
+    "      - layers_output == layers_input + attentions_output + mlps_output\n",
+    "      - layers_output == layers_input + attentions_output + mlps_output\n"
+    "    places:\n"
+    "      - name: parallel_sum\n"
+    "        doc: The sum of both sublayers' outputs before it is added.\n"
+    '        module: "{name}"\n'
+    "        io: input\n"
+    "        order: 52\n",
+)
+_PARALLEL_ENTRY = (
+    "    residual_inside: *down\n",
+    "    residual_inside: *down\n\n  parallel_sum:\n    parallel: {candidates: [mlp.fc_out]}\n",
+)
+
+STRUCTURE_ROW_CASES: dict[
+    str, tuple[list[tuple[str, str | None, str | bytes | None]], list[str]]
+] = {
+    "clean": (
+        [("block_structures.yaml", *_PARALLEL_ROW), ("structural.yaml", *_PARALLEL_ENTRY)],
+        [],
+    ),
+    "X001 default name": (
+        [
+            (
+                "block_structures.yaml",
+                _PARALLEL_ROW[0],
+                _PARALLEL_ROW[1].replace("parallel_sum", "layers_mid"),
+            ),
+        ],
+        [
+            "block_structures.yaml:60:15: X001 [layers_mid] 'layers_mid' is a default row of places.yaml; a structure's row adds a place the defaults do not have: rename it, or replace the default row in a family file",
+        ],
+    ),
+    "X002 default order": (
+        [
+            (
+                "block_structures.yaml",
+                _PARALLEL_ROW[0],
+                _PARALLEL_ROW[1].replace("order: 52", "order: 50"),
+            ),
+            ("structural.yaml", *_PARALLEL_ENTRY),
+        ],
+        [
+            "block_structures.yaml:64:16: X002 [parallel_sum] order 50 is already taken by 'mlps_output' (inside a layer); a structure's row goes in a gap the default rows leave",
+        ],
+    ),
+    "X012 entry for another structure": (
+        [
+            ("block_structures.yaml", *_PARALLEL_ROW),
+            (
+                "structural.yaml",
+                _PARALLEL_ENTRY[0],
+                _PARALLEL_ENTRY[1] + "    pre_norm: {candidates: [mlp]}\n",
+            ),
+        ],
+        [
+            "structural.yaml:75:5: X012 [parallel_sum] parallel_sum is a row of parallel only (block_structures.yaml declares it under parallel's places), so a pre_norm block never has it; drop the pre_norm entry",
+        ],
+    ),
+    "X012 no entry": (
+        [("block_structures.yaml", *_PARALLEL_ROW)],
+        [
+            "block_structures.yaml:62:17: X012 [parallel_sum] parallel_sum is resolved from the module tree but structural.yaml has no entry for it; add its candidates on parallel there",
+        ],
+    ),
+    "X017 add on a structure row": (
+        [
+            ("block_structures.yaml", *_PARALLEL_ROW),
+            ("structural.yaml", *_PARALLEL_ENTRY),
+            (
+                "families/gemma2.yaml",
+                "addresses:\n",
+                "addresses:\n  parallel_sum:\n    add: true\n    doc: again\n",
+            ),
+        ],
+        [
+            "families/gemma2.yaml:20:3: X017 [gemma2:parallel_sum] 'parallel_sum' is a place of parallel blocks (block_structures.yaml), so this row replaces it field by field; drop 'add: true' (or give the new place a name of its own)",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STRUCTURE_ROW_CASES))
+def test_a_structures_rows(case: str, registry_copy: Path) -> None:
+    edits, expected = STRUCTURE_ROW_CASES[case]
+    _apply(registry_copy, edits)
+    registry, diags = lint(registry_copy)
+    assert [str(d).replace(f"{registry_copy}/", "") for d in diags] == expected
+    if case == "clean":
+        row = registry.structure_places["parallel"]["parallel_sum"]
+        assert (row.order, row.module) == (52, "{name}")
+        assert "parallel_sum" not in registry.places
+        assert registry.structural["parallel_sum"] == {
+            "parallel": registry.structural["parallel_sum"]["parallel"]
+        }
+
+
+def test_a_family_may_replace_a_structures_row(registry_copy: Path) -> None:
+    _apply(registry_copy, STRUCTURE_ROW_CASES["clean"][0])
+    edit(
+        registry_copy / "families/gemma2.yaml",
+        "addresses:\n",
+        "addresses:\n  parallel_sum:\n    module: mlp\n    io: output\n",
+    )
+    registry, diags = lint(registry_copy)
+    assert diags == []
+    (family,) = [f for f in registry.families if f.name == "gemma2"]
+    assert ("parallel_sum", (("module", "mlp"), ("io", IOType.OUTPUT))) in family.overrides
+    from causalab_mini.codegen.generate import render
+
+    text = render(registry)["families.py"]
+    assert 'replace(\n                    STRUCTURE_ADDRESSES["parallel"]["parallel_sum"],' in text

@@ -17,11 +17,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from causalab_mini import certify as c
 from causalab_mini import compat, ops
-from causalab_mini.cli import main
 from causalab_mini.model import StandardizedTransformer
-from causalab_mini.tiny import resolve_model_spec
+from causalab_mini.tools import certify as c
+from causalab_mini.tools.cli import main
+from causalab_mini.tools.tiny import resolve_model_spec
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +217,7 @@ def test_left_padded_places_hold_what_the_traced_forward_computes(
 
 
 def test_the_coverage_doc_lists_where_another_nnsight_differs() -> None:
-    from causalab_mini.sweep import coverage_markdown
+    from causalab_mini.tools.sweep import coverage_markdown
 
     def run(nnsight: str, results: list[dict[str, Any]]) -> dict[str, Any]:
         summary = {"architectures": len(results), "unbuildable": 0, "timeout": 0, "broken": 0}

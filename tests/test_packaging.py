@@ -18,7 +18,7 @@ pytestmark = pytest.mark.venv
 PROBE = (
     "import importlib.util, sys\n"
     "import causalab_mini.generated as g\n"
-    "assert len(g.DEFAULT_ADDRESSES) == 22 and len(g.COMPONENTS) == 21\n"
+    "assert len(g.DEFAULT_ADDRESSES) == 20 and len(g.COMPONENTS) == 21\n"
     "assert 'torch' not in sys.modules\n"
     "for top in ('runtime', 'generated', 'codegen', 'registry', 'schema'):\n"
     "    assert importlib.util.find_spec(top) is None, top\n"
@@ -65,6 +65,7 @@ def test_wheel_install(tmp_path: Path) -> None:
         "causalab_mini/address.py",
         "causalab_mini/generated/places.py",
         "causalab_mini/codegen/lint.py",
+        "causalab_mini/codegen/rules/places.py",
         "causalab_mini/codegen/templates/places.py.j2",
         "causalab_mini/registry/places.yaml",
         "causalab_mini/registry/families/gpt2.yaml",

@@ -52,7 +52,7 @@ def test_a_piped_sweep_prints_plain_lines_and_no_child_bars() -> None:
         [
             sys.executable,
             "-c",
-            "from causalab_mini.cli import main; main()",
+            "from causalab_mini.tools.cli import main; main()",
             "sweep",
             "--only",
             "llama,gpt_neox",

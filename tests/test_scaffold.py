@@ -13,13 +13,13 @@ import pytest
 from click.testing import CliRunner, Result
 from ruamel.yaml import YAML
 
-from causalab_mini import certify as c
-from causalab_mini import scaffold as s
 from causalab_mini.address import Address, RenameConfig
-from causalab_mini.cli import main
 from causalab_mini.codegen.lint import lint
 from causalab_mini.generated import DEFAULT_ADDRESSES, FAMILIES, FAMILY_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools import certify as c
+from causalab_mini.tools import scaffold as s
+from causalab_mini.tools.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -261,7 +261,7 @@ def test_refuses_to_overwrite_or_to_shadow_a_family(package_registry_copy: Path)
 
 
 def test_a_checkpoint_directory_keeps_its_structural_config(tmp_path: Path) -> None:
-    from causalab_mini.tiny import build_tiny
+    from causalab_mini.tools.tiny import build_tiny
 
     path = build_tiny("gpt_neox", overrides={"use_parallel_residual": False})
     assert s.resolve_spec(str(path)) == ("tiny:gpt_neox?use_parallel_residual=false", "gpt_neox")

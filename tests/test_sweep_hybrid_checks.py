@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from causalab_mini import RenameConfig
-from causalab_mini import certify as c
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
-from causalab_mini.sweep import GATE_CALLS, _close, gated, run_one
+from causalab_mini.tools import certify as c
+from causalab_mini.tools.certify import close
+from causalab_mini.tools.sweep import GATE_CALLS, gated, run_one
 
 FALCON_H1 = (
     "tiny:falcon_h1?attention_in_multiplier=2.0&attention_out_multiplier=0.5&ssm_out_multiplier=0.7"
@@ -24,41 +25,41 @@ FALCON_H1 = (
 def test_a_per_feature_gate_multiplies_each_feature() -> None:
     z = torch.randn(2, 5, 12)
     gate = torch.sigmoid(torch.randn(2, 5, 12))
-    assert _close(gated(z, gate), z * gate)[0]
+    assert close(gated(z, gate), z * gate)[0]
 
 
 def test_a_per_head_gate_multiplies_each_head_slice() -> None:
     z = torch.randn(2, 5, 12)  # 3 heads of 4
     gate = torch.sigmoid(torch.randn(2, 5, 3))
     expected = torch.cat([z[..., 4 * h : 4 * (h + 1)] * gate[..., h : h + 1] for h in range(3)], -1)
-    assert _close(gated(z, gate), expected)[0]
+    assert close(gated(z, gate), expected)[0]
 
 
 def test_a_per_feature_gate_held_per_head_multiplies_each_feature() -> None:
     z = torch.randn(2, 5, 12)  # 3 heads of 4
     gate = torch.sigmoid(torch.randn(2, 5, 3, 4))  # Beam's (b, s, heads, head_dim)
-    assert _close(gated(z, gate), z * gate.flatten(2))[0]
+    assert close(gated(z, gate), z * gate.flatten(2))[0]
 
 
 def test_a_per_head_gate_with_a_trailing_axis_multiplies_each_head_slice() -> None:
     z = torch.randn(2, 5, 12)  # 3 heads of 4; Dots3's gate is (b, s, heads, 1)
     gate = torch.sigmoid(torch.randn(2, 5, 3, 1))
     expected = torch.cat([z[..., 4 * h : 4 * (h + 1)] * gate[..., h, :] for h in range(3)], -1)
-    assert _close(gated(z, gate), expected)[0]
-    assert not _close(gated(z, gate), z * gate.mean())[0]
+    assert close(gated(z, gate), expected)[0]
+    assert not close(gated(z, gate), z * gate.mean())[0]
 
 
 def test_a_gate_of_another_shape_is_not_guessed() -> None:
     z = torch.randn(2, 5, 12)
     gate = torch.sigmoid(torch.randn(2, 5, 5))  # 5 does not divide 12
-    assert not _close(gated(z, gate), z)[0]
+    assert not close(gated(z, gate), z)[0]
 
 
 def test_a_different_gate_fails() -> None:
     z = torch.randn(2, 5, 12)
     gate = torch.sigmoid(torch.randn(2, 5, 12))
     other = torch.sigmoid(torch.randn(2, 5, 12))
-    assert not _close(gated(z, other), z * gate)[0]
+    assert not close(gated(z, other), z * gate)[0]
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from causalab_mini import tiny
-from causalab_mini.tiny import (
+from causalab_mini.tools import tiny
+from causalab_mini.tools.tiny import (
     TINY_PREFIX,
     TinyBuildError,
     build_tiny,
@@ -281,7 +281,7 @@ def test_nnterp_loads_tiny(model_type: str, tiny_cache: Path) -> None:
 
 
 def test_spec_config_overrides_parse() -> None:
-    from causalab_mini.tiny import parse_tiny_spec
+    from causalab_mini.tools.tiny import parse_tiny_spec
 
     assert parse_tiny_spec("tiny:llama") == ("llama", {})
     assert parse_tiny_spec(

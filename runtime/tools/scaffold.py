@@ -25,7 +25,7 @@ hold it:
    evidence), ``refused`` (the structure has no such place, with its reason) or
    ``unchecked`` (no identity can check it; the runtime's resolution is reported).
 4. **Proof.** The rows are loaded into a ``StandardizedTransformer`` and run through
-   ``causalab_mini.certify`` (identities, hidden-state and attention oracles, the
+   ``causalab_mini.tools.certify`` (identities, hidden-state and attention oracles, the
    write that must reach the stream). A row whose check fails is not written.
 
 Nothing unverified is ever written as a row: undecided places are comments saying
@@ -49,14 +49,15 @@ import click
 
 from causalab_mini.address import Address, IOType, RenameConfig
 from causalab_mini.compat import aliases_of
-from causalab_mini.completion import complete_spec
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     BLOCK_STRUCTURES,
     DEFAULT_ADDRESSES,
     FAMILY_ADDRESSES,
     STRUCTURAL_ADDRESSES,
+    STRUCTURE_ADDRESSES,
 )
+from causalab_mini.tools.completion import complete_spec
 
 __all__ = [
     "Candidate",
@@ -66,6 +67,22 @@ __all__ = [
     "render_family",
     "scaffold",
 ]
+
+# Every row a place may have: the default rows and the rows structures declare (a
+# structure's identities name its own rows), in forward order; the row of a place.
+ROWS: dict[str, Address] = dict(
+    sorted(
+        {
+            **DEFAULT_ADDRESSES,
+            **{name: row for rows in STRUCTURE_ADDRESSES.values() for name, row in rows.items()},
+        }.items(),
+        key=lambda item: (
+            (1, item[1].order)
+            if item[1].per_layer
+            else (0 if item[1].order < 0 else 2, item[1].order)
+        ),
+    )
+)
 
 # A structure whose sublayer modules add the residual themselves (see
 # block_structures.yaml): the one structure that expects a sublayer's own output to
@@ -226,7 +243,7 @@ def resolve_spec(arg: str) -> tuple[str, str]:
     directory -> a tiny random instance of its model type, with the boolean and
     string config values that differ from the tiny defaults (they may decide the
     block's structure). Returns (spec, model_type)."""
-    from causalab_mini.tiny import TINY_PREFIX, parse_tiny_spec
+    from causalab_mini.tools.tiny import TINY_PREFIX, parse_tiny_spec
 
     if arg.startswith(TINY_PREFIX):
         model_type, _ = parse_tiny_spec(arg)
@@ -264,7 +281,7 @@ def _spec_text(value: Any) -> str:
 
 
 def _structural_overrides(model_type: str, config: dict[str, Any]) -> dict[str, Any]:
-    from causalab_mini.tiny import tiny_config
+    from causalab_mini.tools.tiny import tiny_config
 
     tiny = tiny_config(model_type).get_text_config()
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
@@ -530,10 +547,9 @@ def capture(model: Any, inputs: dict[str, Any]) -> Capture:
 
 
 def _close(got: Any, want: Any) -> tuple[bool, float]:
-    from causalab_mini.certify import compare
+    from causalab_mini.tools.certify import difference
 
-    check = compare("", None, got, want)
-    return check.ok, check.max_error
+    return difference(got, want)
 
 
 def _scales(config: Any) -> dict[str, float]:
@@ -636,7 +652,7 @@ class _Search:
     ) -> tuple[list[Candidate], list[Candidate], str | None]:
         """(the structural table's existing candidates, the others to try, the reason
         the structure has no such place)."""
-        row = DEFAULT_ADDRESSES[place]
+        row = ROWS[place]
         if place in CONTRIBUTIONS:
             return [], self.contributions(place, structure), None
         if not row.is_structural:
@@ -652,7 +668,7 @@ class _Search:
 
 
 def _identity_places(text: str) -> tuple[str, tuple[str, ...]]:
-    from causalab_mini.certify import parse_identity
+    from causalab_mini.tools.certify import parse_identity
 
     return parse_identity(text)
 
@@ -810,11 +826,11 @@ def _table_resolution(model: Any, search: _Search, place: str, structure: str) -
     found = [p for p in (_canonical(model, c) for c in entry.candidates) if p is not None]
     if len(found) != 1:
         return None
-    return search.cand(found[0], DEFAULT_ADDRESSES[place].io.value)
+    return search.cand(found[0], ROWS[place].io.value)
 
 
 def _default_candidate(model: Any, search: _Search, place: str, structure: str) -> Candidate | None:
-    row = DEFAULT_ADDRESSES[place]
+    row = ROWS[place]
     if row.is_structural:
         return _table_resolution(model, search, place, structure)
     return search.cand(row.module, row.io.value)
@@ -823,7 +839,7 @@ def _default_candidate(model: Any, search: _Search, place: str, structure: str) 
 def _skip_layers(model: Any, place: str) -> set[int]:
     """Layers where the default row refuses the place by layer kind (MoE layers)."""
     out: set[int] = set()
-    for item in DEFAULT_ADDRESSES[place].unavailable:
+    for item in ROWS[place].unavailable:
         if item.when.kind == "layer_kind" and item.when.layer_kind:
             for layer in range(len(model.layers)):
                 if model.internals._layer_kind(item.when.layer_kind, layer):
@@ -908,7 +924,7 @@ def place_verdicts(
             if place in out:
                 continue
             passing = [s[place] for s in solutions]
-            row = DEFAULT_ADDRESSES[place]
+            row = ROWS[place]
             default = _default_candidate(model, search, place, structure)
             where = sorted({c.describe() for c in passing})
             out[place] = _pick(
@@ -933,7 +949,7 @@ def _relation(
     place: str,
     chosen: dict[str, Candidate],
 ) -> Verdict:
-    row = DEFAULT_ADDRESSES[place]
+    row = ROWS[place]
     entry = STRUCTURAL_ADDRESSES.get(place, {}).get(structure)
     if entry is not None and entry.reason is not None:
         return Verdict(place, "refused", entry.reason.replace("{place}", place))
@@ -1059,8 +1075,8 @@ def _probabilities(model: Any, rows: dict[str, Address]) -> Verdict:
     """Try each known way to the probabilities against output_attentions, on one
     model loaded with eager attention (the runtime reads the row; nnterp's own
     load-time check runs later, on the chosen row)."""
-    from causalab_mini.certify import attention_oracle, sample_inputs
     from causalab_mini.internals import Internals
+    from causalab_mini.tools.certify import attention_oracle, sample_inputs
 
     inputs = sample_inputs(model)
     passing: list[Address] = []
@@ -1184,7 +1200,7 @@ def _rows_for(verdicts: dict[str, Verdict]) -> dict[str, Address]:
     rows = dict(DEFAULT_ADDRESSES)  # every name, so no existing family's row leaks in
     for name, verdict in verdicts.items():
         if verdict.status == "verified" and verdict.fields:
-            rows[name] = dataclasses.replace(DEFAULT_ADDRESSES[name], **_typed(verdict.fields))
+            rows[name] = dataclasses.replace(ROWS[name], **_typed(verdict.fields))
     return rows
 
 
@@ -1226,8 +1242,8 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
     """Inspect, try and verify: everything a family file for ``arg`` can say."""
     from transformers import AutoModelForCausalLM
 
-    from causalab_mini import certify
-    from causalab_mini.tiny import TinyBuildError, resolve_model_spec
+    from causalab_mini.tools import certify
+    from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
 
     _quiet()
     spec, model_type = resolve_spec(arg)
@@ -1266,7 +1282,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
         for text in {t for s in BLOCK_STRUCTURES.values() for t in s.identities}:
             left, right = _identity_places(text)
             for place in (left, *right):
-                if DEFAULT_ADDRESSES[place].is_structural or place in CONTRIBUTIONS:
+                if ROWS[place].is_structural or place in CONTRIBUTIONS:
                     verdicts.setdefault(
                         place,
                         Verdict(
@@ -1345,7 +1361,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
         structure=structure,
         structure_evidence=structure_evidence,
         trials=trials,
-        verdicts={name: verdicts[name] for name in DEFAULT_ADDRESSES if name in verdicts},
+        verdicts={name: verdicts[name] for name in ROWS if name in verdicts},
         checks=passed,
         failures=failures,
         existing_rule=_existing_rule(verify_model),
@@ -1358,7 +1374,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
 def _read_all(model: Any, inputs: dict[str, Any]) -> tuple[dict[Any, Any], dict[str, str]]:
     """certify.read_places over every place; where one trace fails, place by place, so
     one unreadable row names itself instead of failing the whole proof."""
-    from causalab_mini import certify
+    from causalab_mini.tools import certify
 
     try:
         return certify.read_places(model, inputs), {}
@@ -1497,7 +1513,7 @@ def _choice_fields(verdict: Verdict, choice: Candidate) -> dict[str, Any]:
                     fields["module"] = row.module
                 fields["source"] = list(row.source)
         return fields or {"source": [needles]}
-    return choice.row_fields(DEFAULT_ADDRESSES[verdict.place]) or {"module": choice.module}
+    return choice.row_fields(ROWS[verdict.place]) or {"module": choice.module}
 
 
 def rule_text(structure: str, model_type: str, spec: str) -> list[str]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import click
 
-from causalab_mini.completion import complete_spec
+from causalab_mini.tools.completion import complete_spec
 
 __all__ = ["Scene", "block_scene", "diagram", "diagram_command", "render_svg"]
 
@@ -490,7 +490,7 @@ def diagram_command(spec: str, out: pathlib.Path, layer: int, as_json: bool) -> 
     import transformers
 
     from causalab_mini.model import StandardizedTransformer
-    from causalab_mini.tiny import TinyBuildError
+    from causalab_mini.tools.tiny import TinyBuildError
 
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()

@@ -1,7 +1,7 @@
 """``registry sweep``: every causal-LM architecture of the installed transformers,
 each of the 21 components certified on real tensors or refused with a reason.
 
-Each architecture runs in its own process (``python -m causalab_mini.sweep TYPE``)
+Each architecture runs in its own process (``python -m causalab_mini.tools.sweep TYPE``)
 with a timeout, so a hang or a crash never stops the sweep. A component is
 
 * ``ok``      it resolved, and every check that covers it passed;
@@ -17,7 +17,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,8 @@ import click
 
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.internals import boundary
+from causalab_mini.tools.certify import close
+from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
 
 GENERIC = ("not found", "unknown error", "failed")
 
@@ -72,24 +74,11 @@ class _Checks:
         self.guards.setdefault(component, []).append((name, ok, detail))
 
 
-def _close(a: Any, b: Any, atol: float = 1e-4) -> tuple[bool, str]:
-    import torch
-
-    if tuple(a.shape) != tuple(b.shape):
-        return False, f"shape {tuple(a.shape)} != {tuple(b.shape)}"
-    a, b = a.double(), b.double()
-    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
-    error = float((a - b).abs().max()) if a.numel() else 0.0
-    return bool(torch.allclose(a, b, atol=atol * scale, rtol=1e-4)), f"max error {error:.3g}"
-
-
 def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Locate every component at every layer, read them all in one trace, run every
     check that applies, and say per component ok / refused / broken."""
-    import torch
 
-    from causalab_mini import certify as cert
-    from causalab_mini.components import ComponentError, Plan, locate
+    from causalab_mini.components import ComponentError, locate
 
     n = model.internals.num_layers
     addresses: dict[tuple[str, int | None], Any] = {}
@@ -119,210 +108,11 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
     v = {key: values_by_address[a] for key, a in addresses.items()}
     checks = _Checks()
-    # a whole-model place must not depend on what else the trace reads: where its
-    # module runs more than once (Dory's norm), nnsight 0.6/0.7 hand on the call after
-    # the last place read before it, and 0.8 refuses to read it after them
-    whole = {key: a for key, a in addresses.items() if key[1] is None}
-    if whole:
-        alone = Plan.of(reads=whole.values()).run(model, inputs)
-        for key, address in whole.items():
-            if address in unordered:
-                ok, d = False, unordered[address]
-            elif hasattr(v[key], "shape"):
-                ok, d = _close(alone[address], v[key])
-            else:
-                ok, d = True, ""
-            checks.add([key[0]], "read alone == read with the layers' places", ok, d)
     heads_refused = _layout_checks(model, inputs, addresses, checks)
-    layers = range(n)
-
-    def have(*names: str, layer: int | None = None) -> bool:
-        return all((nm, layer) in v for nm in names)
-
-    # identities of the block structure, on the rows the components name
-    row_of = {spec.target: name for name, spec in COMPONENTS.items() if spec.kind == "boundary"}
-    place_values = {
-        (spec.target, layer): t
-        for (name, layer), t in v.items()
-        for spec in [COMPONENTS[name]]
-        if spec.kind == "boundary"
-    }
-    # rows an identity names that no component reads (post_ln's sums before the norms)
-    wanted = {
-        row
-        for text in cert.structure_identities(model)
-        for row in cert.identity_rows(text)
-        if row not in row_of
-    }
-    if wanted:
-        place_values.update(cert.read_places(model, inputs, sorted(wanted)))
-    for check in cert.identities(model, place_values):
-        left, right = cert.parse_identity(check.name)
-        checks.add(
-            [row_of[r] for r in (left, *right) if r in row_of],
-            check.name,
-            check.ok,
-            f"layer {check.layer}: max error {check.max_error:.3g}",
-        )
-    # oracles written by others
-    with torch.no_grad():
-        hf = model._model(
-            **cert.forward_inputs(model, inputs),
-            output_hidden_states=True,
-            output_attentions=model.attention_probs_enabled,
-        )
-    hidden = hf.hidden_states
-    attention_layers = [layer for layer in layers if ("attention_probs", layer) in v]
-    attn_inputs: dict[tuple[str, int | None], Any] = {}
-    if any(k[0] == "attention_input_norm" for k in v):
-        attn_inputs = cert.read_places(model, inputs, ["attentions_input"])
-    raw = _raw_outputs(model, inputs, addresses)
-    for layer in layers:
-        _consistency_checks(model, v, raw, layer, checks)
-        if model.hidden_states_are_block_outputs:
-            # the family says entry i is block i's output (no embeddings entry)
-            if layer > 0 and have("block_input", layer=layer) and len(hidden) == n + 1:
-                ok, d = _close(v[("block_input", layer)], hidden[layer - 1])
-                checks.add(["block_input"], "output_hidden_states[i-1] == block_input[i]", ok, d)
-            if have("block_output", layer=layer) and len(hidden) == n + 1:
-                ok, d = _close(v[("block_output", layer)], hidden[layer])
-                checks.add(["block_output"], "output_hidden_states[i] == block_output[i]", ok, d)
-        else:
-            if have("block_input", layer=layer):
-                ok, d = _close(v[("block_input", layer)], hidden[layer])
-                checks.add(["block_input"], "output_hidden_states[i] == block_input[i]", ok, d)
-            if layer < n - 1 and have("block_output", layer=layer) and len(hidden) == n + 1:
-                ok, d = _close(v[("block_output", layer)], hidden[layer + 1])
-                checks.add(["block_output"], "output_hidden_states[i+1] == block_output[i]", ok, d)
-        if have("attention_probs", layer=layer) and hf.attentions is not None:
-            # hybrid stacks return attentions only for their attention layers
-            index = layer if len(hf.attentions) == n else attention_layers.index(layer)
-            if index < len(hf.attentions) and hf.attentions[index] is not None:
-                ok, d = _close(v[("attention_probs", layer)], hf.attentions[index])
-                checks.add(["attention_probs"], "output_attentions == attention_probs", ok, d)
-        if have("attention_input_norm", layer=layer) and ("attentions_input", layer) in attn_inputs:
-            ok, d = _close(
-                v[("attention_input_norm", layer)], attn_inputs[("attentions_input", layer)]
-            )
-            checks.add(["attention_input_norm"], "attention_input_norm == attention's input", ok, d)
-        _interior_checks(model, v, raw, layer, checks)
-        _mlp_checks(model, v, raw, layer, checks)
-    # Most models end output_hidden_states with the final norm's output; some (BERT-
-    # and BART-style, whose norm sits in the LM head or nowhere) end it with the last
-    # block's output, and the final norm is then certified by what the head computes.
-    stream_ends_at_block = (
-        len(hidden) == n + 1
-        and have("block_output", layer=n - 1)
-        and _close(v[("block_output", n - 1)], hidden[n])[0]
-    )
-    if have("ln_final") and len(hidden) == n + 1 and not stream_ends_at_block:
-        ok, d = _close(v[("ln_final", None)], hidden[n])
-        checks.add(["ln_final"], "output_hidden_states[-1] == ln_final", ok, d)
-    elif have("ln_final") and len(hidden) != n + 1:
-        # hidden states counted per layer call (Dory runs some layers more than once):
-        # the base model's own output is the final norm's
-        last = _last_hidden_state(model, inputs)
-        if last is not None:
-            ok, d = _close(v[("ln_final", None)], last)
-            checks.add(["ln_final"], "the base model's last_hidden_state == ln_final", ok, d)
-    if have("logits"):
-        ok, d = _close(v[("logits", None)], hf.logits)
-        checks.add(["logits"], "the model's logits == logits", ok, d)
-    if have("input_ids"):
-        ok = bool(torch.equal(v[("input_ids", None)], inputs["input_ids"]))
-        checks.add(["input_ids"], "input_ids == the ids given", ok)
-    with torch.no_grad():
-        if have("embeddings"):
-            ok, d = _close(
-                v[("embeddings", None)], model._model.get_input_embeddings()(inputs["input_ids"])
-            )
-            checks.add(["embeddings"], "embeddings == get_input_embeddings()(input_ids)", ok, d)
-        head = model._model.get_output_embeddings()
-        if have("lm_head") and head is not None:
-            # the unembedding reads the final norm's output, or (MiniCPM3) a scaled copy
-            # of it: ln_final is held to output_hidden_states[-1] above; with no final
-            # norm it reads the last block's output
-            given = raw.get(("lm_head_input", -1))
-            via_norm = (
-                _close(v[("lm_head", None)], head(v[("ln_final", None)]))
-                if have("ln_final")
-                else None
-            )
-            inner = raw.get(("unembedding_input", -1))
-            if (
-                via_norm is not None
-                and not via_norm[0]
-                and not stream_ends_at_block
-                and inner is not None
-                and given is not None
-                and _close(given, v[("ln_final", None)])[0]
-            ):
-                # the lm_head module reads ln_final (held to output_hidden_states[-1]
-                # above) and transforms it before the unembedding inside it (pre-LN
-                # RoBERTa kin: dense, gelu, layer_norm, decoder)
-                ok, d = _close(v[("lm_head", None)], head(inner))
-                checks.add(
-                    ["lm_head"],
-                    "lm_head == get_output_embeddings()(its input inside lm_head), "
-                    "lm_head reading ln_final",
-                    ok,
-                    d,
-                )
-            elif via_norm is not None and (
-                via_norm[0] or given is None or _close(given, v[("ln_final", None)])[0]
-            ):
-                # the unembedding applied to the final norm's output (RoBERTa's lm_head
-                # module reads the stream and runs its own dense and norm first: its
-                # decoder still reads ln_final)
-                covered = ["lm_head", "ln_final"] if stream_ends_at_block else ["lm_head"]
-                checks.add(covered, "lm_head == get_output_embeddings()(ln_final)", *via_norm)
-            elif via_norm is None and have("block_output", layer=n - 1):
-                ok, d = _close(v[("lm_head", None)], head(v[("block_output", n - 1)]))
-                checks.add(
-                    ["lm_head"], "lm_head == get_output_embeddings()(block_output[-1])", ok, d
-                )
-            elif given is not None:
-                # MiniCPM3 divides the final norm's output before the unembedding
-                ok, d = _close(v[("lm_head", None)], head(given))
-                checks.add(
-                    ["lm_head"],
-                    "lm_head == get_output_embeddings()(the unembedding's input)",
-                    ok,
-                    d,
-                )
-    write = cert.write_reaches_stream(model, inputs, layer=min(1, n - 1))
-    if write is not None:
-        checks.add(
-            ["block_mid" if "written layers_mid" in write.name else "attention_output"],
-            write.name,
-            write.ok,
-            f"max error {write.max_error:.3g}",
-        )
-    # a write must not reach backwards: where a write overwrites the tensor the block
-    # carries (in_place) or the forward modifies it later (snapshot), every place read
-    # before the write keeps its clean value
-    probe = min(1, n - 1)
-    for row_name, place in model.internals.items():
-        component = row_of.get(row_name)
-        if component is None or not (place.row.write == "in_place" or place.row.snapshot):
-            continue
-        if place.unavailable_on(probe if place.per_layer else None) is not None:
-            continue
-        kept = cert.write_keeps_earlier_reads(
-            model, inputs, row_name, probe if place.per_layer else None
-        )
-        if kept:
-            failed = [c for c in kept if not c.ok]
-            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
-            checks.add(
-                [component],
-                "a write keeps every earlier read, reads back, and reaches the stream",
-                not failed,
-                detail,
-            )
-    shift = cert.attention_write_shifts_mid(model, inputs)
-    if shift is not None:
-        checks.add(["attention_output"], shift.name, shift.ok, f"max error {shift.max_error:.3g}")
+    ctx = _context(model, inputs, addresses, v, unordered)
+    for check in CHECKS:
+        for outcome in check(ctx):
+            checks.add(outcome.components, outcome.name, outcome.ok, outcome.detail)
     for name in COMPONENTS:
         if name in result:
             continue
@@ -346,6 +136,48 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if name in heads_refused:
             result[name]["heads_refused"] = heads_refused[name]
     return result
+
+
+def _context(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    v: dict[tuple[str, int | None], Any],
+    unordered: dict[Any, str],
+) -> Context:
+    """What the checks read, besides the components read: the rows' values (with the
+    rows an identity names that no component reads: post_ln's sums before the norms),
+    transformers' own forward (hidden states; attentions under eager attention), what
+    attention reads where its input norm is checked, and the modules' own outputs."""
+    import torch
+
+    from causalab_mini.tools import certify as cert
+
+    row_of = row_components()
+    places = {
+        (COMPONENTS[name].target, layer): t
+        for (name, layer), t in v.items()
+        if COMPONENTS[name].kind == "boundary"
+    }
+    wanted = {
+        row
+        for text in cert.structure_identities(model)
+        for row in cert.identity_rows(text)
+        if row not in row_of
+    }
+    if wanted:
+        places.update(cert.read_places(model, inputs, sorted(wanted)))
+    with torch.no_grad():
+        hf = model._model(
+            **cert.forward_inputs(model, inputs),
+            output_hidden_states=True,
+            output_attentions=model.attention_probs_enabled,
+        )
+    attn_inputs: dict[tuple[str, int | None], Any] = {}
+    if any(k[0] == "attention_input_norm" for k in v):
+        attn_inputs = cert.read_places(model, inputs, ["attentions_input"])
+    raw = _raw_outputs(model, inputs, addresses)
+    return Context(model, inputs, addresses, v, raw, hf, places, attn_inputs, unordered)
 
 
 def _layout_checks(
@@ -496,7 +328,7 @@ def _raw_outputs(
     one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
     the output projection; its kind under ("gate_kind", layer)), per layer, and the
     unembedding's input, from one more trace (in forward order)."""
-    from causalab_mini import components as comp
+    from causalab_mini import plan as comp
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
@@ -645,8 +477,7 @@ def _consistency_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-    checks: _Checks,
-) -> None:
+) -> Iterator[Outcome]:
     """A place that is a module's input, fed to that module, gives the module's output
     (the tensor read is what the module consumed); and the output projection of
     attention_premix is attention's output or its contribution. Where no contribution
@@ -672,8 +503,10 @@ def _consistency_checks(
                 normed = _module(model, layer, mid.module)._module(v[key("block_mid")])
                 if isinstance(normed, tuple):
                     normed = normed[0]
-                ok, d = _close(normed, v[key("mlp_input_norm")])
-                checks.add(["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d)
+                ok, d = close(normed, v[key("mlp_input_norm")])
+                yield Outcome.of(
+                    ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
+                )
         if key("attention_premix") in v:
             proj = _module(model, layer, internals["attentions_premix"].address_at(layer).module)
             projected = proj._module(v[key("attention_premix")])
@@ -682,11 +515,13 @@ def _consistency_checks(
                 for t in (v.get(key("attention_output")), raw.get(("attentions", layer)))
                 if t is not None
             ]
-            ok = any(_close(projected, t)[0] for t in targets)
+            ok = any(close(projected, t)[0] for t in targets)
             covered = ["attention_premix"]
-            if key("attention_output") in v and _close(projected, v[key("attention_output")])[0]:
+            if key("attention_output") in v and close(projected, v[key("attention_output")])[0]:
                 covered.append("attention_output")
-            checks.add(covered, "output projection(attention_premix) == attention's output", ok)
+            yield Outcome.of(
+                covered, "output projection(attention_premix) == attention's output", ok
+            )
         if key("mlp_input") in v and ("mlps", layer) in raw:
             mlp = _module(model, layer, internals["mlps"].address_at(layer).module)._module
             args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
@@ -702,8 +537,8 @@ def _consistency_checks(
                 name = "mlp(mlp_input) == the MLP's output"
                 if args or kwargs:
                     name = "mlp(mlp_input, its other arguments) == the MLP's output"
-                ok, d = _close(out, raw[("mlps", layer)])
-                checks.add(["mlp_input"], name, ok, d)
+                ok, d = close(out, raw[("mlps", layer)])
+                yield Outcome.of(["mlp_input"], name, ok, d)
 
 
 def _interior_checks(
@@ -711,32 +546,33 @@ def _interior_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-    checks: _Checks,
-) -> None:
+) -> Iterator[Outcome]:
     import torch
 
     key = lambda n: (n, layer)  # noqa: E731
     if key("attention_scores") in v and key("attention_probs") in v:
         s, p = v[key("attention_scores")], v[key("attention_probs")]
-        ok, d = _close(torch.softmax(s.float(), -1).to(p.dtype), p, atol=1e-5)
-        checks.add(["attention_scores"], "softmax(attention_scores) == attention_probs", ok, d)
+        ok, d = close(torch.softmax(s.float(), -1).to(p.dtype), p, atol=1e-5)
+        yield Outcome.of(
+            ["attention_scores"], "softmax(attention_scores) == attention_probs", ok, d
+        )
     if key("attention_z") in v and key("attention_probs") in v and ("value", layer) in raw:
         probs, values = v[key("attention_probs")], raw[("value", layer)]
         values = values.repeat_interleave(probs.shape[1] // values.shape[1], dim=1)
         mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
-        ok, d = _close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
-        checks.add(["attention_z"], "attention_z == attention_probs · V", ok, d)
+        ok, d = close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
+        yield Outcome.of(["attention_z"], "attention_z == attention_probs · V", ok, d)
     if key("attention_z") in v and key("attention_premix") in v:
         z, premix = v[key("attention_z")], v[key("attention_premix")]
         gate = raw.get(("gate", layer))
-        ok, d = _close(z, premix)
+        ok, d = close(z, premix)
         if ok or gate is None:
-            checks.add(
+            yield Outcome.of(
                 ["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d
             )
         else:  # a gated attention multiplies z by its output gate before projecting
-            ok, d = _close(gated(z, gate), premix)
-            checks.add(
+            ok, d = close(gated(z, gate), premix)
+            yield Outcome.of(
                 ["attention_z", "attention_premix"],
                 f"attention_premix == attention_z x the attention's {raw[('gate_kind', layer)]} gate",
                 ok,
@@ -755,7 +591,7 @@ def _interior_checks(
         diff = (s - product - additive)[visible]
         ok = bool(visible.any()) and bool(torch.allclose(diff, torch.zeros_like(diff), atol=1e-4))
         worst = float(diff.abs().max()) if diff.numel() else float("nan")
-        checks.add(
+        yield Outcome.of(
             ["attention_query", "attention_key"],
             "attention_scores == q·kᵀ·scaling + the attention function's mask",
             ok,
@@ -773,7 +609,7 @@ def _interior_checks(
         mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
         spread = float(torch.where(visible, diff - mean, 0.0).abs().max())
         ok = bool(visible.any()) and spread <= 1e-4 * max(1.0, float(product.abs().max()))
-        checks.add(
+        yield Outcome.of(
             ["attention_query", "attention_key"],
             "log attention_probs == q·kᵀ·scaling + mask + a constant per query",
             ok,
@@ -867,8 +703,7 @@ def _mlp_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-    checks: _Checks,
-) -> None:
+) -> Iterator[Outcome]:
     import torch
 
     key = lambda n: (n, layer)  # noqa: E731
@@ -881,13 +716,13 @@ def _mlp_checks(
         projected = module._module(neurons)
     targets = [t for t in (v.get(key("mlp_output")), raw.get(("mlps", layer))) if t is not None]
     if targets:
-        ok = any(_close(projected, t)[0] for t in targets)
-        checks.add(
+        ok = any(close(projected, t)[0] for t in targets)
+        yield Outcome.of(
             ["mlp_neuron_output"], "down projection(mlp_neuron_output) == the MLP's output", ok
         )
     if key("mlp_activation") in v and key("mlp_input") in v:
         act, x = v[key("mlp_activation")], v[key("mlp_input")]
-        ok, _ = _close(neurons, act)
+        ok, _ = close(neurons, act)
         if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears, or
             # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj)
             mlp_module = _module(model, layer, mlp.address_at(layer).module)
@@ -902,14 +737,14 @@ def _mlp_checks(
                         branches = child(x).chunk(2, dim=-1)
                     else:
                         continue
-                    if any(_close(neurons, act * branch)[0] for branch in branches):
+                    if any(close(neurons, act * branch)[0] for branch in branches):
                         ok = True
                         break
         # with no MLP output to project the neurons onto (X-MOD's feed-forward ends in
         # a language adapter, so mlps_output is refused), the neurons are held to the
         # activation they read
         covered = ["mlp_activation"] if targets else ["mlp_activation", "mlp_neuron_output"]
-        checks.add(covered, "mlp_neuron_output == mlp_activation (x a gate)", ok)
+        yield Outcome.of(covered, "mlp_neuron_output == mlp_activation (x a gate)", ok)
 
 
 # ---------------------------------------------------------------------- one architecture
@@ -923,9 +758,9 @@ def run_one(spec: str) -> Result:
     warnings.filterwarnings("ignore")
     started = time.perf_counter()
     model_type = spec.removeprefix("tiny:").split("?")[0]
-    from causalab_mini import certify as cert
     from causalab_mini.model import StandardizedTransformer
-    from causalab_mini.tiny import TinyBuildError, resolve_model_spec
+    from causalab_mini.tools import certify as cert
+    from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
 
     for noisy in ("nnterp", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -977,7 +812,7 @@ _PRELOAD = [
     "nnsight",
     "nnterp",
     "causalab_mini.model",
-    "causalab_mini.sweep",
+    "causalab_mini.tools.sweep",
 ]
 
 
@@ -1070,7 +905,7 @@ def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
     from causalab_mini.internals import _installed
-    from causalab_mini.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     data = {
         "transformers": transformers.__version__,
@@ -1264,7 +1099,7 @@ def sweep_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from causalab_mini.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     every = causal_lm_model_types()
     chosen = [t.strip() for t in only.split(",") if t.strip()] if only else every
@@ -1335,7 +1170,7 @@ def sweep_command(
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m causalab_mini.sweep TYPE``: one architecture, one JSON line."""
+    """``python -m causalab_mini.tools.sweep TYPE``: one architecture, one JSON line."""
     args = sys.argv[1:] if argv is None else argv
     result = run_one(args[0])
     sys.stdout.write("\n" + json.dumps(result.__dict__) + "\n")

@@ -128,18 +128,35 @@ def _value(saved: Any) -> Any:
     return getattr(saved, "value", saved)
 
 
-def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
+def difference(got: Any, want: Any, atol: float = ATOL) -> tuple[bool, float]:
+    """The one comparator of the project's checks: (whether ``got`` equals ``want`` up
+    to ``atol`` times the larger of 1 and ``want``'s largest magnitude, and ``RTOL``;
+    the worst absolute error). Tensors of different shapes differ (error inf)."""
     import torch
 
-    if got.shape != want.shape:
-        return Check(
-            name, layer, False, float("inf"), f"shape {tuple(got.shape)} != {tuple(want.shape)}"
-        )
+    if tuple(got.shape) != tuple(want.shape):
+        return False, float("inf")
     got, want = got.detach().double(), want.detach().double()
-    error = (got - want).abs()
-    worst = float(error.max()) if error.numel() else 0.0
-    ok = bool(torch.allclose(got, want, atol=ATOL * max(1.0, float(want.abs().max())), rtol=RTOL))
-    return Check(name, layer, ok, worst)
+    if not want.numel():
+        return True, 0.0
+    worst = float((got - want).abs().max())
+    scale = max(1.0, float(want.abs().max()))
+    return bool(torch.allclose(got, want, atol=atol * scale, rtol=RTOL)), worst
+
+
+def close(got: Any, want: Any, atol: float = ATOL) -> tuple[bool, str]:
+    """``difference`` as (ok, detail) for a report: the worst error, or the shapes."""
+    ok, worst = difference(got, want, atol)
+    if worst == float("inf"):
+        return False, f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    return ok, f"max error {worst:.3g}"
+
+
+def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
+    """``difference`` as a named Check."""
+    ok, worst = difference(got, want)
+    detail = "" if worst != float("inf") else f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    return Check(name, layer, ok, worst, detail)
 
 
 def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
@@ -324,7 +341,10 @@ def write_keeps_earlier_reads(
     later: tuple[str, int | None] | None = None
     for other in internals:
         row = internals[other].row
-        if row.io.value == "module":
+        if row.io.value == "module" or row.source:
+            # module boundaries only: an operation inside a forward (attention
+            # probabilities) is found by a trace, and a row that finds none is
+            # refused by its own check, not here
             continue
         layers: list[int | None] = list(range(internals.num_layers)) if row.per_layer else [None]
         for at in layers:
@@ -338,7 +358,7 @@ def write_keeps_earlier_reads(
     if later is None:
         return []
     earlier.sort(key=lambda item: item[0])
-    clean = read_places(model, inputs)
+    clean = read_places(model, inputs, sorted({other for _, other, _ in earlier} | {later[0]}))
     before: list[Any] = []
     box: dict[str, Any] = {}
     with model.trace(inputs):

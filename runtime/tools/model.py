@@ -1,4 +1,5 @@
-"""The runtime's commands, added to the `registry` group: `registry model`."""
+"""`registry model SPEC`: load a model and print every component (or place) as ok or
+refused, with the reason."""
 
 from __future__ import annotations
 
@@ -8,15 +9,12 @@ from pathlib import Path
 
 import click
 
-from causalab_mini.codegen.cli import main as _group
-from causalab_mini.completion import complete_spec
+from causalab_mini.tools.completion import complete_spec
 
-__all__ = ["main"]
-
-main: click.Group = _group
+__all__ = ["model_command"]
 
 
-@main.command("model")
+@click.command("model")
 @click.argument("spec", shell_complete=complete_spec)
 @click.option(
     "--layer", type=int, default=None, help="Answer for one layer (default: every layer)."
@@ -68,7 +66,7 @@ def model_command(
     from causalab_mini.internals import PlaceUnavailable
     from causalab_mini.model import StandardizedTransformer
     from causalab_mini.spec import ModelSpecError
-    from causalab_mini.tiny import TinyBuildError
+    from causalab_mini.tools.tiny import TinyBuildError
 
     for noisy in ("nnterp", "transformers"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
@@ -139,7 +137,7 @@ def model_command(
         "answered_for": scope,
     }
     if diagram_path is not None:
-        from causalab_mini.diagram import diagram
+        from causalab_mini.tools.diagram import diagram
 
         diagram_path.write_text(diagram(model, layer or 0, spec), encoding="utf-8")
         click.echo(f"wrote {diagram_path}", err=True)
@@ -212,16 +210,3 @@ def _print_table(
             reason = escape(_first_line(r["reason"]))
             table.add_row(str(r["name"]), "[red]--[/]", f"[red]{reason}[/]")
     Console().print(table)
-
-
-def _register() -> None:
-    from causalab_mini.diagram import diagram_command
-    from causalab_mini.scaffold import new_family_command
-    from causalab_mini.sweep import sweep_command
-
-    main.add_command(sweep_command)
-    main.add_command(new_family_command)
-    main.add_command(diagram_command)
-
-
-_register()

@@ -1,0 +1,261 @@
+"""The typed registry: what `registry lint` makes of the YAML rows, and what `registry
+gen`, the docs and the tools read. The one place rows become types (like torchgen's
+``model.py``); it imports only the row types of ``causalab_mini.address``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from causalab_mini.address import (
+    Address,
+    BlockStructure,
+    Component,
+    Condition,
+    FamilyMatch,
+    FirstIfTuple,
+    Index,
+    Interior,
+    IOType,
+    LayerKind,
+    Select,
+    StructuralEntry,
+    StructureRule,
+    Unavailable,
+)
+
+__all__ = [
+    "FamilyDef",
+    "Registry",
+    "address",
+    "address_fields",
+    "block_structure",
+    "component",
+    "condition",
+    "interior",
+    "layer_kind",
+    "match",
+    "rank_key",
+    "select",
+    "structural_entry",
+    "structure_rule",
+]
+
+
+@dataclass(frozen=True)
+class FamilyDef:
+    name: str
+    file: str
+    doc: str
+    match: FamilyMatch
+    rename: tuple[tuple[str, str | bool | tuple[str, ...]], ...]
+    # row -> typed field values that differ from the default row (replace()), or a
+    # whole new row where the name is not a default row
+    overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
+    new_rows: tuple[tuple[str, Address], ...]
+    # why the four interiors do not exist on this family, where they do not
+    interiors_unavailable: str | None = None
+    # why no block structure applies to this family (the reason of every structural
+    # place), where none does
+    structure_unknown_reason: str | None = None
+
+
+@dataclass
+class Registry:
+    root: Path
+    sources: dict[str, bytes] = field(default_factory=dict)
+    places: dict[str, Address] = field(default_factory=dict)
+    structures: dict[str, BlockStructure] = field(default_factory=dict)
+    # structure -> the rows only its blocks have (block_structures.yaml, ``places``)
+    structure_places: dict[str, dict[str, Address]] = field(default_factory=dict)
+    rules: list[StructureRule] = field(default_factory=list)
+    layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
+    structural: dict[str, dict[str, StructuralEntry]] = field(default_factory=dict)
+    interiors: dict[str, Interior] = field(default_factory=dict)
+    components: dict[str, Component] = field(default_factory=dict)
+    families: list[FamilyDef] = field(default_factory=list)
+
+    def structure_of(self, name: str) -> str | None:
+        """The structure that declares the row ``name`` (None for a default row or no
+        row)."""
+        for structure, rows in self.structure_places.items():
+            if name in rows:
+                return structure
+        return None
+
+    def row(self, name: str) -> Address | None:
+        """The default row ``name``, else the structure row of that name."""
+        if name in self.places:
+            return self.places[name]
+        structure = self.structure_of(name)
+        return self.structure_places[structure][name] if structure is not None else None
+
+    def all_rows(self) -> dict[str, Address]:
+        """The default rows and every structure's rows, in forward order (whole-model
+        places before the layers, per-layer places, whole-model places after)."""
+        rows = dict(self.places)
+        for declared in self.structure_places.values():
+            rows.update(declared)
+        return dict(sorted(rows.items(), key=lambda item: rank_key(item[1])))
+
+
+def rank_key(row: Address) -> tuple[int, int]:
+    """A row's place in forward order, as ``model.internals.rank`` orders layer 0."""
+    if row.per_layer:
+        return (1, row.order)
+    return (0 if row.order < 0 else 2, row.order)
+
+
+# ------------------------------------------------------------ YAML rows -> types
+# Each takes a row as the schema passed it (plain data) and gives the frozen type.
+
+
+def condition(raw: Any) -> Condition:
+    if raw == "always":
+        return Condition("always")
+    if raw == "attention_probs_disabled":
+        return Condition("attention_probs_disabled")
+    if raw == "structure_unknown":
+        return Condition("structure_unknown")
+    if "layer_kind" in raw:
+        return Condition("layer_kind", layer_kind=raw["layer_kind"])
+    return Condition(
+        "config",
+        config=tuple(raw["config"].items()),
+        config_not=tuple(raw.get("config_not", {}).items()),
+    )
+
+
+def select(raw: Any) -> Select | None:
+    if raw is None:
+        return None
+    if raw == "first_if_tuple":
+        return FirstIfTuple()
+    return Index(raw["index"])
+
+
+# keys of a YAML row that are not fields of ``Address``: the row's name (places.yaml
+# and a structure's places), and ``add`` (a family row that adds a place)
+NOT_ADDRESS_FIELDS = ("name", "add")
+
+
+def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
+    """YAML row fields -> typed ``Address`` keyword arguments."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "io":
+            out[key] = IOType(value)
+        elif key == "source":
+            out[key] = tuple(value)
+        elif key == "select":
+            out[key] = select(value)
+        elif key == "unavailable":
+            out[key] = tuple(Unavailable(condition(u["when"]), u["reason"].strip()) for u in value)
+        elif key == "versions":
+            out[key] = tuple(sorted(value.items()))
+        elif key in ("doc", "read_only"):
+            out[key] = value.strip() if isinstance(value, str) else value
+        elif key in NOT_ADDRESS_FIELDS:
+            continue
+        else:
+            out[key] = value
+    return out
+
+
+def address(raw: dict[str, Any]) -> Address:
+    return Address(**address_fields(raw))
+
+
+def match(raw: dict[str, Any]) -> FamilyMatch:
+    return FamilyMatch(
+        tuple(raw.get("model_types", ())),
+        tuple(raw.get("classes", ())),
+        tuple(raw.get("config", {}).items()),
+    )
+
+
+def block_structure(name: str, raw: dict[str, Any]) -> BlockStructure:
+    return BlockStructure(
+        name,
+        raw["doc"].strip(),
+        tuple(raw["identities"]),
+        tuple(raw.get("requires_rows", ())),
+    )
+
+
+def layer_kind(name: str, raw: dict[str, Any]) -> LayerKind:
+    return LayerKind(
+        name,
+        raw["doc"].strip(),
+        tuple(raw.get("present", ())),
+        tuple(raw.get("absent", ())),
+    )
+
+
+def structure_rule(raw: dict[str, Any]) -> StructureRule:
+    return StructureRule(raw["structure"], match(raw))
+
+
+def structural_entry(raw: dict[str, Any]) -> StructuralEntry:
+    if "reason" in raw:
+        return StructuralEntry(reason=" ".join(raw["reason"].split()))
+    return StructuralEntry(candidates=tuple(raw["candidates"]))
+
+
+def interior(raw: dict[str, Any]) -> Interior:
+    take = raw["take"]
+    return Interior(
+        name=raw["name"],
+        within=raw["within"],
+        needles=tuple(raw["needles"]),
+        order=raw["order"],
+        arg=take.get("arg"),
+        returns=take.get("return"),
+        eager_only=raw.get("eager_only", False),
+        versions=tuple(sorted(raw.get("versions", {}).items())),
+        doc=raw["doc"].strip(),
+    )
+
+
+def component(raw: dict[str, Any], kind: str, target: str, rank: int) -> Component:
+    return Component(
+        name=raw["name"],
+        kind="boundary" if kind == "boundary" else "interior",
+        target=target,
+        per_layer=raw["per_layer"],
+        default_rank=rank,
+        sequence_axis=raw["sequence_axis"],
+        per_head=raw["per_head"],
+        layout=raw.get("layout"),
+        keys_axis=raw.get("keys_axis"),
+        width=raw["width"],
+        writable=raw["writable"],
+        why_read_only=raw.get("why_read_only"),
+        doc=raw.get("doc", "").strip(),
+    )
+
+
+def _joined(text: str | None) -> str | None:
+    return " ".join(text.split()) if text is not None else None
+
+
+def family(
+    raw: dict[str, Any],
+    file: str,
+    overrides: list[tuple[str, tuple[tuple[str, Any], ...]]],
+    new_rows: list[tuple[str, Address]],
+) -> FamilyDef:
+    return FamilyDef(
+        name=raw["family"],
+        file=file,
+        doc=raw["doc"].strip(),
+        match=match(raw["match"]),
+        rename=tuple(
+            (k, tuple(v) if isinstance(v, list) else v) for k, v in raw.get("rename", {}).items()
+        ),
+        overrides=tuple(overrides),
+        new_rows=tuple(new_rows),
+        interiors_unavailable=_joined(raw.get("interiors_unavailable")),
+        structure_unknown_reason=_joined(raw.get("structure_unknown_reason")),
+    )

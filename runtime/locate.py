@@ -1,0 +1,362 @@
+"""``locate``: a component at a layer (and head) of a loaded model, compiled into a
+``ComponentAddress`` that is pure data (it pickles, compares, sorts by rank and
+prints), or refused with the model's reason. ``component_status`` does it for every
+component of the table at once."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from causalab_mini.address import Component, Interior
+from causalab_mini.generated import COMPONENTS, FAMILY_INTERIORS_UNAVAILABLE, INTERIORS
+
+from .geometry import (
+    HEAD_KINDS,
+    ComponentError,
+    HeadSizeUnknown,
+    attn_implementation,
+    head_size,
+    num_heads,
+    num_kv_heads,
+    width_of,
+)
+from .internals import _installed, child
+from .ops import OperationNotFound, op_name
+
+
+@dataclass(frozen=True, order=True)
+class ComponentAddress:
+    """Where one component is on one model, as data.
+
+    Two addresses are equal when they name the same component, layer, head, resolved
+    operation and rank; the family's spelling of the child module (``module``) is
+    resolution detail and takes no part in equality or ordering.
+    """
+
+    rank: tuple[int, int]
+    component: str
+    layer: int | None
+    head: int | None = None
+    op: str | None = None
+    kind: str = field(default="boundary", compare=False)
+    accessor: str = field(default="", compare=False)
+    module: str = field(default="", compare=False)
+    io: str = field(default="output", compare=False)
+    needles: tuple[str, ...] = field(default=(), compare=False)
+    take: tuple[str, int] | None = field(default=None, compare=False)
+    per_head: str = field(default="none", compare=False)
+    layout: str | None = field(default=None, compare=False)
+    head_dim: int | None = field(default=None, compare=False)
+    heads: int | None = field(default=None, compare=False)
+    width: int | None = field(default=None, compare=False)
+    sequence_axis: int | None = field(default=None, compare=False)
+    keys_axis: int | None = field(default=None, compare=False)
+    writable: bool = field(default=True, compare=False)
+    why_read_only: str | None = field(default=None, compare=False)
+    # why head_dim is None on a per-head place with a width (its head size is not
+    # stated unambiguously): the whole tensor reads, one head is refused
+    head_size_unknown: str | None = field(default=None, compare=False)
+
+    def __str__(self) -> str:
+        where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
+        if self.head is not None:
+            where += f".head[{self.head}]"
+        detail = self.module or ("layer" if self.layer is not None else "model")
+        if self.op:
+            detail += f" op={self.op}"
+        return f"{where} @ {detail} rank={self.rank}"
+
+
+def locate(
+    model: Any, component: str, layer: int | None = None, head: int | None = None
+) -> ComponentAddress:
+    """Compile ``component`` at ``layer`` (and ``head``) on ``model`` into an address,
+    or refuse with the reason the model gives."""
+    internals = model.internals
+    spec = COMPONENTS.get(component)
+    if spec is None:
+        if component in internals:
+            return _user_row(model, component, layer, head)
+        close = difflib.get_close_matches(component, [*COMPONENTS, *internals], n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ComponentError(
+            f"{component!r} is neither a component nor a place of this model.{hint} Components: "
+            f"{', '.join(COMPONENTS)}; a place of your own is added with "
+            f"RenameConfig(addresses={{{component!r}: Address(...)}})"
+        )
+    if spec.kind == "interior":
+        return _interior(model, spec, INTERIORS[spec.target], layer, head)
+    return _boundary(model, spec, layer, head)
+
+
+def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None) -> int | None:
+    if not per_layer:
+        if layer is not None:
+            raise ComponentError(f"component {component!r} is whole-model: give no layer")
+        return None
+    if layer is None:
+        raise ComponentError(f"component {component!r} is per layer: say which layer")
+    n = model.internals.num_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+        raise IndexError(f"layer {layer!r} is out of range: this model has layers 0..{n - 1}")
+    return layer % n
+
+
+def _check_head(
+    model: Any, spec: Component, head: int | None, layer: int | None
+) -> tuple[int | None, int | None, str | None]:
+    """(head count, head size, why the head size is unknown) at ``layer`` for a
+    per-head component; refuses a head where none is, and one head where its size
+    is not stated unambiguously. The head size is that of the tensor the component
+    reads (q/k or value heads; see head_size); None for a place held per head with
+    no width (scores, probabilities: head h is index h of axis 1)."""
+    if spec.per_head == "none":
+        if head is not None:
+            raise ComponentError(f"component {spec.name!r} is not per head: give no head")
+        return None, None, None
+    count = num_heads(model, layer) if spec.per_head == "q" else num_kv_heads(model, layer)
+    if head is not None and (
+        isinstance(head, bool) or not isinstance(head, int) or not 0 <= head < count
+    ):
+        kind = "query" if spec.per_head == "q" else "key/value"
+        raise IndexError(
+            f"head {head!r} is out of range for {spec.name}: this model has {count} {kind} heads "
+            f"(0..{count - 1})"
+        )
+    if spec.width is None:
+        return count, None, None
+    if spec.width not in HEAD_KINDS:
+        raise ComponentError(
+            f"component {spec.name!r} is per head with width {spec.width!r}, which is no "
+            f"heads x head size ({', '.join(HEAD_KINDS)}): registry/components.yaml is what "
+            "to fix"
+        )
+    try:
+        return count, head_size(model, layer, HEAD_KINDS[spec.width]), None
+    except HeadSizeUnknown as exc:
+        if head is not None:
+            raise _refuse(spec.name, f"one head cannot be sliced out: {exc}") from None
+        return count, None, str(exc)
+
+
+def _widths(
+    model: Any,
+    spec: Component,
+    layer: int | None,
+    head: int | None,
+    heads: int | None,
+    hd: int | None,
+) -> int | None:
+    """The width of the component's last axis as handed on: heads x head size for a
+    per-head place (one head's size with ``head``), else measured from the model."""
+    if spec.width in HEAD_KINDS:
+        if hd is None or heads is None:
+            return None
+        return hd if head is not None else heads * hd
+    return width_of(model, spec.width, layer)
+
+
+def _refuse(component: str, reason: str) -> ComponentError:
+    return ComponentError(f"component {component!r}: {reason}")
+
+
+def _policy(
+    spec: Component, heads: int | None, hd: int | None, width: int | None, unknown: str | None
+) -> dict[str, Any]:
+    """The component table's policy fields, with the widths measured on the model."""
+    return {
+        "head_size_unknown": unknown,
+        "per_head": spec.per_head,
+        "layout": spec.layout,
+        "head_dim": hd,
+        "heads": heads,
+        "width": width,
+        "sequence_axis": spec.sequence_axis,
+        "keys_axis": spec.keys_axis,
+        "writable": spec.writable,
+        "why_read_only": spec.why_read_only,
+    }
+
+
+def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) -> ComponentAddress:
+    internals = model.internals
+    place = internals[spec.target]
+    if place.per_layer != spec.per_layer:
+        raise ComponentError(
+            f"component {spec.name!r} is {'per layer' if spec.per_layer else 'whole-model'} in the "
+            f"component table but its row {spec.target!r} is "
+            f"{'per layer' if place.per_layer else 'whole-model'}: the component table "
+            "(registry/components.yaml) is what to fix"
+        )
+    at = _check_layer(model, spec.name, spec.per_layer, layer)
+    reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
+    if reason is not None:
+        raise _refuse(spec.name, reason)
+    heads, hd, unknown = _check_head(model, spec, head, at)
+    address = place.address_at(at)
+    op = None
+    if address.source:
+        base = internals.layer_envoy(at) if address.per_layer else model
+        envoy = child(base, address.module)
+        try:
+            op = op_name(
+                envoy,
+                address.source[0],
+                row=spec.target,
+                module=address.module,
+                model_class=internals.model_class,
+            )
+        except OperationNotFound as exc:
+            raise _refuse(spec.name, str(exc)) from None
+    width = _widths(model, spec, at, head, heads, hd)
+    return ComponentAddress(
+        rank=internals.rank(spec.target, at),
+        component=spec.name,
+        layer=at,
+        head=head,
+        op=op,
+        kind="boundary",
+        accessor=spec.target,
+        module=address.module,
+        io=address.io.value,
+        needles=address.source,
+        **_policy(spec, heads, hd, width, unknown),
+    )
+
+
+def _interior(
+    model: Any, spec: Component, interior: Interior, layer: int | None, head: int | None
+) -> ComponentAddress:
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    internals = model.internals
+    at = _check_layer(model, spec.name, True, layer)
+    assert at is not None
+    within = internals[interior.within]
+    reason = within.unavailable_on(at)
+    if reason is not None:
+        raise _refuse(spec.name, reason)
+    for family in model.families:
+        if family in FAMILY_INTERIORS_UNAVAILABLE:
+            raise _refuse(
+                spec.name, FAMILY_INTERIORS_UNAVAILABLE[family].replace("{place}", spec.name)
+            )
+    for package, rng in interior.versions:
+        installed = _installed(package)
+        if installed is not None and Version(installed) not in SpecifierSet(rng):
+            raise _refuse(
+                spec.name,
+                (
+                    f"its needles hold for {package} {rng}, and {package} {installed} is installed: "
+                    "update registry/interiors.yaml for this version"
+                ),
+            )
+    implementation = attn_implementation(model)
+    if interior.eager_only and implementation != "eager":
+        raise _refuse(
+            spec.name,
+            (
+                f"exists only under 'eager' attention, and this model runs {implementation!r}: load "
+                'it with attn_implementation="eager" (or enable_attention_probs=True; '
+                "`registry model --eager`)"
+            ),
+        )
+    module = within.address_at(at).module
+    envoy = child(internals.layer_envoy(at), module)
+    try:
+        op = op_name(
+            envoy,
+            interior.needles[0],
+            row=spec.name,
+            module=f"layers.{at}.{module}",
+            model_class=internals.model_class,
+        )
+    except OperationNotFound as exc:
+        raise _refuse(spec.name, str(exc)) from None
+    heads, hd, unknown = _check_head(model, spec, head, at)
+    take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
+    assert take[1] is not None
+    width = _widths(model, spec, at, head, heads, hd)
+    return ComponentAddress(
+        rank=(at, interior.order),
+        component=spec.name,
+        layer=at,
+        head=head,
+        op=op,
+        kind="interior",
+        accessor=interior.name,
+        module=module,
+        io="inside",
+        needles=interior.needles,
+        take=(take[0], int(take[1])),
+        **_policy(spec, heads, hd, width, unknown),
+    )
+
+
+def _user_row(model: Any, name: str, layer: int | None, head: int | None) -> ComponentAddress:
+    """A place the user added: addressable, with no width, not per head, a boundary."""
+    internals = model.internals
+    place = internals[name]
+    if head is not None:
+        raise ComponentError(
+            f"{name!r} is a place of your own, which is not per head: give no head"
+        )
+    at = _check_layer(model, name, place.per_layer, layer)
+    reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
+    if reason is not None:
+        raise _refuse(name, reason)
+    address = place.address_at(at)
+    return ComponentAddress(
+        rank=internals.rank(name, at),
+        component=name,
+        layer=at,
+        kind="boundary",
+        accessor=name,
+        module=address.module,
+        io=address.io.value,
+        needles=address.source,
+    )
+
+
+def component_status(
+    model: Any, layer: int | None = None
+) -> dict[str, tuple[ComponentAddress | None, str | None]]:
+    """Every component of the table: its address (at ``layer``, or at the first layer
+    for a per-layer component when ``layer`` is None) or the reason it is refused.
+    With ``layer=None`` a per-layer component is ok only if it is on every layer."""
+    out: dict[str, tuple[ComponentAddress | None, str | None]] = {}
+    n = model.internals.num_layers
+    for name, spec in COMPONENTS.items():
+        if not spec.per_layer:
+            layers: list[int | None] = [None]
+        elif layer is not None:
+            layers = [layer]
+        else:
+            layers = list(range(n))
+        found: dict[int | None, ComponentAddress] = {}
+        refused: dict[int | None, str] = {}
+        for at in layers:
+            try:
+                found[at] = locate(model, name, at)
+            except ComponentError as exc:
+                refused[at] = str(exc)
+        if not refused:
+            out[name] = (found[layers[0]], None)
+        elif not found or len(layers) == 1:
+            out[name] = (None, refused[next(iter(refused))])
+        else:
+            out[name] = (
+                None,
+                (
+                    f"component {name!r} is available on layers {sorted(k for k in found if k is not None)} "
+                    f"only; on layers {sorted(k for k in refused if k is not None)}: "
+                    f"{refused[next(iter(refused))].split(': ', 1)[-1]}"
+                ),
+            )
+    return out
+
+
+__all__ = ["ComponentAddress", "component_status", "locate"]

@@ -1,0 +1,324 @@
+"""Reading and writing components inside an nnsight trace: ``read``/``write`` act on
+one ``ComponentAddress`` (a per-head place handed on flat, one head sliced out once
+the tensor is seen to hold the heads the address states; a write checked before it
+reaches the model); ``Plan`` runs several in forward order in one trace, so no caller
+meets nnsight's out-of-order error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import compat
+from .geometry import ComponentError
+from .internals import PlaceUnavailable, WriteRefused, check_value, child
+from .locate import ComponentAddress, _refuse
+from .ops import OperationNotFound, find_op
+
+
+def _interior_op(model: Any, address: ComponentAddress) -> Any:
+    envoy = child(model.internals.layer_envoy(address.layer), address.module)
+    return getattr(envoy.source, str(address.op))
+
+
+def _inner_op(model: Any, address: ComponentAddress, outer: Any) -> Any:
+    op = outer
+    for needle in address.needles[1:]:
+        op = find_op(
+            op.source,
+            needle,
+            row=address.accessor,
+            module=f"layers.{address.layer}.{address.module}.{address.op}",
+            model_class=model.internals.model_class,
+        )
+    return op
+
+
+def _whole(model: Any, address: ComponentAddress) -> Any:
+    """The full tensor at an address (all heads)."""
+    if address.kind == "boundary":
+        return model.internals[address.accessor].get(address.layer)
+    outer = _interior_op(model, address)
+    op = _inner_op(model, address, outer)
+    assert address.take is not None
+    what, index = address.take
+    if what == "arg":
+        return op.inputs[0][index]
+    value = op.output
+    return value[index] if isinstance(value, tuple) else value
+
+
+def _flat(address: ComponentAddress, native: Any) -> Any:
+    """The tensor as handed on: a place held per head (bhsd, bshd) becomes b s f."""
+    if address.layout == "bhsd":
+        return native.transpose(1, 2).flatten(2)
+    if address.layout == "bshd":
+        return native.flatten(2)
+    return native
+
+
+def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
+    """Back to how the model holds it (the inverse of ``_flat``), shaped like ``like``."""
+    if address.layout == "bhsd":
+        b, h, s, d = like.shape
+        return flat.reshape(b, s, h, d).transpose(1, 2)
+    if address.layout == "bshd":
+        return flat.reshape(like.shape)
+    return flat
+
+
+def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | None:
+    """Why the tensor the model holds at a per-head ``address`` (shape ``held``, before
+    it is handed on flat) does not have the heads and head size the address states
+    (None where it does, or where the place is not per head). bhsd and bshd hold the
+    head axis and the head size themselves, bsf heads x head size on its last axis,
+    bhsk the heads on axis 1."""
+    if address.per_head == "none" or address.layout is None:
+        return None
+    shape = tuple(int(n) for n in held)
+    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhsk": (1, None)}
+    if address.layout in axes:
+        if len(shape) != 4:
+            return f"{where} is held as {shape}, which has not the 4 axes of {address.layout}"
+        h_axis, d_axis = axes[address.layout]
+        heads = shape[h_axis]
+        if heads != address.heads:
+            return (
+                f"{where} holds {heads} heads on axis {h_axis} of {shape}, and the address "
+                f"states {address.heads}"
+            )
+        if d_axis is None or address.head_dim is None:
+            return None
+        size = shape[d_axis]
+        if size != address.head_dim:
+            return (
+                f"{where} holds heads of size {size} ({address.layout} {shape}), and the "
+                f"address states a head size of {address.head_dim}"
+            )
+        flat = heads * size
+    else:  # bsf: the heads and their size concatenated on the last axis
+        if address.head_dim is None or address.heads is None:
+            return None
+        flat = shape[-1]
+        if flat != address.heads * address.head_dim:
+            return (
+                f"{where} is {flat} wide on its last axis, and the address states "
+                f"{address.heads} heads x {address.head_dim} = {address.heads * address.head_dim}"
+            )
+    if address.head is None and address.width is not None and address.width != flat:
+        return f"{where} is {flat} wide as handed on, and the address states width {address.width}"
+    return None
+
+
+def _head_slice(address: ComponentAddress) -> tuple[Any, ...]:
+    assert address.head is not None
+    if address.layout == "bhsk":
+        return (slice(None), address.head)
+    assert address.head_dim is not None
+    start = address.head * address.head_dim
+    return (..., slice(start, start + address.head_dim))
+
+
+def _checked(address: ComponentAddress, native: Any) -> None:
+    """Refuse one head of a tensor whose heads are not what the address states: a
+    slice by a wrong head size would be a plausible, wrong tensor."""
+    reason = layout_mismatch(address, native.shape)
+    if reason is not None:
+        raise _refuse(address.component, f"head {address.head} is not sliced out: {reason}")
+
+
+def read(model: Any, address: ComponentAddress) -> Any:
+    """The tensor at ``address`` (inside a trace), as handed on: per-head places with a
+    width are flat (batch, seq, heads x head_dim); one head's slice where ``head`` is set,
+    once the tensor is seen to hold the heads the address states."""
+    native = _whole(model, address)
+    value = _flat(address, native)
+    if address.head is not None:
+        _checked(address, native)
+        value = value[_head_slice(address)]
+    return value
+
+
+def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
+    """Refuse a write that does not fit: read-only, or shape / dtype / device differ
+    (``check_value``, the one check every spelling of a write makes). ``current`` is
+    the place's tensor as handed on (all heads)."""
+    if not address.writable:
+        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    if address.head is not None:
+        where = f"head {address.head} of {where}"
+        current = current[_head_slice(address)]
+    check_value(where, value, current)
+
+
+def write(model: Any, address: ComponentAddress, value: Any) -> None:
+    """Write ``value`` (as ``read`` hands it on) at ``address`` inside a trace, after
+    checking that it fits. A head's write replaces that head's slice only."""
+    if not address.writable:
+        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    native = _whole(model, address)
+    flat = _flat(address, native)
+    if address.head is not None:
+        _checked(address, native)
+    check_write(address, value, flat)
+    if address.head is not None:
+        whole = flat.clone()
+        whole[_head_slice(address)] = value
+        value = whole
+    value = _native(address, value, native)
+    if address.kind == "boundary":
+        model.internals[address.accessor].set(address.layer, value)
+        return
+    outer = _interior_op(model, address)
+    op = _inner_op(model, address, outer)
+    assert address.take is not None
+    what, index = address.take
+    if what == "arg":
+        args, kwargs = op.inputs
+        op.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
+    else:
+        out = op.output
+        if isinstance(out, tuple):
+            op.output = (*out[:index], value, *out[index + 1 :])
+        else:
+            op.output = value
+
+
+@dataclass(frozen=True, eq=False)
+class Step:
+    """One read or write of a plan; ``value`` is the tensor a write puts."""
+
+    address: ComponentAddress
+    write: bool = False
+    value: Any = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Step):
+            return NotImplemented
+        if (self.address, self.write) != (other.address, other.write):
+            return False
+        if self.value is None or other.value is None:
+            return self.value is other.value
+        import torch
+
+        return bool(torch.equal(self.value, other.value))
+
+    def __hash__(self) -> int:
+        return hash((self.address, self.write))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Reads and writes for one trace, kept in forward order (writes before reads at
+    the same place), so no caller meets nnsight's out-of-order error. Pure data:
+    it pickles and travels."""
+
+    steps: tuple[Step, ...] = ()
+
+    @staticmethod
+    def of(
+        reads: Iterable[ComponentAddress] = (), writes: Iterable[tuple[ComponentAddress, Any]] = ()
+    ) -> Plan:
+        steps = [Step(a) for a in reads] + [Step(a, True, v) for a, v in writes]
+        return Plan(tuple(sorted(steps, key=lambda s: (s.address.rank, not s.write))))
+
+    def run(
+        self, model: Any, inputs: Any, held: bool = False, **remote: Any
+    ) -> dict[ComponentAddress, Any]:
+        """Run the plan in one trace; return what was read, by address. With ``held``,
+        a read returns the whole tensor as the model holds it (a per-head place before
+        it is handed on flat), to see the heads it holds.
+
+        ``remote=True`` (or ``backend=...``) runs it on NDIF as plain nnsight module
+        accesses (``causalab_mini.remote``): every read comes back, or it raises."""
+        if set(remote) - {"remote", "backend", "blocking"}:
+            raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
+        if remote.get("remote") or remote.get("backend") is not None:
+            from .remote import run_plan
+
+            return run_plan(self, model, inputs, held=held, **remote)
+        saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
+        sources = _prepare_sources(model, [s.address for s in self.steps])
+        try:
+            self._trace(model, inputs, sources, saved, held)
+        except (OperationNotFound, PlaceUnavailable, WriteRefused, ComponentError) as exc:
+            # nnsight wraps what a trace body raises in its own traceback text; hand the
+            # caller our message as it was written
+            original = getattr(exc, "original", None)
+            if isinstance(original, Exception) and original is not exc:
+                raise original from None
+            raise
+        return {address: getattr(t, "value", t) for address, t in saved}
+
+    def _trace(
+        self,
+        model: Any,
+        inputs: Any,
+        sources: dict[tuple[int | None, str], list[ComponentAddress]],
+        saved: list[tuple[ComponentAddress, Any]],
+        held: bool = False,
+    ) -> None:
+        with model.trace(inputs):
+            touched: set[Any] = set()
+            for step in self.steps:
+                for address in _nested_sources_due(step.address, sources, touched):
+                    _interior_op(model, address).source  # noqa: B018 - installs the nested source
+                if step.write:
+                    write(model, step.address, step.value)
+                elif held:
+                    saved.append((step.address, _whole(model, step.address).save()))
+                else:
+                    saved.append((step.address, read(model, step.address).save()))
+
+
+def _nested_sources_due(
+    address: ComponentAddress,
+    sources: dict[tuple[int | None, str], list[ComponentAddress]],
+    opened: set[Any],
+) -> list[ComponentAddress]:
+    """The interiors whose outer operation's nested ``.source`` must be opened before
+    the step at ``address`` runs (each once; ``opened`` remembers).
+
+    Opening a nested source waits for the operation to hand over the function it
+    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so every
+    nested source of a module opens before the first step at that module; nnsight 0.8
+    hands it over after the inputs (``run_op``: input, skip, fn, output), so it opens
+    just before the first step inside it, after the steps that read or write the
+    operation's arguments (which rank before it)."""
+    if not compat.callee_after_inputs():
+        key = (address.layer, address.module)
+        if key not in sources or key in opened:
+            return []
+        opened.add(key)
+        return sources[key]
+    if len(address.needles) < 2:
+        return []
+    op = (address.layer, address.module, address.op)
+    if op in opened:
+        return []
+    opened.add(op)
+    return [address]
+
+
+def _prepare_sources(
+    model: Any, addresses: Sequence[ComponentAddress]
+) -> dict[tuple[int | None, str], list[ComponentAddress]]:
+    """Touch every module's ``.source`` before the trace (nnsight needs it first), and
+    list, per (layer, module), the interiors that open a nested source (when in the
+    trace: ``_nested_sources_due``)."""
+    nested: dict[tuple[int | None, str], list[ComponentAddress]] = {}
+    for address in addresses:
+        if address.kind == "interior" or address.needles:
+            base = model.layers[address.layer] if address.layer is not None else model
+            envoy = child(base, address.module)
+            if envoy is not None:
+                envoy.source  # noqa: B018
+        if len(address.needles) > 1:
+            nested.setdefault((address.layer, address.module), []).append(address)
+    return nested
+
+
+__all__ = ["Plan", "Step", "check_write", "layout_mismatch", "read", "write"]

@@ -1,0 +1,459 @@
+"""Remote execution on NDIF: what a request carries, what the server must have, and
+plans sent as plain nnsight module accesses.
+
+Two ways a trace of a causalab_mini model reaches a server:
+
+1. **Your own trace** (``with model.trace(x, remote=True): model.layers_mid[1]``):
+   the request pickles the model object and the places you touch by reference, so
+   the server must have causalab_mini and nnterp installed at the client's versions.
+   ``StandardizedTransformer.to_model_key`` checks that before anything is sent,
+   where the server says what it has (``nnsight.ndif.get_remote_env``), and the
+   model's pickled state carries what the server must run with (attention
+   implementation, dtype, versions), checked when the server unpickles it.
+2. **A plan** (``Plan.run(model, inputs, remote=True)``): the plan is lowered on the
+   client to plain steps (nnsight Envoys, operation names, numbers, tensors) and run
+   by the functions of ``causalab_mini.plain``, whose source travels with the
+   request. The request names nothing of causalab_mini or nnterp, so a stock NDIF
+   server (nnsight, transformers, torch) runs it. What it must run with travels as
+   data and is checked first thing on the server.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from . import plain as plain_module
+from .internals import WriteRefused, _installed, boundary, child
+
+
+class RemoteRefused(RuntimeError):
+    """A remote request refused before it is sent, with what to change."""
+
+
+class RemoteMismatch(RuntimeError):
+    """The server runs something other than what the request was compiled for."""
+
+
+# What the server must have installed, by the way a request reaches it.
+PACKAGES = ("causalab_mini", "nnterp")
+
+
+# ---------------------------------------------------------------------- loading
+
+NO_DISPATCH = (
+    "this model was loaded with remote=True, which keeps its weights off this machine, and "
+    "something asked to load them during construction; nothing should: please report it"
+)
+
+PROBS_DEFERRED = (
+    "nnterp's check that attention probabilities sum to 1 and that writing them changes "
+    "the logits runs a forward, and remote=True keeps the weights off this machine: their "
+    "shape was checked with scan() on the meta model, and the server's forward is the one "
+    "that runs them"
+)
+
+
+def defer_checks(kwargs: dict[str, Any], enable_attention_probs: bool) -> dict[str, str]:
+    """For ``remote=True``: turn the load-time checks that need a forward into scans
+    (in ``kwargs``, nnterp's constructor arguments) and say which, and why. Refuses
+    ``dispatch=True`` with remote, which asks for the weights here."""
+    if not kwargs.get("remote"):
+        return {}
+    if kwargs.get("dispatch"):
+        raise ValueError(
+            "remote=True keeps the weights off this machine and dispatch=True loads them "
+            "here: drop one (a remote model runs on the server; load without remote=True to "
+            "run locally)"
+        )
+    deferred: dict[str, str] = {}
+    if enable_attention_probs:
+        kwargs["check_attn_probs_with_trace"] = False
+        deferred["attention_probabilities"] = PROBS_DEFERRED
+    return deferred
+
+
+# ---------------------------------------------------------------------- what travels
+
+# the key under which a pickled causalab_mini model carries what the server must run
+EXPECTED = "_causalab_mini_expected"
+
+
+def versions() -> dict[str, str | None]:
+    """The installed versions a request of the first kind needs on the server too."""
+    from causalab_mini import __version__
+
+    return {"causalab_mini": __version__, "nnterp": _installed("nnterp")}
+
+
+def _dtype(model: Any) -> str | None:
+    for parameter in model._module.parameters():
+        return str(parameter.dtype)
+    return None
+
+
+def expected(model: Any, with_versions: bool = False) -> dict[str, Any]:
+    """What the server's model must run with for places resolved on ``model`` to mean
+    the same tensors there: its attention implementation and dtype (and, for a
+    request that pickles causalab_mini objects, the packages' versions)."""
+    config = model._module.config
+    out: dict[str, Any] = {
+        "attn_implementation": getattr(config, "_attn_implementation", None) or "eager",
+        "dtype": _dtype(model),
+    }
+    if with_versions:
+        out["versions"] = versions()
+    return out
+
+
+def check_arrival(model: Any, wanted: Mapping[str, Any]) -> None:
+    """On the server, as a causalab_mini model is unpickled from a request: refuse a
+    server whose model or packages differ from the client's."""
+    try:
+        plain_module.check_server(model, dict(wanted))
+    except RuntimeError as exc:
+        raise RemoteMismatch(str(exc)) from None
+    here = versions()
+    for package, version in dict(wanted.get("versions") or {}).items():
+        if version is not None and here.get(package) != version:
+            raise RemoteMismatch(
+                f"causalab_mini: the request was made with {package} {version} and this "
+                f"server has {here.get(package)}: install {_pip(package)}=={version} on the "
+                "server, or send a Plan (Plan.run(..., remote=True)), which needs neither "
+                "causalab_mini nor nnterp there"
+            )
+
+
+def _pip(package: str) -> str:
+    return package.replace("_", "-")
+
+
+# ---------------------------------------------------------------------- before sending
+
+
+def ensure_model_key(model: Any) -> None:
+    """nnsight asks the Hugging Face Hub for a repo id's canonical spelling when it
+    builds a model key; a local directory has none (the Hub refuses a path), so it is
+    its own key."""
+    repo_id = getattr(model, "repo_id", None)
+    if isinstance(repo_id, str) and os.path.isdir(repo_id):
+        from nnsight.modeling import huggingface
+
+        huggingface.ID_CACHE.setdefault(repo_id, repo_id)
+
+
+_UNANSWERED: set[str] = set()
+
+
+def server_env() -> dict[str, Any] | None:
+    """The server's packages as NDIF reports them (its /env), or None where it does
+    not say (no answer is not a refusal: the request itself then finds out). A host
+    that did not answer is not asked again in this process."""
+    from nnsight import CONFIG, ndif
+
+    if isinstance(ndif.NDIF_ENV, dict):
+        return ndif.NDIF_ENV
+    host = str(CONFIG.API.HOST)
+    if host in _UNANSWERED:
+        return None
+    try:
+        env = ndif.get_remote_env()
+    except Exception:
+        _UNANSWERED.add(host)
+        return None
+    return env if isinstance(env, dict) else None
+
+
+def preflight_packages(model: Any) -> None:
+    """Refuse, before sending, a trace that pickles causalab_mini objects to a server
+    known to lack causalab_mini or nnterp at this client's versions."""
+    env = server_env()
+    if env is None:
+        return
+    packages = env.get("packages") or {}
+    problems = []
+    for package, version in versions().items():
+        found = packages.get(package)
+        if found != version:
+            has = "does not have it" if found is None else f"has {found}"
+            problems.append(f"{package} {version} (the server {has})")
+    if problems:
+        install = " ".join(f"{_pip(p)}=={v}" for p, v in versions().items())
+        raise RemoteRefused(
+            "a trace of a causalab_mini model sends the model and the places it touches by "
+            "reference, which a server runs with its own installed copy, and the server "
+            f"lacks {', '.join(problems)}. Install `pip install {install}` on the server, or "
+            "send the reads and writes as a Plan (Plan.of(...).run(model, inputs, "
+            "remote=True)): a plan reaches the server as plain nnsight module accesses and "
+            "needs neither package there"
+        )
+
+
+def _lacking(text: str) -> str | None:
+    """The package of ours a server's ModuleNotFoundError names, if any."""
+    for package in PACKAGES:
+        if f"No module named '{package}" in text:
+            return package
+    return None
+
+
+def _server_says(text: str) -> str | None:
+    """The message one of causalab_mini's server-side checks raised, if any."""
+    for line in text.splitlines():
+        at = line.find("causalab_mini: ")
+        if at >= 0 and 'f"' not in line and 'f"' not in line:
+            return line[at:]
+    return None
+
+
+def backend(model: Any, blocking: bool = True) -> Any:
+    """nnsight's RemoteBackend for ``model``, whose failures name what the server
+    lacks or runs differently (the check before sending only knows where the server
+    says what it has)."""
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    class _Backend(RemoteBackend):  # type: ignore[misc]
+        def __call__(self, tracer: Any = None) -> Any:
+            try:
+                return super().__call__(tracer)
+            except Exception as exc:
+                raise _explained(exc) from None
+
+    return _Backend(model.to_model_key(), blocking=blocking)
+
+
+def _explained(exc: Exception) -> Exception:
+    text = str(exc)
+    missing = _lacking(text)
+    if missing is not None:
+        install = " ".join(f"{_pip(p)}=={v}" for p, v in versions().items())
+        return RemoteRefused(
+            f"the server has no {missing}: a trace of a causalab_mini model sends the model "
+            "and its places by reference, which the server runs with its own installed copy. "
+            f"Install `pip install {install}` on the server, or send the reads and writes "
+            "as a Plan (Plan.run(..., remote=True)), which needs neither package there"
+        )
+    said = _server_says(text)
+    if said is not None and said.startswith(WRITE_REFUSED):
+        return WriteRefused(said[len(WRITE_REFUSED) :])
+    if said is not None:
+        return RemoteMismatch(said)
+    return exc
+
+
+WRITE_REFUSED = "causalab_mini: write refused: "
+
+
+# ---------------------------------------------------------------------- plain model
+
+
+_OWN = ("causalab_mini", "nnterp")
+
+
+def plain_model(model: Any) -> Any:
+    """An nnsight ``LanguageModel`` over the same module tree, Envoys and interleaver
+    as ``model``, without causalab_mini's or nnterp's attributes: what a request
+    pickles of it is nnsight's own classes (made anew for each run, so it always
+    sees the model's current state)."""
+    from nnsight import LanguageModel
+
+    clone = object.__new__(LanguageModel)
+    for key, value in model.__dict__.items():
+        if type(value).__module__.split(".")[0] not in _OWN:
+            clone.__dict__[key] = value
+    return clone
+
+
+@functools.cache
+def shipped() -> dict[str, Any]:
+    """``causalab_mini.plain``'s functions, made from its source in a namespace no
+    server can import by name: cloudpickle then sends each by value (nnsight sends a
+    function as its source), so the server needs none of causalab_mini."""
+    path = Path(plain_module.__file__)
+    namespace: dict[str, Any] = {"__name__": "causalab_mini_plain", "__builtins__": builtins}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    return namespace
+
+
+# ---------------------------------------------------------------------- lowering
+
+
+def _select(select: Any) -> tuple[Any, ...] | None:
+    from causalab_mini.address import FirstIfTuple, Index
+
+    if select is None:
+        return None
+    if isinstance(select, FirstIfTuple):
+        return ("first",)
+    if isinstance(select, Index):
+        return ("index", select.key)
+    raise RemoteRefused(f"a select of type {type(select).__name__} cannot be sent as plain code")
+
+
+def _where(address: Any) -> str:
+    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    return where + (f".head[{address.head}]" if address.head is not None else "")
+
+
+def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool) -> dict[str, Any]:
+    """One plan step as plain data: the Envoy, the operations below it, the side, and
+    what a read or write does with the tensor there."""
+    from causalab_mini.address import IOType
+
+    internals = model.internals
+    step: dict[str, Any] = {
+        "write": write,
+        "value": value,
+        "held": held,
+        "where": _where(address),
+        "layout": address.layout,
+        "head": None,
+        "nested": [],
+        "take": None,
+        "attr": None,
+        "select": None,
+        "copy": False,
+        "scale": None,
+        "in_place": False,
+        "snapshot": False,
+    }
+    if address.head is not None:
+        if address.layout == "bhsk":
+            step["head"] = ("axis1", address.head, None)
+        else:
+            step["head"] = ("last", address.head * address.head_dim, address.head_dim)
+    if write and not address.writable:
+        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    if address.kind == "boundary":
+        place = internals[address.accessor]
+        row = place.address_at(address.layer)
+        if row.io is IOType.MODULE:
+            raise RemoteRefused(
+                f"{address.component} is a module, not a tensor: a plan reads tensors"
+            )
+        if write and row.read_only is not None:
+            raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
+        base = internals.layer_envoy(address.layer) if row.per_layer else model
+        envoy = child(base, row.module)
+        side = "input" if row.io is IOType.INPUT else "output"
+        step.update(
+            envoy=None if envoy is model else envoy,
+            ops=tuple(row.source),
+            # a module with a child named input/output has its boundary at nns_*; an
+            # operation has no children
+            attr=side if row.source else boundary(side, envoy),
+            select=_select(row.select),
+            # Place.get/set's contract: a read where the tensor changes in place later
+            # (the forward's own add, or an in-place write) is a copy; a write at a
+            # snapshot place hands the model a copy of the value
+            copy=bool(row.snapshot) or row.write == "in_place",
+            snapshot=bool(row.snapshot),
+            scale=internals.scale(row.scale) if row.scale is not None else None,
+            in_place=row.write == "in_place",
+        )
+        return step
+    envoy = child(internals.layer_envoy(address.layer), address.module)
+    step.update(envoy=envoy, ops=tuple(address.needles), take=tuple(address.take))
+    return step
+
+
+def lower(
+    plan: Any, model: Any, held: bool = False
+) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
+    """The plan's steps as plain data, in its order, and the addresses of its reads
+    in the order the program returns them. Where an interior opens a nested
+    ``.source``, the first step at its module opens it first (as ``Plan.run`` does)."""
+    steps = []
+    reads = []
+    opened: set[tuple[Any, str]] = set()
+    nested: dict[tuple[Any, str], list[Any]] = {}
+    for s in plan.steps:
+        if len(s.address.needles) > 1:
+            nested.setdefault((s.address.layer, s.address.module), []).append(s.address)
+    for s in plan.steps:
+        step = lower_step(model, s.address, write=s.write, value=s.value, held=held)
+        key = (s.address.layer, s.address.module)
+        if key in nested and key not in opened:
+            opened.add(key)
+            for address in nested[key]:
+                envoy = child(model.internals.layer_envoy(address.layer), address.module)
+                step["nested"].append((envoy, address.needles[0]))
+        steps.append(step)
+        if not s.write:
+            reads.append(s.address)
+    return tuple(steps), reads
+
+
+# ---------------------------------------------------------------------- running
+
+
+class RemoteIncomplete(RuntimeError):
+    """A remote run that came back without every value it read."""
+
+
+def run_plan(
+    plan: Any,
+    model: Any,
+    inputs: Any,
+    *,
+    held: bool = False,
+    remote: bool = False,
+    backend: Any = None,
+    blocking: bool = True,
+) -> dict[Any, Any]:
+    """Run ``plan`` as plain nnsight module accesses in one trace: on NDIF with
+    ``remote=True`` (or on ``backend``), else locally. Returns every read, by address,
+    or raises: never an empty result for a plan that reads."""
+    if not blocking:
+        raise RemoteRefused(
+            "Plan.run(remote=True) waits for its reads: blocking=False would return before "
+            "they exist; submit a trace of your own with blocking=False instead"
+        )
+    program, addresses = lower(plan, model, held)
+    wanted = expected(model)
+    run = shipped()["run"]
+    kwargs: dict[str, Any] = {}
+    if backend is not None:
+        kwargs["backend"] = backend
+    elif remote:
+        ensure_model_key(model)
+        kwargs["remote"] = True
+    try:
+        reads = _execute(plain_model(model), inputs, program, wanted, run, kwargs)
+    except Exception as exc:
+        raise _explained(exc) from None
+    if not isinstance(reads, list) or len(reads) != len(addresses):
+        got = "nothing" if reads is None else f"{len(reads)} values"
+        raise RemoteIncomplete(
+            f"the plan read {len(addresses)} places and the trace handed back {got}: the "
+            "server's result did not hold the reads (was the request's result downloaded?)"
+        )
+    return dict(zip(addresses, reads, strict=True))
+
+
+def _execute(
+    plain: Any, inputs: Any, program: Any, wanted: Any, run: Any, kwargs: dict[str, Any]
+) -> Any:
+    reads = None  # bound before the trace: nnsight hands saved values back by name
+    with plain.trace(inputs, **kwargs):
+        reads = run(plain, program, wanted).save()
+    return reads
+
+
+__all__ = [
+    "RemoteIncomplete",
+    "RemoteMismatch",
+    "RemoteRefused",
+    "check_arrival",
+    "expected",
+    "lower",
+    "plain_model",
+    "preflight_packages",
+    "run_plan",
+    "server_env",
+    "shipped",
+]

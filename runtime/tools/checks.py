@@ -1,0 +1,368 @@
+"""The sweep's checks, as units: each is a small function of one ``Context`` (the
+model, what was read, the model's own outputs) that yields what it compared, and
+``CHECKS`` is the list one loop runs (``sweep.certify``).
+
+A check yields ``Outcome``s: the components it covers, its name (the same on every
+model, so the coverage table can list it), whether it held, and a detail (the worst
+error, the layer). A check that does not apply to a model yields nothing; a
+component that no check covers is reported broken by the sweep, never ok.
+
+The comparison is ``certify.close``, the one comparator of the project's checks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from causalab_mini.generated import COMPONENTS
+from causalab_mini.tools import certify as cert
+from causalab_mini.tools.certify import close
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One comparison: the components it covers, its name, whether it held, detail."""
+
+    components: tuple[str, ...]
+    name: str
+    ok: bool
+    detail: str = ""
+
+    @classmethod
+    def of(cls, components: Iterable[str], name: str, ok: bool, detail: str = "") -> Outcome:
+        return cls(tuple(components), name, ok, detail)
+
+
+@dataclass
+class Context:
+    """What every check reads: ``v`` holds the components read in one trace by
+    (component, layer); ``raw`` the modules' own outputs and what the attention call
+    was given (``sweep._raw_outputs``); ``hf`` transformers' own forward with hidden
+    states (and attentions under eager attention); ``places`` the Address rows'
+    values by (row, layer), including rows an identity names that no component reads."""
+
+    model: Any
+    inputs: dict[str, Any]
+    addresses: dict[tuple[str, int | None], Any]
+    v: dict[tuple[str, int | None], Any]
+    raw: dict[tuple[Any, int], Any] = field(default_factory=dict)
+    hf: Any = None
+    places: dict[tuple[str, int | None], Any] = field(default_factory=dict)
+    attn_inputs: dict[tuple[str, int | None], Any] = field(default_factory=dict)
+    unordered: dict[Any, str] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        return int(self.model.internals.num_layers)
+
+    def have(self, *names: str, layer: int | None = None) -> bool:
+        return all((name, layer) in self.v for name in names)
+
+    @property
+    def hidden(self) -> Any:
+        return self.hf.hidden_states
+
+    @property
+    def stream_ends_at_block(self) -> bool:
+        """Whether output_hidden_states ends with the last block's output rather than
+        the final norm's (BERT- and BART-style models, whose norm sits in the LM head
+        or nowhere)."""
+        n, hidden = self.n, self.hidden
+        return (
+            len(hidden) == n + 1
+            and self.have("block_output", layer=n - 1)
+            and close(self.v[("block_output", n - 1)], hidden[n])[0]
+        )
+
+
+Check = Callable[[Context], Iterator[Outcome]]
+
+
+def row_components() -> dict[str, str]:
+    """The component that names each Address row (boundary components only)."""
+    return {spec.target: name for name, spec in COMPONENTS.items() if spec.kind == "boundary"}
+
+
+# ---------------------------------------------------------------- whole model
+
+
+def read_alone(ctx: Context) -> Iterator[Outcome]:
+    """A whole-model place does not depend on what else the trace reads: where its
+    module runs more than once (Dory's norm), nnsight 0.6/0.7 hand on the call after the
+    last place read before it, and 0.8 refuses to read it after them."""
+    from causalab_mini.components import Plan
+
+    whole = {key: a for key, a in ctx.addresses.items() if key[1] is None}
+    if not whole:
+        return
+    alone = Plan.of(reads=whole.values()).run(ctx.model, ctx.inputs)
+    for key, address in whole.items():
+        if address in ctx.unordered:
+            ok, d = False, ctx.unordered[address]
+        elif hasattr(ctx.v[key], "shape"):
+            ok, d = close(alone[address], ctx.v[key])
+        else:
+            ok, d = True, ""
+        yield Outcome((key[0],), "read alone == read with the layers' places", ok, d)
+
+
+def identities(ctx: Context) -> Iterator[Outcome]:
+    """The block structure's identities (block_structures.yaml), on every layer."""
+    row_of = row_components()
+    for check in cert.identities(ctx.model, ctx.places):
+        left, right = cert.parse_identity(check.name)
+        yield Outcome(
+            tuple(row_of[r] for r in (left, *right) if r in row_of),
+            check.name,
+            check.ok,
+            f"layer {check.layer}: max error {check.max_error:.3g}",
+        )
+
+
+def hidden_states(ctx: Context) -> Iterator[Outcome]:
+    """transformers' output_hidden_states: entry i is block i's input (or, where the
+    family says so, its output), entry i+1 block i's output."""
+    n, hidden, v = ctx.n, ctx.hidden, ctx.v
+    for layer in range(n):
+        if ctx.model.hidden_states_are_block_outputs:
+            if layer > 0 and ctx.have("block_input", layer=layer) and len(hidden) == n + 1:
+                ok, d = close(v[("block_input", layer)], hidden[layer - 1])
+                yield Outcome(
+                    ("block_input",), "output_hidden_states[i-1] == block_input[i]", ok, d
+                )
+            if ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
+                ok, d = close(v[("block_output", layer)], hidden[layer])
+                yield Outcome(
+                    ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
+                )
+        else:
+            if ctx.have("block_input", layer=layer):
+                ok, d = close(v[("block_input", layer)], hidden[layer])
+                yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
+            if layer < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
+                ok, d = close(v[("block_output", layer)], hidden[layer + 1])
+                yield Outcome(
+                    ("block_output",), "output_hidden_states[i+1] == block_output[i]", ok, d
+                )
+
+
+def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
+    """transformers' output_attentions (eager) == attention_probs, per layer; hybrid
+    stacks return attentions only for their attention layers."""
+    attentions = getattr(ctx.hf, "attentions", None)
+    if attentions is None:
+        return
+    layers = [layer for layer in range(ctx.n) if ("attention_probs", layer) in ctx.v]
+    for layer in layers:
+        index = layer if len(attentions) == ctx.n else layers.index(layer)
+        if index < len(attentions) and attentions[index] is not None:
+            ok, d = close(ctx.v[("attention_probs", layer)], attentions[index])
+            yield Outcome(("attention_probs",), "output_attentions == attention_probs", ok, d)
+
+
+def attention_input_norm(ctx: Context) -> Iterator[Outcome]:
+    """attention_input_norm is what the attention module reads."""
+    for layer in range(ctx.n):
+        if ctx.have("attention_input_norm", layer=layer) and (
+            ("attentions_input", layer) in ctx.attn_inputs
+        ):
+            ok, d = close(
+                ctx.v[("attention_input_norm", layer)],
+                ctx.attn_inputs[("attentions_input", layer)],
+            )
+            yield Outcome(
+                ("attention_input_norm",), "attention_input_norm == attention's input", ok, d
+            )
+
+
+def final_norm(ctx: Context) -> Iterator[Outcome]:
+    """ln_final == output_hidden_states[-1]; where hidden states are counted per layer
+    call (Dory runs some layers more than once), the base model's last_hidden_state."""
+    from causalab_mini.tools.sweep import _last_hidden_state
+
+    if not ctx.have("ln_final"):
+        return
+    n, hidden = ctx.n, ctx.hidden
+    if len(hidden) == n + 1 and not ctx.stream_ends_at_block:
+        ok, d = close(ctx.v[("ln_final", None)], hidden[n])
+        yield Outcome(("ln_final",), "output_hidden_states[-1] == ln_final", ok, d)
+    elif len(hidden) != n + 1:
+        last = _last_hidden_state(ctx.model, ctx.inputs)
+        if last is not None:
+            ok, d = close(ctx.v[("ln_final", None)], last)
+            yield Outcome(("ln_final",), "the base model's last_hidden_state == ln_final", ok, d)
+
+
+def model_outputs(ctx: Context) -> Iterator[Outcome]:
+    """logits == the model's own logits; input_ids == the ids given; embeddings ==
+    get_input_embeddings()(input_ids)."""
+    import torch
+
+    if ctx.have("logits"):
+        ok, d = close(ctx.v[("logits", None)], ctx.hf.logits)
+        yield Outcome(("logits",), "the model's logits == logits", ok, d)
+    if ctx.have("input_ids"):
+        ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
+        yield Outcome(("input_ids",), "input_ids == the ids given", ok)
+    if ctx.have("embeddings"):
+        with torch.no_grad():
+            embedded = ctx.model._model.get_input_embeddings()(ctx.inputs["input_ids"])
+        ok, d = close(ctx.v[("embeddings", None)], embedded)
+        yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
+
+
+def unembedding(ctx: Context) -> Iterator[Outcome]:
+    """lm_head is get_output_embeddings() of what it reads: the final norm's output
+    (held to output_hidden_states[-1] by final_norm), the input of an unembedding
+    inside a head that transforms ln_final first (pre-LN RoBERTa kin), the last
+    block's output where there is no final norm, or the unembedding's own input
+    (MiniCPM3 divides the final norm's output first)."""
+    import torch
+
+    head = ctx.model._model.get_output_embeddings()
+    if not ctx.have("lm_head") or head is None:
+        return
+    v, raw = ctx.v, ctx.raw
+    with torch.no_grad():
+        given = raw.get(("lm_head_input", -1))
+        via_norm = (
+            close(v[("lm_head", None)], head(v[("ln_final", None)]))
+            if ctx.have("ln_final")
+            else None
+        )
+        inner = raw.get(("unembedding_input", -1))
+        ends_at_block = ctx.stream_ends_at_block
+        if (
+            via_norm is not None
+            and not via_norm[0]
+            and not ends_at_block
+            and inner is not None
+            and given is not None
+            and close(given, v[("ln_final", None)])[0]
+        ):
+            ok, d = close(v[("lm_head", None)], head(inner))
+            yield Outcome(
+                ("lm_head",),
+                "lm_head == get_output_embeddings()(its input inside lm_head), "
+                "lm_head reading ln_final",
+                ok,
+                d,
+            )
+        elif via_norm is not None and (
+            via_norm[0] or given is None or close(given, v[("ln_final", None)])[0]
+        ):
+            covered = ("lm_head", "ln_final") if ends_at_block else ("lm_head",)
+            yield Outcome(covered, "lm_head == get_output_embeddings()(ln_final)", *via_norm)
+        elif via_norm is None and ctx.have("block_output", layer=ctx.n - 1):
+            ok, d = close(v[("lm_head", None)], head(v[("block_output", ctx.n - 1)]))
+            yield Outcome(
+                ("lm_head",), "lm_head == get_output_embeddings()(block_output[-1])", ok, d
+            )
+        elif given is not None:
+            ok, d = close(v[("lm_head", None)], head(given))
+            yield Outcome(
+                ("lm_head",), "lm_head == get_output_embeddings()(the unembedding's input)", ok, d
+            )
+
+
+# ---------------------------------------------------------------- per layer
+
+
+def module_consistency(ctx: Context) -> Iterator[Outcome]:
+    """A place that is a module's input, fed to that module, gives the module's output;
+    attention_premix through the output projection is attention's output or its
+    contribution; layers_mid, where no contribution row is read (MiniCPM3), through the
+    norm whose output is mlps_norm_output (sweep._consistency_checks)."""
+    from causalab_mini.tools.sweep import _consistency_checks
+
+    for layer in range(ctx.n):
+        yield from _consistency_checks(ctx.model, ctx.v, ctx.raw, layer)
+
+
+def interiors(ctx: Context) -> Iterator[Outcome]:
+    """softmax(scores) == probs, z == probs · V, z == premix (or z x the attention's
+    output gate), scores == q·kᵀ·scaling + mask (or log probs, up to a constant per
+    query) (sweep._interior_checks)."""
+    from causalab_mini.tools.sweep import _interior_checks
+
+    for layer in range(ctx.n):
+        yield from _interior_checks(ctx.model, ctx.v, ctx.raw, layer)
+
+
+def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
+    """The down projection of mlp_neuron_output is the MLP's output; the neurons are
+    the activation, or the activation times a gate (sweep._mlp_checks)."""
+    from causalab_mini.tools.sweep import _mlp_checks
+
+    for layer in range(ctx.n):
+        yield from _mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
+
+
+# ---------------------------------------------------------------- writes
+
+
+def write_reaches_stream(ctx: Context) -> Iterator[Outcome]:
+    """A write between the sublayers reaches the stream the block carries on
+    (certify.write_reaches_stream)."""
+    write = cert.write_reaches_stream(ctx.model, ctx.inputs, layer=min(1, ctx.n - 1))
+    if write is not None:
+        component = "block_mid" if "written layers_mid" in write.name else "attention_output"
+        yield Outcome((component,), write.name, write.ok, f"max error {write.max_error:.3g}")
+
+
+def write_keeps_earlier_reads(ctx: Context) -> Iterator[Outcome]:
+    """Where a write overwrites the tensor the block carries (in_place) or the forward
+    modifies it later (snapshot), every place read before the write keeps its clean
+    value, the place reads back the written value and the stream after it changes."""
+    row_of = row_components()
+    probe = min(1, ctx.n - 1)
+    for row_name, place in ctx.model.internals.items():
+        component = row_of.get(row_name)
+        if component is None or not (place.row.write == "in_place" or place.row.snapshot):
+            continue
+        layer = probe if place.per_layer else None
+        if place.unavailable_on(layer) is not None:
+            continue
+        kept = cert.write_keeps_earlier_reads(ctx.model, ctx.inputs, row_name, layer)
+        if kept:
+            failed = [c for c in kept if not c.ok]
+            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
+            yield Outcome(
+                (component,),
+                "a write keeps every earlier read, reads back, and reaches the stream",
+                not failed,
+                detail,
+            )
+
+
+def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
+    """Where no identity names attentions_output (Falcon-H1's mixers side by side), a
+    write to it shifts layers_mid by exactly the delta."""
+    shift = cert.attention_write_shifts_mid(ctx.model, ctx.inputs)
+    if shift is not None:
+        yield Outcome(
+            ("attention_output",), shift.name, shift.ok, f"max error {shift.max_error:.3g}"
+        )
+
+
+# The checks the sweep runs, in this order, on every architecture.
+CHECKS: tuple[Check, ...] = (
+    read_alone,
+    identities,
+    module_consistency,
+    hidden_states,
+    attention_probabilities,
+    attention_input_norm,
+    interiors,
+    mlp_interiors,
+    final_norm,
+    model_outputs,
+    unembedding,
+    write_reaches_stream,
+    write_keeps_earlier_reads,
+    attention_write_shifts_mid,
+)
+
+__all__ = ["CHECKS", "Check", "Context", "Outcome", "row_components"]

@@ -1,0 +1,69 @@
+"""The library and the tools apart: what a research user imports loads no tool, the
+core never imports the tools, and both entry points list the same commands."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import REPO
+
+CORE = sorted(p for p in (REPO / "runtime").glob("*.py"))
+
+
+def test_importing_the_model_class_loads_no_tool() -> None:
+    code = (
+        "import sys\n"
+        "from causalab_mini import StandardizedTransformer\n"
+        "from causalab_mini.components import Plan, locate\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith("
+        "('causalab_mini.tools', 'causalab_mini.codegen')))\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, at any depth of its code (lazy imports too)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_the_core_imports_no_tool_and_no_codegen() -> None:
+    # the one exception: a `tiny:` spec is built by the tiny builder, imported when
+    # (and only when) a model is constructed from one
+    allowed = {("spec.py", "causalab_mini.tools.tiny")}
+    for path in CORE:
+        for module in _imports(path):
+            if module.startswith(("causalab_mini.tools", "causalab_mini.codegen")):
+                assert (path.name, module) in allowed, f"{path.name} imports {module}"
+
+
+def test_codegen_imports_no_tool_and_no_core_beyond_the_row_types() -> None:
+    for path in sorted((REPO / "codegen").glob("*.py")):
+        if path.name == "__main__.py":  # the entry point runs the tools' command group
+            continue
+        for module in _imports(path):
+            if module.startswith("causalab_mini.") and not module.startswith(
+                "causalab_mini.codegen"
+            ):
+                assert module == "causalab_mini.address", f"codegen/{path.name} imports {module}"
+
+
+def test_both_entry_points_list_the_same_commands() -> None:
+    def commands(*argv: str) -> list[str]:
+        done = subprocess.run([*argv, "--help"], capture_output=True, text=True, check=True)
+        listing = done.stdout.split("Commands:", 1)[1]
+        return [line.split()[0] for line in listing.strip().splitlines()]
+
+    registry = str(Path(sys.executable).with_name("registry"))
+    assert commands(sys.executable, "-m", "causalab_mini.codegen") == commands(registry)
+    assert commands(registry) == ["lint", "gen", "model", "sweep", "new-family", "diagram"]

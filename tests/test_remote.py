@@ -1,0 +1,366 @@
+"""Remote execution: plans as plain nnsight module accesses equal the native plan on
+every component; a loopback through nnsight's own client and a stand-in NDIF worker
+in a fresh interpreter (one with causalab_mini importable, one without) returns
+every read exactly as a local trace; remote loads keep the weights off the client;
+an offloaded model reads and writes every place as a resident one."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from causalab_mini import remote
+from causalab_mini.components import ComponentAddress, Plan, component_status, locate
+from causalab_mini.generated import COMPONENTS
+from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools import certify as c
+
+from .ndif_loopback import Loopback, Worker
+from .test_components import eager
+from .test_internals import load
+
+pytestmark = pytest.mark.slow
+
+
+def every_address(model: StandardizedTransformer, heads: bool = True) -> list[ComponentAddress]:
+    """Every component the model has, on every layer, and one head of the per-head
+    ones (the last: a slice that starts at 0 would hide an offset gone wrong)."""
+    out: list[ComponentAddress] = []
+    for layer in range(model.num_layers):
+        for name, (address, _) in component_status(model, layer).items():
+            if address is None or (not COMPONENTS[name].per_layer and layer):
+                continue
+            out.append(address)
+            if heads and address.heads and (address.head_dim or address.layout == "bhsk"):
+                out.append(locate(model, name, layer, address.heads - 1))
+    return out
+
+
+def fresh(value: torch.Tensor) -> torch.Tensor:
+    # a model may add into the tensor it was handed (Falcon's parallel MLP output):
+    # each run gets its own copy
+    return value.clone()
+
+
+# ---------------------------------------------------------------------- plain == native
+
+PLAIN_FAMILIES = ["llama", "gpt2", "gpt_neox", "gemma2", "mixtral", "granite", "falcon"]
+
+
+@functools.cache
+def family_model(family: str) -> StandardizedTransformer:
+    if family in ("granite", "falcon"):  # scaled residuals; a snapshot row, parallel
+        return load(f"tiny:{family}", True)
+    return eager(family)
+
+
+@pytest.mark.parametrize("family", PLAIN_FAMILIES)
+def test_plain_program_reads_what_the_plan_reads(family: str) -> None:
+    model = family_model(family)
+    inputs = c.sample_inputs(model)
+    plan = Plan.of(every_address(model))
+    for held in (False, True):
+        native = plan.run(model, inputs, held=held)
+        plain = remote.run_plan(plan, model, inputs, held=held)
+        assert list(plain) == list(native)
+        differ = [str(a) for a in native if not torch.equal(native[a], plain[a])]
+        assert not differ, (held, differ)
+
+
+WRITE_FAMILIES = ["llama", "granite", "falcon"]
+
+
+@pytest.mark.parametrize("family", WRITE_FAMILIES)
+def test_plain_program_writes_what_the_plan_writes(family: str) -> None:
+    """Each writable component of layer 1 (and the whole-model ones), one head too:
+    written with half its clean value, then every later place read both ways."""
+    model = family_model(family)
+    inputs = c.sample_inputs(model)
+    addresses = every_address(model)
+    clean = Plan.of(addresses).run(model, inputs)
+    written = [a for a in addresses if a.writable and a.layer in (None, 1)]
+    assert len(written) > 10, [str(a) for a in written]
+    for address in written:
+        value = clean[address] * 0.5
+        later = [a for a in addresses if a.rank >= address.rank and a.head is None]
+        native = Plan.of(later, [(address, fresh(value))]).run(model, inputs)
+        plain = remote.run_plan(Plan.of(later, [(address, fresh(value))]), model, inputs)
+        differ = [str(a) for a in later if not torch.equal(native[a], plain[a])]
+        assert not differ, (str(address), differ)
+        moved = [a for a in later if not torch.equal(plain[a], clean[a])]
+        assert moved, f"writing {address} changed nothing after it"
+
+
+# ---------------------------------------------------------------------- loopback
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[dict[str, Worker]]:
+    """Two stand-in NDIF workers serving tiny:llama from its checkpoint: one where
+    causalab_mini and nnterp are importable, and a stock one where they are not."""
+    client = remote_llama()
+    remote.ensure_model_key(client)
+    key = "nnsight.modeling.language.LanguageModel:" + client._remoteable_model_key()
+    started = {"full": Worker(), "stock": Worker(block=("causalab_mini", "nnterp"))}
+    try:
+        for worker in started.values():  # both load at once
+            worker.send("load", key, {"device_map": "cpu"})
+        for worker in started.values():
+            worker.receive()
+        yield started
+    finally:
+        for worker in started.values():
+            worker.close()
+
+
+@functools.cache
+def remote_llama(probs: bool = False) -> StandardizedTransformer:
+    return StandardizedTransformer("tiny:llama", remote=True, enable_attention_probs=probs)
+
+
+def local_reads(model: StandardizedTransformer, inputs: Any, write: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with model.trace(inputs):
+        if write:
+            model.layers_mid[0] = model.layers_mid[0] * 0.5
+        out["attribute"] = model.layers_mid[1].save()
+        out["internals"] = model.internals["layers_mid"][1].save()
+        out["logits"] = model.logits.save()
+    return out
+
+
+def plan_for(model: StandardizedTransformer, local: dict[str, Any] | None) -> Plan:
+    reads = [locate(model, "attention_query", 1), locate(model, "block_mid", 1)]
+    reads.append(locate(model, "logits"))
+    writes = []
+    if local is not None:
+        writes.append((locate(model, "block_mid", 0), local["mid0"]))
+    return Plan.of(reads, writes)
+
+
+@pytest.mark.parametrize("server", ["full", "stock"])
+def test_loopback_returns_every_read_as_a_local_trace(
+    workers: dict[str, Worker], server: str
+) -> None:
+    local = load("tiny:llama")
+    client = remote_llama()
+    inputs = c.sample_inputs(local)
+    loop = Loopback(workers[server])
+    clean = local_reads(local, inputs, write=False)
+    written = local_reads(local, inputs, write=True)
+    with local.trace(inputs):
+        mid0 = local.layers_mid[0].save()
+    local_plan = plan_for(local, None).run(local, inputs)
+    local_written = plan_for(local, {"mid0": mid0 * 0.5}).run(local, inputs)
+    assert not torch.equal(local_written[locate(local, "logits")], clean["logits"])
+
+    with loop.installed():
+        got_plan = plan_for(client, None).run(client, inputs, remote=True)
+        got_written = plan_for(client, {"mid0": mid0 * 0.5}).run(client, inputs, remote=True)
+    for address, value in local_plan.items():
+        assert torch.equal(got_plan[locate(client, address.component, address.layer)], value)
+    for address, value in local_written.items():
+        assert torch.equal(got_written[locate(client, address.component, address.layer)], value)
+    assert loop.downloads == 2
+
+    if server == "stock":
+        sent = len(loop.sent)
+        with loop.installed(), pytest.raises(remote.RemoteRefused, match=r"causalab-mini==0\.1\.0"):
+            with client.trace(inputs, remote=True):
+                client.layers_mid[1].save()
+        assert len(loop.sent) == sent, "refused before sending: the server said what it has"
+        # a server that does not say: sent, and its failure names what to install
+        with (
+            loop.installed(env=False),
+            pytest.raises(remote.RemoteRefused, match="the server has no causalab_mini"),
+        ):
+            with client.trace(inputs, remote=True):
+                client.layers_mid[1].save()
+        assert len(loop.sent) == sent + 1
+        return
+
+    for write in (False, True):
+        attribute = internals = logits = None  # bound before: a trace hands values back by name
+        with loop.installed(), client.trace(inputs, remote=True):
+            if write:
+                client.layers_mid[0] = client.layers_mid[0] * 0.5
+            attribute = client.layers_mid[1].save()
+            internals = client.internals["layers_mid"][1].save()
+            logits = client.logits.save()
+        want = written if write else clean
+        assert torch.equal(attribute, want["attribute"])
+        assert torch.equal(internals, want["internals"])
+        assert torch.equal(logits, want["logits"])
+    assert not client.dispatched
+    assert all(p.device.type == "meta" for p in client._model.parameters())
+
+
+def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, Worker]) -> None:
+    """The client resolved its places under eager attention; the server runs sdpa."""
+    client = remote_llama(probs=True)
+    inputs = c.sample_inputs(client)
+    loop = Loopback(workers["full"])
+    with loop.installed(), pytest.raises(remote.RemoteMismatch, match="'sdpa' attention"):
+        plan_for(client, None).run(client, inputs, remote=True)
+    with loop.installed(), pytest.raises(remote.RemoteMismatch, match="'sdpa' attention"):
+        with client.trace(inputs, remote=True):
+            client.layers_mid[1].save()
+
+
+def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, Worker]) -> None:
+    client = StandardizedTransformer("tiny:llama", remote=True, dtype=torch.bfloat16)
+    inputs = c.sample_inputs(client)
+    loop = Loopback(workers["stock"])
+    with loop.installed(), pytest.raises(remote.RemoteMismatch, match=r"dtype=torch\.float32"):
+        plan_for(client, None).run(client, inputs, remote=True)
+
+
+def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Worker]) -> None:
+    from causalab_mini.components import WriteRefused
+
+    client = remote_llama()
+    inputs = c.sample_inputs(client)
+    wrong = torch.zeros(1, 3, client.hidden_size)
+    plan = Plan.of([locate(client, "logits")], [(locate(client, "block_mid", 0), wrong)])
+    with Loopback(workers["stock"]).installed(), pytest.raises(WriteRefused, match="nothing is"):
+        plan.run(client, inputs, remote=True)
+
+
+def test_a_server_with_other_versions_is_refused_before_sending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import nnsight.ndif
+
+    from causalab_mini import __version__
+
+    client = remote_llama()
+    nnterp = remote.versions()["nnterp"]
+    said = {"packages": {"causalab_mini": "0.0.9", "nnterp": nnterp, "nnsight": "0.7.0"}}
+    monkeypatch.setattr(nnsight.ndif, "NDIF_ENV", said)
+    with pytest.raises(remote.RemoteRefused, match=r"causalab_mini \S+ \(the server has 0\.0\.9\)"):
+        remote.preflight_packages(client)
+    said["packages"]["causalab_mini"] = __version__
+    remote.preflight_packages(client)  # the same versions: nothing to refuse
+
+
+def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operations() -> None:
+    """What the shipped code does where a server's transformers calls the needle at
+    no operation (or several): refuse, listing the forward's operations."""
+    model = load("tiny:llama")
+    source = model.layers[0].self_attn.source
+    find = remote.shipped()["_find"]
+    with pytest.raises(RuntimeError, match=r"(?s)calls 'no_such_call\(' at 0 operations.*o_proj"):
+        find(source, "no_such_call(", "layers.0.self_attn")
+    assert find(source, "self.o_proj(", "layers.0.self_attn") is not None
+
+
+def test_loopback_notices_a_stubbed_server_or_download(
+    workers: dict[str, Worker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loopback proves something only if it fails when the server does not run the
+    request or its result is not downloaded."""
+    from nnsight.intervention.backends.remote import RemoteBackend
+
+    client = remote_llama()
+    inputs = c.sample_inputs(client)
+    worker = workers["full"]
+    loop = Loopback(worker)
+    worker.call("stub", True)
+    try:
+        with loop.installed(), pytest.raises(remote.RemoteIncomplete, match="handed back"):
+            plan_for(client, None).run(client, inputs, remote=True)
+        attribute = None
+        with loop.installed(), client.trace(inputs, remote=True):
+            attribute = client.layers_mid[1].save()
+        assert attribute is None
+    finally:
+        worker.call("stub", False)
+    monkeypatch.setattr(RemoteBackend, "get_result", lambda self, *a, **k: {})
+    with loop.installed(), pytest.raises(remote.RemoteIncomplete, match="handed back"):
+        plan_for(client, None).run(client, inputs, remote=True)
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def test_remote_load_with_attention_probabilities_stays_on_meta() -> None:
+    model = remote_llama(probs=True)
+    assert not model.dispatched
+    assert all(p.device.type == "meta" for p in model._model.parameters())
+    assert "attention_probabilities" in model.deferred_checks
+    assert (
+        "remote=True keeps the weights off this machine"
+        in model.deferred_checks["attention_probabilities"]
+    )
+    assert model.attention_probs_enabled
+    resident = eager("llama")
+    assert model.internals.status() == resident.internals.status()
+    assert {k: v[1] for k, v in component_status(model).items()} == {
+        k: v[1] for k, v in component_status(resident).items()
+    }
+    with pytest.raises(ValueError, match="dispatch=True loads them"):
+        StandardizedTransformer("tiny:llama", remote=True, dispatch=True)
+
+
+# ---------------------------------------------------------------------- offloading
+
+
+def test_offloaded_layers_read_and_write_every_place_as_resident(tmp_path: Any) -> None:
+    """Layers 1 and 2 of tiny:llama offloaded to disk by accelerate (device_map with
+    max_memory): every place reads and writes as on the resident model."""
+    resident = load("tiny:llama")
+    size = sum(p.numel() * p.element_size() for p in resident._model.parameters())
+    layer = sum(p.numel() * p.element_size() for p in resident._model.model.layers[0].parameters())
+    embed = resident._model.model.embed_tokens.weight
+    budget = embed.numel() * embed.element_size() + 2 * layer  # embeddings + room for one layer
+    offloaded = StandardizedTransformer(
+        "tiny:llama",
+        device_map="auto",
+        max_memory={"cpu": budget},
+        offload_folder=str(tmp_path),
+    )
+    assert budget < size
+    assert offloaded.internals.status() == resident.internals.status()
+    assert {k: v[1] for k, v in component_status(offloaded).items()} == {
+        k: v[1] for k, v in component_status(resident).items()
+    }
+    inputs = c.sample_inputs(resident)
+    addresses = every_address(resident)
+    twin = {a: locate(offloaded, a.component, a.layer, a.head) for a in addresses}
+    clean = Plan.of(addresses).run(resident, inputs)
+    got = Plan.of(twin.values()).run(offloaded, inputs)
+    placed = offloaded._model.hf_device_map
+    assert "disk" in placed.values(), placed
+    assert any(
+        placed.get(f"model.layers.{i}", placed.get("model.layers")) == "disk" for i in (1, 2)
+    ), placed
+    assert [str(a) for a in addresses if not torch.equal(clean[a], got[twin[a]])] == []
+    # every writable place of the offloaded layers, each scaled where it is in one
+    # trace: a write that did not reach on either model changes what follows it
+    edited = [a for a in addresses if a.writable and a.head is None and a.layer in (1, 2)]
+    assert len(edited) > 20, [str(a) for a in edited]
+    here = scaled(resident, edited, inputs)
+    there = scaled(offloaded, [twin[a] for a in edited], inputs)
+    assert [str(a) for a in edited if not torch.equal(here[a], there[twin[a]])] == []
+    assert torch.equal(here["logits"], there["logits"])
+    assert not torch.equal(here["logits"], clean[locate(resident, "logits")])
+
+
+def scaled(model: StandardizedTransformer, addresses: list[ComponentAddress], inputs: Any) -> Any:
+    """Halve each place in turn (``write(read * 0.5)``, forward order) in one trace;
+    what each place holds after its write, and the logits."""
+    from causalab_mini.components import read, write
+
+    out: dict[Any, Any] = {}
+    for layer in {a.layer for a in addresses if a.kind == "interior"}:
+        model.layers[layer].self_attn.source  # noqa: B018 - opened before the trace
+    with model.trace(inputs):
+        for address in sorted(addresses):
+            write(model, address, read(model, address) * 0.5)
+            out[address] = read(model, address).save()
+        out["logits"] = model.logits.save()
+    return out
