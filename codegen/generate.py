@@ -158,6 +158,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "layer_kinds": registry.layer_kinds,
         "structural": registry.structural,
         "interiors": registry.interiors,
+        "gates": tuple(registry.gates),
         "components": registry.components,
         "family_names": tuple(f.name for f in families),
         "family_match": {f.name: f.match for f in families},

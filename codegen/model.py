@@ -73,6 +73,8 @@ class Registry:
     layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
     structural: dict[str, dict[str, StructuralEntry]] = field(default_factory=dict)
     interiors: dict[str, Interior] = field(default_factory=dict)
+    # (kind, call-shaped needle) of the calls that compute an attention's output gate
+    gates: list[tuple[str, str]] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
 
@@ -181,6 +183,9 @@ def block_structure(name: str, raw: dict[str, Any]) -> BlockStructure:
         raw["doc"].strip(),
         tuple(raw["identities"]),
         tuple(raw.get("requires_rows", ())),
+        parallel=bool(raw.get("parallel", False)),
+        norm_after_add=bool(raw.get("norm_after_add", False)),
+        residual_inside=bool(raw.get("residual_inside", False)),
     )
 
 

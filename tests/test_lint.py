@@ -483,3 +483,15 @@ def test_a_family_may_replace_a_structures_row(registry_copy: Path) -> None:
 
     text = render(registry)["families.py"]
     assert 'replace(\n                    STRUCTURE_ADDRESSES["parallel"]["parallel_sum"],' in text
+
+
+def test_a_gate_needle_must_be_call_shaped(package_registry_copy: Path) -> None:
+    edit(
+        package_registry_copy / "interiors.yaml",
+        '{kind: softplus, needle: "F.softplus("}',
+        '{kind: softplus, needle: "F.softplus"}',
+    )
+    diags = [d for d in lint(package_registry_copy)[1] if d.code == "X004"]
+    assert [(d.row, d.message.split(":")[0]) for d in diags] == [
+        ("gates[3]", "gate needle 'F.softplus' is not call-shaped")
+    ]
