@@ -15,6 +15,15 @@ Two kinds of thing live here, and nothing else does:
   callee).
 
 No shim touches nnsight's ``Envoy`` or tracing: the runtime asks here instead.
+
+Not bridged, on purpose (0.8 is stricter, and right): a ``rename`` alias that would
+hide a child or attribute raises on 0.8 where 0.6/0.7 silently ignored the alias
+(bert_generation.yaml no longer asks for one); and 0.8 serves a module's calls in
+order, so a module that runs more than once per forward (NanoChat's final norm,
+GPT-1's activation shared by every layer) cannot be read at a later call. The rows say
+so (nanochat.yaml, openai_gpt.yaml), a place on a module shared by several layers is
+refused past its first path (``shared_path``), and the sweep reports a whole-model
+place that depends on the trace as broken on both.
 """
 
 from __future__ import annotations
@@ -225,13 +234,14 @@ def shared_path(envoy: Any, name: str) -> str | None:
 def forward_key(module: Any) -> Any | None:
     """The function whose source nnsight parses for ``module``'s ``.source``: modules
     sharing it have the same operations under the same names (None where that cannot
-    be said). ``resolve_true_forward`` on nnsight 0.6/0.7; on 0.8, the body its
-    controller runs (``module_body``), as it was before instrumentation."""
+    be said). nnsight 0.6 parses the class's forward (``Envoy.source``:
+    ``inject(type(self._module).forward, ...)``); 0.7 ``resolve_true_forward``; 0.8
+    the body its controller runs (``module_body``), as it was before instrumentation."""
     if not is_08():
         try:
             from nnsight.intervention.source import resolve_true_forward
         except ImportError:
-            return None
+            return type(module).forward
         try:
             return resolve_true_forward(module)
         except Exception:

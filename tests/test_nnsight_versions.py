@@ -276,3 +276,34 @@ def test_the_coverage_doc_lists_where_another_nnsight_differs() -> None:
     same = coverage_markdown(old, old)
     assert "gives the same outcome and the same state for every component" in same
     assert "## Against" not in coverage_markdown(old)
+
+
+def test_a_module_shared_by_every_layer_is_read_per_layer_or_refused() -> None:
+    # GPT-1's activation is one module object in every layer (modeling_openai's
+    # ACT_FNS). nnsight 0.8 wraps it once, at layer 0's path, and serves its calls in
+    # order: the default row (mlp.act's output) would read layer 0's call at every
+    # layer, so it is refused past layer 0 there; the family reads mlp.c_proj's input
+    from causalab_mini import RenameConfig
+    from causalab_mini.generated import DEFAULT_ADDRESSES
+
+    default = StandardizedTransformer(
+        "tiny:openai-gpt",
+        rename_config=RenameConfig(
+            addresses={"mlps_activation": DEFAULT_ADDRESSES["mlps_activation"]}
+        ),
+    )
+    status = default.internals.status()["mlps_activation"]
+    if compat.is_08():
+        assert status is not None and status.startswith("available on layers [0] only")
+        assert "the module object at model.transformer.h.0.mlp.act" in status
+    else:
+        assert status is None
+    model = load("tiny:openai-gpt")
+    assert model.internals.status()["mlps_activation"] is None
+    inputs = c.sample_inputs(model)
+    values = c.read_places(model, inputs, ["mlps_input", "mlps_activation"])
+    for layer in range(model.num_layers):
+        mlp = model._module.transformer.h[layer].mlp
+        with torch.no_grad():
+            want = mlp.act(mlp.c_fc(values[("mlps_input", layer)]))
+        assert c.compare("act(c_fc(x))", layer, values[("mlps_activation", layer)], want).ok
