@@ -8,8 +8,9 @@ its load and schema diagnostics (without the path, which is added when read back
 stored under the sha256 of exactly those, and nothing else:
 
     key(file) = sha256(tool key, schema name, file bytes)
-    tool key  = sha256(causalab-mini's version, the loader's, the schema pass's and the
-                schemas' own bytes, the versions of ruamel.yaml and jsonschema)
+    tool key  = sha256(causalab-mini's and Python's versions, the loader's, the schema
+                pass's and the schemas' own bytes, the versions of ruamel.yaml,
+                jsonschema and referencing)
 
 A changed byte in a file, a schema, the code or a library gives another key: a stale
 entry is never read, it is only left behind (and pruned). The cross-row rules always
@@ -26,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -72,7 +74,8 @@ def tool_key() -> str:
     from causalab_mini import __version__
 
     here = Path(__file__).resolve().parent
-    h = hashlib.sha256(f"causalab-mini lint cache {FORMAT} {__version__}\0".encode())
+    python = "{}.{}".format(*sys.version_info[:2])  # unicodedata and re versions
+    h = hashlib.sha256(f"causalab-mini lint cache {FORMAT} {__version__} {python}\0".encode())
     code = [here / "loader.py", here / "lint.py", here / "diagnostics.py", here / "cache.py"]
     schemas = (
         sorted((here.parent / "schema").glob("*.json")) if (here.parent / "schema").is_dir() else []

@@ -37,6 +37,7 @@ CODES: dict[str, str] = {
     "X015": "a family without a final norm that does not refuse ln_final_output",
     "X016": "a family says why no block structure applies, and a block-structure rule covers it",
     "X017": "a family row that names no default place without 'add: true', or 'add: true' on a default place",
+    "X018": "tiny.yaml sizes that do not fit together (head_dim x heads, kv_heads, experts, reserved ids)",
 }
 
 

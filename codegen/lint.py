@@ -35,6 +35,9 @@ FILES: dict[str, str] = {
     "interiors.yaml": "interiors.schema.json",
     "components.yaml": "components.schema.json",
 }
+# registry files a registry may hold, and their schemas (tiny-checkpoint settings: the
+# package's registry has it; a registry of one's own rows need not)
+OPTIONAL_FILES: dict[str, str] = {"tiny.yaml": "tiny.schema.json"}
 FAMILY_SCHEMA = "family.schema.json"
 # the definitions the file schemas share, referenced as common.schema.json#/$defs/<name>
 COMMON_SCHEMA = "common.schema.json"
@@ -123,6 +126,10 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         return str(path[1])
     if head == "rules" and len(path) > 1:
         return f"rules[{path[1]}]"
+    if head in ("overrides", "not_buildable") and len(path) > 1:  # tiny.yaml
+        return str(path[1])
+    if head in ("sizes", "generic", "keep_off", "vision_extra"):  # tiny.yaml
+        return str(head)
     if head in ("family", "match", "rename", "doc"):
         family = data.get("family")
         return str(family) if isinstance(family, str) else "-"
@@ -324,8 +331,11 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
             )
             continue
         files.append((name, path, schema))
+    for name, schema in OPTIONAL_FILES.items():
+        if (root / name).is_file():
+            files.append((name, root / name, schema))
     for path in sorted(root.glob("*.yaml")) + sorted(root.glob("*.yml")):
-        if path.name not in FILES:
+        if path.name not in FILES and path.name not in OPTIONAL_FILES:
             diags.append(
                 Diagnostic(
                     disp(path.name),
@@ -357,7 +367,7 @@ def lint(root: Path | None = None) -> tuple[Registry, list[Diagnostic]]:
         if entry is None:
             continue
         diags.extend(entry.diagnostics(disp(rel)))
-        if entry.passed and rel in FILES:
+        if entry.passed and (rel in FILES or rel in OPTIONAL_FILES):
             loaded[rel] = entry.loaded
         elif entry.passed:
             fam_loaded.append((rel, entry.loaded))

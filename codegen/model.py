@@ -28,11 +28,13 @@ from causalab_mini.address import (
 __all__ = [
     "FamilyDef",
     "Registry",
+    "TinyTables",
     "address",
     "address_fields",
     "block_structure",
     "component",
     "condition",
+    "frozen",
     "interior",
     "layer_kind",
     "match",
@@ -40,6 +42,7 @@ __all__ = [
     "select",
     "structural_entry",
     "structure_rule",
+    "tiny",
 ]
 
 
@@ -61,6 +64,43 @@ class FamilyDef:
     structure_unknown_reason: str | None = None
 
 
+@dataclass(frozen=True)
+class TinyTables:
+    """registry/tiny.yaml: how `tiny:<model_type>` shrinks a config. Values are plain
+    YAML data made immutable (mappings stay mappings, lists become tuples)."""
+
+    sizes: tuple[tuple[str, int], ...] = ()
+    generic: tuple[tuple[str, Any], ...] = ()
+    keep_off: tuple[str, ...] = ()
+    overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    not_buildable: tuple[tuple[str, str], ...] = ()
+    vision_extra: tuple[tuple[str, Any], ...] = ()
+
+
+def frozen(value: Any) -> Any:
+    """YAML data made immutable for emitting: a list becomes a tuple, a mapping a
+    dict of frozen values (emitted as a read-only mapping)."""
+    if isinstance(value, list):
+        return tuple(frozen(v) for v in value)
+    if isinstance(value, dict):
+        return {k: frozen(v) for k, v in value.items()}
+    return value
+
+
+def tiny(raw: dict[str, Any]) -> TinyTables:
+    def table(items: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+        return tuple((k, frozen(v)) for k, v in items.items())
+
+    return TinyTables(
+        sizes=tuple(raw["sizes"].items()),
+        generic=table(raw["generic"]),
+        keep_off=tuple(raw["keep_off"]),
+        overrides=tuple((t, table(o)) for t, o in raw["overrides"].items()),
+        not_buildable=tuple((t, " ".join(r.split())) for t, r in raw["not_buildable"].items()),
+        vision_extra=table(raw["vision_extra"]),
+    )
+
+
 @dataclass
 class Registry:
     root: Path
@@ -73,8 +113,11 @@ class Registry:
     layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
     structural: dict[str, dict[str, StructuralEntry]] = field(default_factory=dict)
     interiors: dict[str, Interior] = field(default_factory=dict)
+    # (kind, call-shaped needle) of the calls that compute an attention's output gate
+    gates: list[tuple[str, str]] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
+    tiny: TinyTables = field(default_factory=TinyTables)
 
     def structure_of(self, name: str) -> str | None:
         """The structure that declares the row ``name`` (None for a default row or no
@@ -181,6 +224,9 @@ def block_structure(name: str, raw: dict[str, Any]) -> BlockStructure:
         raw["doc"].strip(),
         tuple(raw["identities"]),
         tuple(raw.get("requires_rows", ())),
+        parallel=bool(raw.get("parallel", False)),
+        norm_after_add=bool(raw.get("norm_after_add", False)),
+        residual_inside=bool(raw.get("residual_inside", False)),
     )
 
 

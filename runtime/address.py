@@ -250,12 +250,19 @@ class RenameConfig:
 
 @dataclass(frozen=True)
 class BlockStructure:
-    """How a block combines its sublayers with the residual stream."""
+    """How a block combines its sublayers with the residual stream: its identities,
+    the rows a family of it must replace, and what the tools draw and check by it
+    (``parallel``: attention and the MLP read the same block input and both add at
+    once; ``norm_after_add``: a norm follows each residual add; ``residual_inside``: a
+    sublayer module adds the residual itself)."""
 
     name: str
     doc: str
     identities: tuple[str, ...]
     requires_rows: tuple[str, ...] = ()
+    parallel: bool = False
+    norm_after_add: bool = False
+    residual_inside: bool = False
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,44 @@ def test_both_entry_points_list_the_same_commands() -> None:
     registry = str(Path(sys.executable).with_name("registry"))
     assert commands(sys.executable, "-m", "causalab_mini.codegen") == commands(registry)
     assert commands(registry) == ["lint", "gen", "model", "sweep", "new-family", "diagram"]
+
+
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """The string constants of ``path``'s code, docstrings left out (comments are not
+    constants)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docs: set[int] = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+        ):
+            docs.add(id(body[0].value))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+    ]
+
+
+def test_no_model_fact_is_spelled_in_runtime_python() -> None:
+    """Every model type and model class the registry names, and every block structure,
+    lives in the registry: runtime Python (library and tools) never spells one in its
+    code, so a family that differs is a YAML row, not a branch."""
+    from causalab_mini.generated import BLOCK_STRUCTURE_RULES, BLOCK_STRUCTURES, FAMILY_MATCH
+    from causalab_mini.generated.tiny import TINY_NOT_BUILDABLE, TINY_OVERRIDES
+
+    names = set(BLOCK_STRUCTURES) | set(TINY_OVERRIDES) | set(TINY_NOT_BUILDABLE)
+    for match in [*FAMILY_MATCH.values(), *(rule.match for rule in BLOCK_STRUCTURE_RULES)]:
+        names |= set(match.model_types) | set(match.classes)
+    assert len(names) > 200
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {value!r}"
+        for path in sorted((REPO / "runtime").rglob("*.py"))
+        for line, value in _strings(path)
+        if value in names
+    ]
+    assert not found, found

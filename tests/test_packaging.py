@@ -68,6 +68,9 @@ def test_wheel_install(tmp_path: Path) -> None:
         "causalab_mini/codegen/rules/places.py",
         "causalab_mini/codegen/templates/places.py.j2",
         "causalab_mini/registry/places.yaml",
+        "causalab_mini/registry/tiny.yaml",
+        "causalab_mini/schema/common.schema.json",
+        "causalab_mini/generated/tiny.py",
         "causalab_mini/registry/families/gpt2.yaml",
         "causalab_mini/schema/places.schema.json",
     ):

@@ -11,12 +11,19 @@ from typing import Any
 import pytest
 
 from causalab_mini.address import Address
-from causalab_mini.codegen.lint import COMMON_SCHEMA, FAMILY_SCHEMA, FILES, _validator, load_schema
+from causalab_mini.codegen.lint import (
+    COMMON_SCHEMA,
+    FAMILY_SCHEMA,
+    FILES,
+    OPTIONAL_FILES,
+    _validator,
+    load_schema,
+)
 
 from .conftest import REPO
 
 SCHEMA_DIR = REPO / "schema"
-FILE_SCHEMAS = [*FILES.values(), FAMILY_SCHEMA]
+FILE_SCHEMAS = [*FILES.values(), *OPTIONAL_FILES.values(), FAMILY_SCHEMA]
 
 # keys of a YAML row that are not Address fields, and why
 ROW_KEYS_NOT_FIELDS = {

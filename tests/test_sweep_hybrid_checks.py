@@ -81,10 +81,19 @@ def test_gated_attention_certifies_through_the_gate(spec: str, kind: str) -> Non
         assert f"attention_premix == attention_z x the attention's {kind} gate" in item["checks"]
 
 
-def test_each_gate_call_names_its_kind() -> None:
-    kinds = {kind for kind, _ in GATE_CALLS}
-    assert kinds == {"sigmoid", "softplus"}
-    assert all(needle.endswith("(") for _, needle in GATE_CALLS)
+@pytest.mark.slow
+def test_without_its_gate_call_a_gated_attention_is_broken(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The gate calls come from interiors.yaml (gates): without the sigmoid rows,
+    Qwen3-Next's premix (z times its sigmoid gate) no longer equals z, and the sweep
+    says broken rather than guessing."""
+    from causalab_mini.tools import sweep
+
+    monkeypatch.setattr(sweep, "GATE_CALLS", tuple(g for g in GATE_CALLS if g[0] != "sigmoid"))
+    result = run_one("tiny:qwen3_next")
+    assert result.components["attention_premix"]["state"] == "broken"
+    assert "attention_z == attention_premix" in result.components["attention_premix"]["reason"]
 
 
 @pytest.mark.slow

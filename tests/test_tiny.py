@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -117,11 +118,17 @@ def test_tokenizer_is_small_deterministic_and_llama_like() -> None:
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_tiny_config_is_small_and_consistent(model_type: str) -> None:
+def test_tiny_config_is_consistent_and_has_the_registrys_sizes(model_type: str) -> None:
+    from causalab_mini.generated.tiny import TINY_OVERRIDES, TINY_SIZES
+
     config = tiny_config(model_type)
     text = config.get_text_config()
-    assert text.hidden_size <= 64
-    assert text.num_hidden_layers <= 4
+    overridden = dict(TINY_OVERRIDES.get(model_type, {}))
+    # the sizes of registry/tiny.yaml, unless the model type's row overrides them
+    assert text.hidden_size == overridden.get("hidden_size", TINY_SIZES["hidden"])
+    assert text.num_hidden_layers == overridden.get("num_hidden_layers", TINY_SIZES["layers"])
+    assert text.vocab_size == TINY_SIZES["vocab"]
+    # and what a model needs of them
     assert text.hidden_size % text.num_attention_heads == 0
     kv = getattr(text, "num_key_value_heads", None)
     if isinstance(kv, int):
@@ -131,6 +138,40 @@ def test_tiny_config_is_small_and_consistent(model_type: str) -> None:
         value = getattr(text, key, None)
         if isinstance(value, int):
             assert 0 <= value < text.vocab_size, key
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_every_generic_key_the_class_knows_reaches_the_config(model_type: str) -> None:
+    """The shrink table as the builder applies it: every key of the registry's generic
+    table that the config class has as a field is set to the table's value, unless the
+    key is kept off (and off by default), the model type overrides it, the builder fits
+    it to the class (latent attention), or the class derives it itself."""
+    from transformers import AutoConfig
+
+    from causalab_mini.generated.tiny import TINY_GENERIC, TINY_KEEP_OFF, TINY_OVERRIDES
+
+    config = tiny_config(model_type)
+    config_cls = type(config)
+    defaults = tiny._field_defaults(config_cls)
+    skipped = set(dict(TINY_OVERRIDES.get(model_type, {})))
+    if "kv_lora_rank" in defaults:
+        skipped |= {"num_key_value_heads", "head_dim"}
+    checked = 0
+    for key, value in TINY_GENERIC.items():
+        if key not in defaults or key in skipped or key.endswith("_token_id"):
+            continue
+        if key in TINY_KEEP_OFF and defaults[key] in (None, 0):
+            assert getattr(config, key) == defaults[key], key
+            continue
+        try:  # a class that derives the field itself (Qwen2's sliding_window) is skipped
+            kept = getattr(config_cls(**{key: tiny._thaw(value)}), key) == tiny._thaw(value)
+        except Exception:
+            kept = False
+        if kept:
+            assert getattr(config, key) == tiny._thaw(value), key
+            checked += 1
+    assert checked >= 5
+    assert isinstance(config, AutoConfig.for_model(model_type).__class__)
 
 
 @pytest.mark.parametrize(
@@ -158,11 +199,93 @@ def test_multimodal_placeholder_ids_fit_the_reserved_vocab() -> None:
     assert config.vision_config.hidden_size <= 64
 
 
+def _tables_from(registry: Path, tmp_path: Path) -> ModuleType:
+    """The generated tiny tables of ``registry`` (lint + gen, as `registry gen` does)."""
+    import importlib.util
+
+    from causalab_mini.codegen.generate import render
+    from causalab_mini.codegen.lint import lint
+
+    reg, diags = lint(registry)
+    assert diags == []
+    path = tmp_path / "tiny_tables.py"
+    path.write_text(render(reg)["tiny.py"])
+    spec = importlib.util.spec_from_file_location("tiny_tables_under_test", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _use(tables: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the builder at other generated tables (as a rebuilt package would)."""
+    monkeypatch.setattr(tiny, "TINY_OVERRIDES", tables.TINY_OVERRIDES)
+    monkeypatch.setattr(tiny, "_GENERIC", tiny._thaw(tables.TINY_GENERIC))
+    monkeypatch.setattr(tiny, "_KEEP_OFF", frozenset(tables.TINY_KEEP_OFF))
+    monkeypatch.setattr(tiny, "_NOT_BUILDABLE", tables.TINY_NOT_BUILDABLE)
+
+
+def test_an_override_in_the_registry_reaches_the_built_config(
+    package_registry_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import edit
+
+    edit(
+        package_registry_copy / "tiny.yaml",
+        "  mpt:\n    expansion_ratio: 2\n",
+        "  mpt:\n    expansion_ratio: 2\n  llama:\n    num_hidden_layers: 2\n"
+        "    rope_parameters: {rope_type: default, rope_theta: 500.0}\n",
+    )
+    before = tiny_config("llama")
+    _use(_tables_from(package_registry_copy, tmp_path), monkeypatch)
+    after = tiny_config("llama")
+    assert (before.num_hidden_layers, after.num_hidden_layers) == (tiny.LAYERS, 2)
+    assert after.rope_parameters["rope_theta"] == 500.0
+    assert isinstance(after.rope_parameters, dict)  # plain data again, not a read-only view
+    assert after.hidden_size == before.hidden_size
+
+
+def test_a_size_in_the_registry_reaches_every_key_that_names_it(
+    package_registry_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import edit
+
+    edit(package_registry_copy / "tiny.yaml", "  hidden: &hidden 64\n", "  hidden: &hidden 32\n")
+    edit(
+        package_registry_copy / "tiny.yaml",
+        "  head_dim: &head_dim 16\n",
+        "  head_dim: &head_dim 8\n",
+    )
+    tables = _tables_from(package_registry_copy, tmp_path)
+    assert tables.TINY_SIZES["hidden"] == 32 and tables.TINY_GENERIC["n_embd"] == 32
+    _use(tables, monkeypatch)
+    for model_type in ("llama", "gpt2"):
+        text = tiny_config(model_type).get_text_config()
+        assert text.hidden_size == 32
+        assert text.hidden_size // text.num_attention_heads == 8
+
+
+def test_a_model_type_the_registry_says_cannot_be_built_is_refused_with_its_reason(
+    package_registry_copy: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from .conftest import edit
+
+    edit(
+        package_registry_copy / "tiny.yaml",
+        "not_buildable:\n",
+        "not_buildable:\n  llama: a reason written for this test, and only here\n",
+    )
+    tiny_config("llama")
+    _use(_tables_from(package_registry_copy, tmp_path), monkeypatch)
+    with pytest.raises(TinyBuildError, match="cannot be built tiny: a reason written for this"):
+        tiny_config("llama")
+
+
 def test_deepseek_v3_config_mixes_dense_and_moe() -> None:
+    # a dense first layer and routed experts after it (what the layer-0/1 test builds)
     config = tiny_config("deepseek_v3")
-    assert config.first_k_dense_replace == 1
-    assert config.n_routed_experts == 4
-    assert config.num_experts_per_tok == 2
+    assert 0 < config.first_k_dense_replace < config.num_hidden_layers
+    assert config.num_experts_per_tok < config.n_routed_experts
 
 
 # ---------------------------------------------------------------- model builds

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import components, coverage, families, interiors, places, structural, structures
+from . import components, coverage, families, interiors, places, structural, structures, tiny
 from .context import Context
 
 Rule = Callable[[Context], None]
@@ -24,6 +24,7 @@ RULES: tuple[Rule, ...] = (
     families.families,
     coverage.required_rows_replaced,
     coverage.every_family_has_a_structure,
+    tiny.tiny,
 )
 
 

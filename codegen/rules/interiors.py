@@ -1,11 +1,12 @@
 """interiors.yaml: names unique among rows and interiors (X001), call-shaped needles
 (X004), version ranges (X006), orders in the gaps the rows leave (X002), and a module
-row to look inside (X007)."""
+row to look inside (X007); the gate calls' needles call-shaped (X004) and each listed
+once (X001)."""
 
 from __future__ import annotations
 
 from .. import model
-from .context import Context
+from .context import NEEDLE, Context
 
 
 def interiors(ctx: Context) -> None:
@@ -57,3 +58,30 @@ def interiors(ctx: Context) -> None:
                 "(a row with io: module, such as attentions)",
             )
         reg.interiors[name] = model.interior(raw)
+    seen: set[str] = set()
+    for i, raw in enumerate(it.data.get("gates", ())):
+        needle = raw["needle"]
+        label = f"gates[{i}]"
+        if needle in seen:
+            ctx.err(
+                it,
+                d,
+                ("gates", i, "needle"),
+                "X001",
+                label,
+                f"gate needle {needle!r} is listed above already; drop one",
+            )
+            continue
+        seen.add(needle)
+        if not NEEDLE.match(needle):
+            ctx.err(
+                it,
+                d,
+                ("gates", i, "needle"),
+                "X004",
+                label,
+                f"gate needle {needle!r} is not call-shaped: write the callable as it is "
+                "called in the source, ending in '(' (e.g. 'torch.sigmoid(')",
+            )
+            continue
+        reg.gates.append((raw["kind"], needle))

@@ -268,7 +268,8 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             got,
             _value(box["written"]) + _value(box["mlp"]),
         )
-    if model.block_structure == "parallel":
+    structure = BLOCK_STRUCTURES.get(model.block_structure or "")
+    if structure is not None and structure.parallel:
         box = {}
         with model.trace(inputs):
             box["clean"] = internals["layers_output"][layer].save()

@@ -365,7 +365,8 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
     stream_top = top + 26
     lay.tap(STREAM_X, stream_top + 4, ["layers_input"], room=40)
     branch = stream_top + 40
-    parallel = b.structure == "parallel"
+    properties = BLOCK_STRUCTURES.get(b.structure or "")
+    parallel = properties is not None and properties.parallel
     attn_pre = b.module.get("attentions_norm_output")
     if parallel:
         scene.width = PARALLEL_WIDTH
@@ -399,7 +400,7 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
         _scale(scene, b, "attentions_output", COLUMN_X, a_end - GAP / 2 + 6)
         scene.adds.append((STREAM_X, add1))
         # where a norm follows each add (post_ln), the sum before it is a place too
-        post_ln = b.structure == "post_ln"
+        post_ln = properties is not None and properties.norm_after_add
         extra = 34 if post_ln else 0
         if post_ln:
             lay.tap(STREAM_X, add1 + 30, ["layers_mid_prenorm"], room=40)

@@ -84,10 +84,6 @@ ROWS: dict[str, Address] = dict(
     )
 )
 
-# A structure whose sublayer modules add the residual themselves (see
-# block_structures.yaml): the one structure that expects a sublayer's own output to
-# be the stream rather than its contribution.
-RESIDUAL_INSIDE = "residual_inside"
 CONTRIBUTIONS = {"attentions_output": "self_attn", "mlps_output": "mlp"}
 # Places no identity names, each with the relation to another place that checks it.
 RELATIONS = ("attentions_norm_output", "attentions_premix", "mlps_neurons", "mlps_activation")
@@ -639,7 +635,9 @@ class _Search:
         others += [dataclasses.replace(c, scale=s) for c in others for s in self.scales]
         if place in BLOCK_STRUCTURES[structure].requires_rows:
             return [c for c in others if not self.same(dataclasses.replace(c, scale=None), default)]
-        if structure == RESIDUAL_INSIDE:
+        if BLOCK_STRUCTURES[structure].residual_inside:
+            # the sublayer modules add the residual themselves: the contribution is
+            # read inside them, never at their output
             return [default, *scaled, *others]
         return [default, *scaled]
 
@@ -774,9 +772,10 @@ def decide_structure(search: _Search, trials: list[StructureTrial]) -> tuple[str
         if t.ruled_out:
             continue
         inside = _module_output_is_stream(search, t)
-        if t.name == RESIDUAL_INSIDE and not inside:
+        residual_inside = BLOCK_STRUCTURES[t.name].residual_inside
+        if residual_inside and not inside:
             t.ruled_out = "neither sublayer module returns the stream itself"
-        elif t.name != RESIDUAL_INSIDE and inside:
+        elif not residual_inside and inside:
             t.ruled_out = (
                 f"{' and '.join(inside)} return{'s' if len(inside) == 1 else ''} the stream "
                 "itself (the residual is added inside the module)"

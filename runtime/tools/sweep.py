@@ -25,7 +25,7 @@ from typing import Any
 
 import click
 
-from causalab_mini.generated import COMPONENTS
+from causalab_mini.generated import COMPONENTS, GATE_CALLS
 from causalab_mini.internals import boundary
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
@@ -132,7 +132,10 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         else:
             result[name] = {"state": "ok", "checks": sorted({c[0] for c in done})}
         if name in partial:
-            result[name].update(partial[name])
+            extra = dict(partial[name])
+            if result[name]["state"] == "broken":  # keep what broke it as the reason
+                extra["refused_reason"] = extra.pop("reason")
+            result[name].update(extra)
         if name in heads_refused:
             result[name]["heads_refused"] = heads_refused[name]
     return result
@@ -661,19 +664,6 @@ def _qk_product(
     if cap:
         product = cap * torch.tanh(product / cap)
     return product
-
-
-# The calls that compute a gated attention's output gate, by kind: a forward with
-# exactly one of them (Qwen3-Next's and AFMoE's sigmoid, Laguna's softplus) is gated,
-# and the check it gets compares attention_premix with attention_z times that call's
-# output; any other product fails the check rather than being guessed.
-GATE_CALLS: tuple[tuple[str, str], ...] = (
-    ("sigmoid", "torch.sigmoid("),
-    ("sigmoid", "F.sigmoid("),
-    ("sigmoid", "gate.sigmoid("),  # the tensor method on a projection named gate (Dots3)
-    ("softplus", "F.softplus("),
-    ("softplus", "nn.functional.softplus("),
-)
 
 
 def gated(z: Any, gate: Any) -> Any:

@@ -26,6 +26,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from causalab_mini.generated.tiny import (
+    TINY_GENERIC,
+    TINY_KEEP_OFF,
+    TINY_NOT_BUILDABLE,
+    TINY_OVERRIDES,
+    TINY_SIZES,
+    TINY_VISION_EXTRA,
+)
+
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
 
@@ -50,302 +59,63 @@ BUILDER_VERSION = 2
 CACHE_ENV = "CAUSALAB_MINI_CACHE"
 MANIFEST = "tiny_build.json"
 
-# The shape every tiny model aims for. Head dim = HIDDEN / HEADS.
-HIDDEN = 64
-HEADS = 4
-KV_HEADS = 2
-HEAD_DIM = HIDDEN // HEADS
-INTERMEDIATE = 128
-LAYERS = 3
-VOCAB = 512
-RESERVED_IDS = 16
+# The tables of registry/tiny.yaml (generated/tiny.py): the sizes, the generic shrink
+# table, its keys kept off, the overrides per model type, the model types that cannot
+# be built, and the extra keys of non-language sub-configs.
+_SIZES = TINY_SIZES
+HIDDEN = _SIZES["hidden"]
+HEADS = _SIZES["heads"]
+KV_HEADS = _SIZES["kv_heads"]
+HEAD_DIM = _SIZES["head_dim"]
+INTERMEDIATE = _SIZES["intermediate"]
+LAYERS = _SIZES["layers"]
+VOCAB = _SIZES["vocab"]
+RESERVED_IDS = _SIZES["reserved_ids"]
 """The top ids of the vocabulary, never produced by the tokenizer: model-specific
 special ids (image, audio, ... placeholders) that would fall outside go there."""
-MAX_POSITIONS = 128
-EXPERTS = 4
-EXPERTS_PER_TOKEN = 2
-EXPERT_INTERMEDIATE = 32
+MAX_POSITIONS = _SIZES["max_positions"]
+EXPERTS = _SIZES["experts"]
+EXPERTS_PER_TOKEN = _SIZES["experts_per_token"]
+EXPERT_INTERMEDIATE = _SIZES["expert_intermediate"]
 
-# Special tokens of the tiny tokenizer, in id order.
+# Special tokens of the tiny tokenizer, in id order (the ids are the registry's; the
+# tokenizer is checked to give them).
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = _SIZES["pad_id"], _SIZES["bos_id"], _SIZES["eos_id"], 3
+
+
+def _thaw(value: Any) -> Any:
+    """A generated (read-only) value as the plain data a config constructor takes: a
+    mapping becomes a new dict, a tuple a new list."""
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
 
 # Generic config keys, set only where the config class knows them (as a field or
 # through its ``attribute_map``). A key reached only through an alias is skipped
 # when its target field is itself a key of this table.
-_GENERIC: dict[str, Any] = {
-    # width
-    "hidden_size": HIDDEN,
-    "d_model": HIDDEN,
-    "n_embd": HIDDEN,
-    "emb_dim": HIDDEN,
-    "embedding_dim": HIDDEN,
-    "embed_dim": HIDDEN,
-    "dim": HIDDEN,
-    # depth
-    "num_hidden_layers": LAYERS,
-    "n_layer": LAYERS,
-    "n_layers": LAYERS,
-    "num_layers": LAYERS,
-    "decoder_layers": LAYERS,
-    "encoder_layers": LAYERS,
-    "num_decoder_layers": LAYERS,
-    "num_encoder_layers": LAYERS,
-    # heads
-    "num_attention_heads": HEADS,
-    "n_head": HEADS,
-    "n_heads": HEADS,
-    "num_heads": HEADS,
-    "attention_heads": HEADS,
-    "decoder_attention_heads": HEADS,
-    "encoder_attention_heads": HEADS,
-    "num_decoder_attention_heads": HEADS,
-    "num_encoder_attention_heads": HEADS,
-    "num_key_value_heads": KV_HEADS,
-    "head_dim": HEAD_DIM,
-    "attention_head_dim": HEAD_DIM,
-    "attention_head_size": HEAD_DIM,
-    "kv_channels": HEAD_DIM,
-    "d_head": HEAD_DIM,
-    "dim_head": HEAD_DIM,
-    # feed-forward
-    "intermediate_size": INTERMEDIATE,
-    "n_inner": INTERMEDIATE,
-    "ffn_dim": INTERMEDIATE,
-    "ffn_hidden_size": INTERMEDIATE,
-    "decoder_ffn_dim": INTERMEDIATE,
-    "encoder_ffn_dim": INTERMEDIATE,
-    "dff": INTERMEDIATE,
-    "d_inner": INTERMEDIATE,
-    "dim_ff": INTERMEDIATE,
-    "hidden_size_global": HIDDEN,
-    "feed_forward_size": INTERMEDIATE,
-    "intermediate_size_mlp": INTERMEDIATE,
-    "dense_intermediate_size": INTERMEDIATE,
-    "prefix_dense_intermediate_size": INTERMEDIATE,
-    # mixture of experts
-    "moe_intermediate_size": EXPERT_INTERMEDIATE,
-    "expert_ffn_hidden_size": EXPERT_INTERMEDIATE,
-    "shared_expert_intermediate_size": EXPERT_INTERMEDIATE,
-    "shared_experts_intermediate_size": EXPERT_INTERMEDIATE,
-    "moe_shared_expert_intermediate_size": EXPERT_INTERMEDIATE,
-    "num_local_experts": EXPERTS,
-    "num_experts": EXPERTS,
-    "n_routed_experts": EXPERTS,
-    "moe_num_experts": EXPERTS,
-    "num_experts_per_tok": EXPERTS_PER_TOKEN,
-    "moe_topk": EXPERTS_PER_TOKEN,
-    "moe_k": EXPERTS_PER_TOKEN,
-    "top_k_experts": EXPERTS_PER_TOKEN,
-    "n_shared_experts": 1,
-    "num_shared_experts": 1,
-    "n_group": 1,
-    "topk_group": 1,
-    "first_k_dense_replace": 1,
-    # multi-head latent attention
-    "q_lora_rank": 32,
-    "kv_lora_rank": 32,
-    "qk_rope_head_dim": 8,
-    "qk_nope_head_dim": 8,
-    "qk_head_dim": 16,
-    "v_head_dim": HEAD_DIM,
-    "index_n_heads": 2,
-    "index_head_dim": HEAD_DIM,
-    "index_topk": 16,
-    "rotary_dim": HEAD_DIM // 2,
-    # linear attention / state space
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": HEAD_DIM,
-    "linear_value_head_dim": HEAD_DIM,
-    "linear_num_heads": HEADS,
-    "linear_head_dim": HEAD_DIM,
-    "mamba_d_state": 16,
-    "ssm_state_size": 16,
-    "state_size": 16,
-    "mamba_n_heads": 8,
-    "mamba_num_heads": 8,
-    "mamba_d_head": HEAD_DIM,
-    "mamba_head_dim": HEAD_DIM,
-    "mamba_n_groups": 1,
-    "n_groups": 1,
-    "mamba_d_ssm": 2 * HIDDEN,
-    "use_mamba_kernels": False,
-    "use_mem_eff_path": False,
-    # positions and vocabulary
-    "max_position_embeddings": MAX_POSITIONS,
-    "n_positions": MAX_POSITIONS,
-    "max_seq_len": MAX_POSITIONS,
-    "context_length": MAX_POSITIONS,
-    "model_max_length": MAX_POSITIONS,
-    "max_target_positions": MAX_POSITIONS,
-    "max_window_layers": LAYERS,
-    "sliding_window": 16,
-    "attention_window_size": 16,
-    "query_pre_attn_scalar": HEAD_DIM,
-    "vocab_size": VOCAB,
-    "unpadded_vocab_size": VOCAB,
-    "vocab_size_per_layer_input": VOCAB,
-    "hidden_size_per_layer_input": HEAD_DIM,
-    "pad_token_id": PAD_ID,
-    "bos_token_id": BOS_ID,
-    "eos_token_id": EOS_ID,
-    "decoder_start_token_id": BOS_ID,
-    "forced_bos_token_id": None,
-    "forced_eos_token_id": EOS_ID,
-    "is_decoder": True,
-    "use_cache": True,
-    # long tail: widths of one family or two that default to full size
-    "swa_head_dim": HEAD_DIM,
-    "shared_intermediate_size": EXPERT_INTERMEDIATE,
-    "o_lora_rank": 16,
-    "o_groups": 2,
-    "zero_expert_num": 2,
-    "shape_vocab_size": 64,
-    "pronunciation_vocab_size": 64,
-    "shape_embed_dim": 32,
-    "pronunciation_embed_dim": 32,
-    "mm_embed_dim": HIDDEN,
-    "output_proj_dims": HIDDEN,
-    "mm_posemb_size": 16,
-    "ext_pw_out_channel": HIDDEN,
-    "depthwise_separable_out_channel": HIDDEN,
-    "nemo_conv_channels": HIDDEN,
-    "output_channels": HIDDEN,
-    "mlp_dim": INTERMEDIATE,
-}
+_GENERIC: dict[str, Any] = _thaw(TINY_GENERIC)
 
 # Keys of ``_GENERIC`` whose ``None`` (or 0) default means "feature off": left alone.
-_KEEP_OFF = frozenset(
-    {
-        "vocab_size_per_layer_input",
-        "hidden_size_per_layer_input",
-        "q_lora_rank",
-        "sliding_window",
-        "attention_window_size",
-        "intermediate_size_mlp",
-        "dense_intermediate_size",
-        "prefix_dense_intermediate_size",
-        "shared_expert_intermediate_size",
-        "moe_shared_expert_intermediate_size",
-        "index_topk",
-        "rotary_dim",
-        "swa_head_dim",
-        "zero_expert_num",
-        "o_lora_rank",
-    }
-)
-
-# Per-model-type overrides, applied after the generic table (names may be aliases).
-_OVERRIDES: dict[str, dict[str, Any]] = {
-    "mpt": {"expansion_ratio": 2},
-    # hybrids: one attention layer between non-attention ones
-    "bailing_hybrid": {"layer_group_size": 2},
-    "bamba": {"attn_layer_indices": [1]},
-    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},
-    "kimi_linear": {"layer_types": ["linear_attention", "full_attention", "linear_attention"]},
-    "lfm2": {"full_attn_idxs": [1]},
-    "lfm2_moe": {"layer_types": ["conv", "full_attention", "conv"], "num_dense_layers": 1},
-    "qwen3_next": {"full_attention_interval": 2},
-    "qwen3_5_text": {"full_attention_interval": 2},
-    "qwen3_5_moe_text": {"full_attention_interval": 2},
-    "qwen4_exp_text": {
-        "full_attention_interval": 2,
-        "indexer_n_heads": 2,
-        "indexer_kv_heads": 1,
-        "indexer_head_dim": HEAD_DIM,
-        "indexer_budget": 16,
-        "indexer_compress_ratio": 4,
-    },
-    # Zamba ties one shared attention block across its hybrid layers: needs two.
-    "zamba": {
-        "num_hidden_layers": 4,
-        "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"],
-        "attention_head_dim": 2 * HEAD_DIM,
-    },
-    "zamba2": {
-        "num_hidden_layers": 4,
-        "layers_block_type": ["linear_attention", "hybrid", "linear_attention", "hybrid"],
-    },
-    # others
-    "cohere_compass_text": {
-        "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 10000.0}}
-    },
-    "gemma4_text": {"global_head_dim": 2 * HEAD_DIM},
-    "gemma4_unified_text": {"global_head_dim": 2 * HEAD_DIM},
-    "dots3_note_text": {
-        "swa_num_attention_heads": HEADS,
-        "swa_num_key_value_heads": HEADS,
-        "swa_q_lora_rank": 32,
-        "swa_kv_lora_rank": 32,
-        "swa_head_dim": HEAD_DIM,
-        "swa_qk_nope_head_dim": 8,
-        "swa_v_head_dim": HEAD_DIM,
-    },
-    # BltConfig lacks the layer count its cache asks for.
-    "blt": {"num_hidden_layers": LAYERS, "encoder_hash_byte_group_vocab": 64},
-    "gemma3n_text": {
-        "num_hidden_layers": 4,
-        "layer_types": ["sliding_attention", "full_attention"] * 2,
-        "num_kv_shared_layers": 2,
-    },
-    "dory": {"num_hidden_layers": 4, "n_input_layers": 1, "n_output_layers": 1},
-    # xLSTM's model rounds the q/k width differently from its config unless it is
-    # already a multiple of 64.
-    "xlstm": {"qk_dim_factor": 1.0},
-    "dots3_note": {"vision_config": {"pyramid_num_routed": [-1, EXPERTS, EXPERTS]}},
-    "gpt_neo": {"attention_types": [[["global", "local"], 1], [["global"], 1]]},
-    "mamba2": {"num_heads": 8},
-    "reformer": {"axial_pos_embds_dim": [32, 32], "axial_pos_shape": [8, 16]},
-    "xmod": {"default_language": "en_XX"},
-    "zaya": {"num_experts_per_tok": 1},
-    # DbrxAttention reads `attn_config.rope_theta`, which its config class lacks.
-    "dbrx": {
-        "attn_config": {"kv_n_heads": KV_HEADS, "rope_theta": 10000.0, "clip_qkv": 8.0},
-        "ffn_config": {
-            "hidden_size": HIDDEN,
-            "ffn_hidden_size": EXPERT_INTERMEDIATE,
-            "moe_num_experts": EXPERTS,
-            "moe_top_k": EXPERTS_PER_TOKEN,
-        },
-    },
-}
+_KEEP_OFF = frozenset(TINY_KEEP_OFF)
 
 # Causal-LM model types no tiny text checkpoint can stand for, and why.
-_NOT_BUILDABLE: dict[str, str] = {
-    "gemma4_assistant": (
-        "a speculative-decoding drafter: its forward needs the target model's "
-        "inputs_embeds and shared KV states, so it has no standalone text forward"
-    ),
-    "gemma4_unified_assistant": (
-        "a speculative-decoding drafter: its forward needs the target model's "
-        "inputs_embeds and shared KV states, so it has no standalone text forward"
-    ),
-    "musicgen": (
-        "an audio-codebook decoder: AutoModelForCausalLM cannot build MusicgenForCausalLM "
-        "from the composite MusicgenConfig, and it reads codebooks, not text tokens"
-    ),
-    "musicgen_melody": (
-        "an audio-codebook decoder: AutoModelForCausalLM cannot build "
-        "MusicgenMelodyForCausalLM from the composite config, and it reads codebooks"
-    ),
-}
+_NOT_BUILDABLE: Mapping[str, str] = TINY_NOT_BUILDABLE
 
 # Sub-configs that are not the language model: shrunk with the same generic table
 # plus these keys.
-_VISION_EXTRA: dict[str, Any] = {
-    "image_size": 32,
-    "patch_size": 8,
-    "num_channels": 3,
-    "adapter_in_dim": HIDDEN,
-    "adapter_out_dim": HIDDEN,
-    "text_hidden_size": HIDDEN,
-    "hidden_size_global": HIDDEN,
-    "adapter_input_size": HIDDEN,
-    "downsample_hidden_size": 32,
-    "out_hidden_size": HIDDEN,
-}
+_VISION_EXTRA: dict[str, Any] = _thaw(TINY_VISION_EXTRA)
+
+
+def _overrides(model_type: str) -> dict[str, Any]:
+    """The registry's overrides of ``model_type`` (applied after the generic table;
+    names may be aliases), as a fresh dict each time: a config constructor may keep
+    or change what it is given."""
+    found = TINY_OVERRIDES.get(model_type)
+    return _thaw(found) if found is not None else {}
 
 
 class TinyBuildError(Exception):
@@ -494,7 +264,7 @@ def _tiny_config_for_class(
     model_type = str(getattr(config_cls, "model_type", ""))
     table = dict(_GENERIC)
     table["vocab_size"] = vocab_size
-    overrides = {**_OVERRIDES.get(model_type, {}), **(extra or {})}
+    overrides = {**_overrides(model_type), **(extra or {})}
     sub_configs: Mapping[str, type[Any]] = getattr(config_cls, "sub_configs", {}) or {}
     sub_extra = {k: overrides.pop(k) for k in list(overrides) if k in sub_configs}
     if "kv_lora_rank" in _field_defaults(config_cls):
@@ -514,7 +284,7 @@ def _tiny_config_for_class(
         else:
             sub_table = {**_GENERIC, **_VISION_EXTRA, "vocab_size": vocab_size}
             sub_type = str(getattr(sub_cls, "model_type", ""))
-            sub_overrides = {**_OVERRIDES.get(sub_type, {}), **sub_extra.get(name, {})}
+            sub_overrides = {**_overrides(sub_type), **sub_extra.get(name, {})}
             kwargs[name] = sub_cls(**_shrink_kwargs(sub_cls, sub_table, sub_overrides, init_kwargs))
     config = config_cls(**kwargs)
     patterns = _missing_layer_kinds(config_cls, config, kwargs, base)
