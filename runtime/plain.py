@@ -54,9 +54,17 @@ def check_server(model: Any, expected: dict[str, Any]) -> None:
         )
 
 
-def _accessor(source: Any) -> Any:
-    # nnsight 0.7 keeps the parsed forward on an accessor; 0.6 on the source envoy
-    return getattr(source, "accessor", source)
+def _parsed(source: Any) -> tuple[str, dict[str, int], Any]:
+    """A parsed forward's text, each operation's line (an index into its lines), and
+    what lists its operations (``causalab_mini.compat.parsed_source``, inline): nnsight
+    0.8 keeps it on ``Source.compiled`` (``.lines`` 1-based), 0.7 on an accessor and
+    0.6 on the source envoy (``.line_numbers``, counted after the ``def`` line)."""
+    compiled = getattr(source, "__dict__", {}).get("compiled")
+    if compiled is not None:
+        return compiled.source, {n: compiled.lines[n] - 1 for n in compiled.names}, source
+    accessor = getattr(source, "accessor", source)
+    lines = {name: number + 1 for name, number in accessor.line_numbers.items()}
+    return accessor.source, lines, accessor
 
 
 def _calls(text: str, needle: str) -> bool:
@@ -80,14 +88,14 @@ def _find(source: Any, needle: str, where: str) -> Any:
     """The operation of ``source`` that the call-shaped ``needle`` names, resolved as
     ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
     line holds the call. None or several is refused with the operation list."""
-    accessor = _accessor(source)
+    text_of, line_of, accessor = _parsed(source)
     stem = needle.split("(", 1)[0].replace(".", "_") + "_"
-    lines = accessor.source.split("\n")
+    lines = text_of.split("\n")
     hits = []
-    for name, number in accessor.line_numbers.items():
+    for name, index in line_of.items():
         if not name.startswith(stem) or not name[len(stem) :].isdigit():
             continue
-        text = lines[number + 1] if 0 <= number + 1 < len(lines) else ""
+        text = lines[index] if 0 <= index < len(lines) else ""
         if _calls(text, needle):
             hits.append(name)
     if len(hits) != 1:
@@ -245,8 +253,9 @@ def _write(model: Any, step: dict[str, Any]) -> None:
 
 
 def _open_sources(step: dict[str, Any]) -> None:
-    """Open the ``.source`` of the operations this step's module nests into, before
-    any of its operations is read (nnsight needs the nested source opened first)."""
+    """Open the ``.source`` of the operations the client says to open at this step
+    (before any of the module's operations is read on nnsight 0.6/0.7, after the
+    operation's inputs on 0.8: see ``causalab_mini.plan._nested_sources_due``)."""
     for envoy, needle in step["nested"]:
         _find(envoy.source, needle, step["where"]).source  # noqa: B018
 

@@ -135,10 +135,28 @@ def _pip(package: str) -> str:
 # ---------------------------------------------------------------------- before sending
 
 
+def require_ndif_client() -> None:
+    """Refuse a remote run under nnsight 0.8: this module is written against nnsight
+    0.6/0.7's NDIF client (``ndif.NDIF_ENV`` and ``get_remote_env``,
+    ``huggingface.ID_CACHE``, its request format), which 0.8 rewrote, and no 0.8
+    server has been run against it. Everything else works on 0.8, ``Plan.run``
+    locally included."""
+    from . import compat
+
+    if compat.is_08():
+        raise RemoteRefused(
+            f"remote runs (NDIF) are written against nnsight 0.6/0.7's client, and nnsight "
+            f"{compat.nnsight_version()} is installed, whose client and request format "
+            "differ: install `pip install 'nnsight>=0.6,<0.8'` to run remotely, or run "
+            "without remote=True (local traces and plans work on 0.8)"
+        )
+
+
 def ensure_model_key(model: Any) -> None:
     """nnsight asks the Hugging Face Hub for a repo id's canonical spelling when it
     builds a model key; a local directory has none (the Hub refuses a path), so it is
     its own key."""
+    require_ndif_client()
     repo_id = getattr(model, "repo_id", None)
     if isinstance(repo_id, str) and os.path.isdir(repo_id):
         from nnsight.modeling import huggingface
@@ -214,6 +232,7 @@ def backend(model: Any, blocking: bool = True) -> Any:
     """nnsight's RemoteBackend for ``model``, whose failures name what the server
     lacks or runs differently (the check before sending only knows where the server
     says what it has)."""
+    require_ndif_client()
     from nnsight.intervention.backends.remote import RemoteBackend
 
     class _Backend(RemoteBackend):  # type: ignore[misc]
@@ -366,22 +385,23 @@ def lower(
 ) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
     """The plan's steps as plain data, in its order, and the addresses of its reads
     in the order the program returns them. Where an interior opens a nested
-    ``.source``, the first step at its module opens it first (as ``Plan.run`` does)."""
+    ``.source``, the step ``Plan.run`` opens it at opens it (the first step at its
+    module on nnsight 0.6/0.7, the first step inside it on 0.8: ``_nested_sources_due``;
+    the server runs the client's nnsight, which ``check_versions`` holds it to)."""
+    from .plan import _nested_sources_due
+
     steps = []
     reads = []
-    opened: set[tuple[Any, str]] = set()
+    opened: set[Any] = set()
     nested: dict[tuple[Any, str], list[Any]] = {}
     for s in plan.steps:
         if len(s.address.needles) > 1:
             nested.setdefault((s.address.layer, s.address.module), []).append(s.address)
     for s in plan.steps:
         step = lower_step(model, s.address, write=s.write, value=s.value, held=held)
-        key = (s.address.layer, s.address.module)
-        if key in nested and key not in opened:
-            opened.add(key)
-            for address in nested[key]:
-                envoy = child(model.internals.layer_envoy(address.layer), address.module)
-                step["nested"].append((envoy, address.needles[0]))
+        for address in _nested_sources_due(s.address, nested, opened):
+            envoy = child(model.internals.layer_envoy(address.layer), address.module)
+            step["nested"].append((envoy, address.needles[0]))
         steps.append(step)
         if not s.write:
             reads.append(s.address)
@@ -418,6 +438,7 @@ def run_plan(
     run = shipped()["run"]
     kwargs: dict[str, Any] = {}
     if backend is not None:
+        require_ndif_client()
         kwargs["backend"] = backend
     elif remote:
         ensure_model_key(model)
@@ -453,6 +474,7 @@ __all__ = [
     "lower",
     "plain_model",
     "preflight_packages",
+    "require_ndif_client",
     "run_plan",
     "server_env",
     "shipped",

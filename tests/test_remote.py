@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from causalab_mini import remote
+from causalab_mini import compat, remote
 from causalab_mini.components import ComponentAddress, Plan, component_status, locate
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
@@ -24,6 +24,13 @@ from .test_components import eager
 from .test_internals import load
 
 pytestmark = pytest.mark.slow
+
+# The NDIF loopback stands in for a server of nnsight 0.6/0.7 (their client internals
+# and request format); remote runs under nnsight 0.8 are refused with the fix
+# (test_remote_runs_under_nnsight_08_are_refused_with_the_fix).
+ndif_07 = pytest.mark.skipif(
+    compat.is_08(), reason="remote runs are not ported to nnsight 0.8's NDIF client"
+)
 
 
 def every_address(model: StandardizedTransformer, heads: bool = True) -> list[ComponentAddress]:
@@ -142,6 +149,7 @@ def plan_for(model: StandardizedTransformer, local: dict[str, Any] | None) -> Pl
     return Plan.of(reads, writes)
 
 
+@ndif_07
 @pytest.mark.parametrize("server", ["full", "stock"])
 def test_loopback_returns_every_read_as_a_local_trace(
     workers: dict[str, Worker], server: str
@@ -199,6 +207,7 @@ def test_loopback_returns_every_read_as_a_local_trace(
     assert all(p.device.type == "meta" for p in client._model.parameters())
 
 
+@ndif_07
 def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, Worker]) -> None:
     """The client resolved its places under eager attention; the server runs sdpa."""
     client = remote_llama(probs=True)
@@ -211,6 +220,7 @@ def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, 
             client.layers_mid[1].save()
 
 
+@ndif_07
 def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, Worker]) -> None:
     client = StandardizedTransformer("tiny:llama", remote=True, dtype=torch.bfloat16)
     inputs = c.sample_inputs(client)
@@ -219,6 +229,7 @@ def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, W
         plan_for(client, None).run(client, inputs, remote=True)
 
 
+@ndif_07
 def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Worker]) -> None:
     from causalab_mini.components import WriteRefused
 
@@ -230,6 +241,7 @@ def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Worker]) 
         plan.run(client, inputs, remote=True)
 
 
+@ndif_07
 def test_a_server_with_other_versions_is_refused_before_sending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -258,6 +270,7 @@ def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operation
     assert find(source, "self.o_proj(", "layers.0.self_attn") is not None
 
 
+@ndif_07
 def test_loopback_notices_a_stubbed_server_or_download(
     workers: dict[str, Worker], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,6 +295,21 @@ def test_loopback_notices_a_stubbed_server_or_download(
     monkeypatch.setattr(RemoteBackend, "get_result", lambda self, *a, **k: {})
     with loop.installed(), pytest.raises(remote.RemoteIncomplete, match="handed back"):
         plan_for(client, None).run(client, inputs, remote=True)
+
+
+def test_remote_runs_under_nnsight_08_are_refused_with_the_fix() -> None:
+    client = remote_llama()
+    plan = Plan.of([locate(client, "logits")])
+    if not compat.is_08():
+        remote.require_ndif_client()  # nothing to refuse
+        return
+    for run in (
+        lambda: plan.run(client, c.sample_inputs(client), remote=True),
+        lambda: client.to_model_key(),
+        lambda: remote.backend(client),
+    ):
+        with pytest.raises(remote.RemoteRefused, match=r"nnsight>=0\.6,<0\.8.*without remote=True"):
+            run()
 
 
 # ---------------------------------------------------------------------- loading
