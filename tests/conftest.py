@@ -1,16 +1,22 @@
-"""Shared fixtures: copies of the registry to break, and the CLI runner."""
+"""Shared fixtures: copies of the registry to break, the CLI runner, and the tiny
+models and certified sweep results, each made once per session."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from causalab_mini.codegen.lint import default_registry
 from causalab_mini.tools.cli import main
+
+if TYPE_CHECKING:
+    from causalab_mini.model import StandardizedTransformer
+    from causalab_mini.tools.sweep import Result
 
 REPO = Path(__file__).resolve().parent.parent
 # A frozen snapshot of the registry: golden positions do not move when rows are added.
@@ -32,6 +38,39 @@ def package_registry_copy(tmp_path: Path) -> Path:
     target = tmp_path / "registry"
     shutil.copytree(default_registry(), target, ignore=_IGNORE)
     return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., StandardizedTransformer]:
+    """``tiny_model(spec, probs=False)``: the model ``spec`` names, loaded once per
+    session for each (spec, enable_attention_probs). Tests share it: a test that
+    changes a model (its modules, its rows) loads its own."""
+    from causalab_mini.model import StandardizedTransformer
+
+    loaded: dict[tuple[str, bool], StandardizedTransformer] = {}
+
+    def load(spec: str, probs: bool = False) -> StandardizedTransformer:
+        if (spec, probs) not in loaded:
+            loaded[(spec, probs)] = StandardizedTransformer(spec, enable_attention_probs=probs)
+        return loaded[(spec, probs)]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def certified() -> Callable[[str], Result]:
+    """``certified(spec)``: the sweep's result for ``spec`` (``run_one``: build, load,
+    certify every component), computed once per session."""
+    from causalab_mini.tools.sweep import run_one
+
+    results: dict[str, Result] = {}
+
+    def get(spec: str) -> Result:
+        if spec not in results:
+            results[spec] = run_one(spec)
+        return results[spec]
+
+    return get
 
 
 def gpt2_with_a_moved_op() -> Any:
