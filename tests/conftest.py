@@ -3,7 +3,9 @@ models and certified sweep results, each made once per session."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,7 +18,14 @@ from causalab_mini.tools.cli import main
 
 if TYPE_CHECKING:
     from causalab_mini.model import StandardizedTransformer
-    from causalab_mini.tools.sweep import Result
+    from causalab_mini.tools.sweep import Result as SweepResult
+
+# One intra-op thread for torch, here and in the interpreters tests start: the tiny
+# models gain nothing from a second, and on two busy cores OpenMP's spin-waits made the
+# suite 2-4x slower (measured). An explicit OMP_NUM_THREADS is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): set it there too
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parent.parent
 # A frozen snapshot of the registry: golden positions do not move when rows are added.
@@ -58,14 +67,14 @@ def tiny_model() -> Callable[..., StandardizedTransformer]:
 
 
 @pytest.fixture(scope="session")
-def certified() -> Callable[[str], Result]:
+def certified() -> Callable[[str], SweepResult]:
     """``certified(spec)``: the sweep's result for ``spec`` (``run_one``: build, load,
     certify every component), computed once per session."""
     from causalab_mini.tools.sweep import run_one
 
-    results: dict[str, Result] = {}
+    results: dict[str, SweepResult] = {}
 
-    def get(spec: str) -> Result:
+    def get(spec: str) -> SweepResult:
         if spec not in results:
             results[spec] = run_one(spec)
         return results[spec]

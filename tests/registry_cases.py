@@ -3,9 +3,9 @@ family file or a block-structure rule is tested the moment it exists: no test ke
 its own copy of the family list.
 
 Two tiers. The README's test command runs the *representatives*: for each block
-structure the first model type its rules name, every config value a rule or a family
-match decides by, and every config attribute a row scales by set to a value that
-shows the scale. CI also runs the rest (marker ``wide``): every model type every rule
+structure the first model type its rules name with no config condition, every config value a rule or a family
+match decides by, and for each set of config attributes rows scale by, the first model
+type with them set to a value that shows the scale. CI also runs the rest (marker ``wide``): every model type every rule
 names, every model type every family file names.
 """
 
@@ -116,21 +116,26 @@ def rule_cases() -> tuple[Case, ...]:
     """Every model type every rule names, with the
     rule's config values; every family match decided by config values; and every
     model type whose rows scale by a config attribute, with that attribute set.
-    Representatives: the first model type of each structure, and every variant."""
+    Representatives: the first config-free model type of each structure, every config variant,
+    and the first model type that scales by each set of attributes."""
     wanted: dict[tuple[str, Config], bool] = {}
     seen_structures: set[str] = set()
     for rule in BLOCK_STRUCTURE_RULES:
         for model_type in rule.match.model_types:
-            first = rule.structure not in seen_structures
-            seen_structures.add(rule.structure)
+            first = not rule.match.config and rule.structure not in seen_structures
+            if first:
+                seen_structures.add(rule.structure)
             key = (model_type, tuple(rule.match.config))
             wanted[key] = wanted.get(key, False) or first or bool(rule.match.config)
     for match in FAMILY_MATCH.values():
         if match.config:
             for model_type in match.model_types:
                 wanted[(model_type, tuple(match.config))] = True
-    for model_type, config in _scaled_by().items():
-        wanted[(model_type, config)] = True
+    scales_seen: set[tuple[str, ...]] = set()
+    for model_type, config in _scaled_by().items():  # the first model type per set of attributes
+        attributes = tuple(key for key, _ in config)
+        wanted[(model_type, config)] = attributes not in scales_seen
+        scales_seen.add(attributes)
     cases = (
         Case(tiny_spec(model_type, config), model_type, config, representative)
         for (model_type, config), representative in wanted.items()
