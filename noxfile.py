@@ -1,4 +1,5 @@
-"""The sessions people run: `nox -s lint typecheck registry tests`."""
+"""The sessions people run: `nox -s lint typecheck registry tests`; `fuzz` and `wide`
+run the tiers the README's test command leaves out (CI runs them in .ci/run)."""
 
 from __future__ import annotations
 
@@ -52,23 +53,33 @@ def registry(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite."""
+    """The README's test command: every test on the representative models (the
+    markers fuzz, typecheck and wide are left out; see pyproject.toml)."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
     session.run("python", "-m", "pytest", *session.posargs)
 
 
-# The semantic suite: identities, oracles, interiors, the rows' ops, what differs
-# between nnsight releases, and the NDIF loopback.
-SEMANTIC = [
-    "tests/test_internals.py",
-    "tests/test_components.py",
-    "tests/test_cli_model.py",
-    "tests/test_nnsight_versions.py",
-    "tests/test_remote.py",  # the NDIF loopback: nnsight's own client and request path
-]
 # The nnsight releases the project supports (pyproject: nnsight>=0.6,<0.9), newest last.
 NNSIGHT = ["0.6.3", "0.7.0", "0.8.1"]
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """hypothesis over whole registries: real rows with one value swapped, through the
+    full lint (marker fuzz)."""
+    session.install(TORCH)
+    session.install("-e", ".[dev]")
+    session.run("python", "-m", "pytest", "-q", "-m", "fuzz", *session.posargs)
+
+
+@nox.session
+def wide(session: nox.Session) -> None:
+    """Every model type the registry names, beyond the representatives the README's
+    command runs (marker wide)."""
+    session.install(TORCH)
+    session.install("-e", ".[dev]")
+    session.run("python", "-m", "pytest", "-q", "-m", "wide", *session.posargs)
 
 
 @nox.session
@@ -80,7 +91,11 @@ def drift(session: nox.Session, nnsight: str, transformers: str) -> None:
     session.install(TORCH)
     session.install("-e", ".[dev]")
     session.install(f"nnsight=={nnsight}", f"transformers=={transformers}")
-    session.run("python", "-m", "pytest", "-q", "-p", "no:warnings", *SEMANTIC, *session.posargs)
+    # the semantic suite (marker semantic): identities, oracles, interiors, the rows'
+    # ops, on every model type the registry names (those this transformers lacks skip)
+    session.run(
+        "python", "-m", "pytest", "-q", "-p", "no:warnings", "-m", "semantic", *session.posargs
+    )
 
 
 @nox.session

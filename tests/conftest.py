@@ -1,16 +1,31 @@
-"""Shared fixtures: copies of the registry to break, and the CLI runner."""
+"""Shared fixtures: copies of the registry to break, the CLI runner, and the tiny
+models and certified sweep results, each made once per session."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from causalab_mini.codegen.lint import default_registry
 from causalab_mini.tools.cli import main
+
+if TYPE_CHECKING:
+    from causalab_mini.model import StandardizedTransformer
+    from causalab_mini.tools.sweep import Result as SweepResult
+
+# One intra-op thread for torch, here and in the interpreters tests start: the tiny
+# models gain nothing from a second, and on two busy cores OpenMP's spin-waits made the
+# suite 2-4x slower (measured). An explicit OMP_NUM_THREADS is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "torch" in sys.modules:  # imported before this file (a plugin): set it there too
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parent.parent
 # A frozen snapshot of the registry: golden positions do not move when rows are added.
@@ -32,6 +47,39 @@ def package_registry_copy(tmp_path: Path) -> Path:
     target = tmp_path / "registry"
     shutil.copytree(default_registry(), target, ignore=_IGNORE)
     return target
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., StandardizedTransformer]:
+    """``tiny_model(spec, probs=False)``: the model ``spec`` names, loaded once per
+    session for each (spec, enable_attention_probs). Tests share it: a test that
+    changes a model (its modules, its rows) loads its own."""
+    from causalab_mini.model import StandardizedTransformer
+
+    loaded: dict[tuple[str, bool], StandardizedTransformer] = {}
+
+    def load(spec: str, probs: bool = False) -> StandardizedTransformer:
+        if (spec, probs) not in loaded:
+            loaded[(spec, probs)] = StandardizedTransformer(spec, enable_attention_probs=probs)
+        return loaded[(spec, probs)]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def certified() -> Callable[[str], SweepResult]:
+    """``certified(spec)``: the sweep's result for ``spec`` (``run_one``: build, load,
+    certify every component), computed once per session."""
+    from causalab_mini.tools.sweep import run_one
+
+    results: dict[str, SweepResult] = {}
+
+    def get(spec: str) -> SweepResult:
+        if spec not in results:
+            results[spec] = run_one(spec)
+        return results[spec]
+
+    return get
 
 
 def gpt2_with_a_moved_op() -> Any:

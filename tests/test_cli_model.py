@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from causalab_mini.generated import COMPONENTS, DEFAULT_ADDRESSES
 from causalab_mini.tools.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -5,8 +5,8 @@ per-head slicing; writes are checked; plans run in forward order."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -24,14 +24,20 @@ from causalab_mini.tools import certify as c
 
 from .conftest import gpt2_with_a_moved_op
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 SEMANTIC = ["llama", "gpt2", "gpt_neox", "gemma2", "qwen3", "mixtral"]
 
 
-@functools.cache
-def eager(family: str) -> StandardizedTransformer:
-    return StandardizedTransformer(f"tiny:{family}", enable_attention_probs=True)
+Load = Callable[..., StandardizedTransformer]
+Eager = Callable[[str], StandardizedTransformer]
+
+
+@pytest.fixture
+def eager(tiny_model: Load) -> Eager:
+    """``eager(model_type)``: tiny:<model_type> with attention probabilities enabled,
+    the session's shared instance."""
+    return lambda family: tiny_model(f"tiny:{family}", probs=True)
 
 
 def _all(model: StandardizedTransformer) -> list[comp.ComponentAddress]:
@@ -42,7 +48,7 @@ def _all(model: StandardizedTransformer) -> list[comp.ComponentAddress]:
     return out
 
 
-def test_one_address_serves_both_families() -> None:
+def test_one_address_serves_both_families(eager: Eager) -> None:
     llama, gpt2 = eager("llama"), eager("gpt2")
     assert llama.num_layers == gpt2.num_layers
     for name, spec in COMPONENTS.items():
@@ -55,7 +61,7 @@ def test_one_address_serves_both_families() -> None:
     assert locate(gpt2, "block_mid", 0).module == "ln_2"
 
 
-def test_spec_ranks() -> None:
+def test_spec_ranks(eager: Eager) -> None:
     model = eager("llama")
     ranks = {
         name: locate(model, name, 0 if spec.per_layer else None).rank
@@ -87,7 +93,7 @@ def test_spec_ranks() -> None:
     }
 
 
-def test_addresses_are_pure_data() -> None:
+def test_addresses_are_pure_data(eager: Eager) -> None:
     model = eager("llama")
     addresses = _all(model)
     again = pickle.loads(pickle.dumps(addresses))
@@ -99,7 +105,7 @@ def test_addresses_are_pure_data() -> None:
     assert "rank=(1, 11)" in text
 
 
-def test_widths_and_heads_come_from_the_model() -> None:
+def test_widths_and_heads_come_from_the_model(eager: Eager) -> None:
     model = eager("llama")  # 4 query heads, 2 key/value heads (grouped-query attention)
     config = model._model.config
     hd = config.head_dim
@@ -116,7 +122,7 @@ def test_widths_and_heads_come_from_the_model() -> None:
         locate(model, "block_output", 0, head=0)
 
 
-def test_head_slices_are_handed_on_flat() -> None:
+def test_head_slices_are_handed_on_flat(eager: Eager) -> None:
     model = eager("llama")
     inputs = c.sample_inputs(model)
     reads = [
@@ -165,7 +171,7 @@ def test_unknown_and_user_components() -> None:
         locate(model, "block_mdi", 0)
 
 
-def test_per_layer_disagreement_names_the_component_table() -> None:
+def test_per_layer_disagreement_names_the_component_table(eager: Eager) -> None:
     model = eager("llama")
     wrong = dataclasses.replace(COMPONENTS["block_mid"], per_layer=False)
     with pytest.raises(
@@ -174,8 +180,8 @@ def test_per_layer_disagreement_names_the_component_table() -> None:
         locate_module._boundary(model, wrong, None, None)
 
 
-def test_refusals_at_compile_time() -> None:
-    neox = StandardizedTransformer("tiny:gpt_neox")
+def test_refusals_at_compile_time(tiny_model: Load) -> None:
+    neox = tiny_model("tiny:gpt_neox")
     with pytest.raises(ComponentError) as info:
         locate(neox, "block_mid", 0)
     assert str(info.value).startswith(
@@ -191,8 +197,10 @@ def test_refusals_at_compile_time() -> None:
         locate(neox, "logits", 0)
 
 
-def test_a_family_without_the_shared_attention_function_refuses_its_interiors() -> None:
-    bloom = StandardizedTransformer("tiny:bloom")
+def test_a_family_without_the_shared_attention_function_refuses_its_interiors(
+    tiny_model: Load,
+) -> None:
+    bloom = tiny_model("tiny:bloom")
     with pytest.raises(ComponentError) as info:
         locate(bloom, "attention_query", 0)
     text = str(info.value)
@@ -216,7 +224,7 @@ def test_a_moved_op_names_row_module_version_class_and_lists_the_operations() ->
     assert "nn_functional_dropout_0 ->" in text and "nn_functional_softmax_0 ->" in text
 
 
-def test_writes_are_checked_before_they_run() -> None:
+def test_writes_are_checked_before_they_run(eager: Eager) -> None:
     model = eager("llama")
     inputs = c.sample_inputs(model)
     out = locate(model, "block_output", 0)
@@ -235,7 +243,7 @@ def test_writes_are_checked_before_they_run() -> None:
         Plan.of(writes=[(out, torch.zeros(2, seq, 64, dtype=torch.float64))]).run(model, inputs)
 
 
-def test_plans_run_in_forward_order_and_writes_land_before_reads() -> None:
+def test_plans_run_in_forward_order_and_writes_land_before_reads(eager: Eager) -> None:
     model = eager("llama")
     inputs = c.sample_inputs(model)
     late, early = locate(model, "block_output", 2), locate(model, "block_output", 0)
@@ -252,7 +260,7 @@ def test_plans_run_in_forward_order_and_writes_land_before_reads() -> None:
     assert not torch.allclose(written[late], out[late])
 
 
-def _semantics(family: str) -> dict[str, Any]:
+def _semantics(family: str, eager: Eager) -> dict[str, Any]:
     model = eager(family)
     inputs = c.sample_inputs(model)
     layer = 1
@@ -281,8 +289,8 @@ def _semantics(family: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("family", SEMANTIC)
-def test_interior_identities(family: str) -> None:
-    v = _semantics(family)
+def test_interior_identities(family: str, eager: Eager) -> None:
+    v = _semantics(family, eager)
     q, k, scores, probs, z, premix = (
         v[n]
         for n in (
@@ -323,7 +331,7 @@ def test_interior_identities(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", SEMANTIC)
-def test_writing_one_query_head_changes_only_that_heads_z(family: str) -> None:
+def test_writing_one_query_head_changes_only_that_heads_z(family: str, eager: Eager) -> None:
     model = eager(family)
     inputs = c.sample_inputs(model)
     layer, head = 1, 1
@@ -340,7 +348,7 @@ def test_writing_one_query_head_changes_only_that_heads_z(family: str) -> None:
     assert not torch.allclose(per_head(changed)[:, :, head], per_head(clean)[:, :, head])
 
 
-def test_every_component_reads_on_the_semantic_families() -> None:
+def test_every_component_reads_on_the_semantic_families(eager: Eager) -> None:
     for family in SEMANTIC:
         model = eager(family)
         addresses = []
@@ -359,7 +367,7 @@ def test_every_component_reads_on_the_semantic_families() -> None:
                 assert tensor.shape[-1] == address.width, (family, address)
 
 
-def test_a_heterogeneous_config_gives_each_layer_its_own_heads() -> None:
+def test_a_heterogeneous_config_gives_each_layer_its_own_heads(eager: Eager) -> None:
     # Gemma-4's config is heterogeneous: head_dim varies by layer, and transformers
     # refuses to answer config.head_dim for the whole model; layer i's config answers
     model = eager("gemma4_text")
@@ -382,7 +390,7 @@ def test_a_heterogeneous_config_gives_each_layer_its_own_heads() -> None:
         assert torch.equal(q1, q[..., hd : 2 * hd])
 
 
-def test_head_counts_are_read_off_each_layers_attention() -> None:
+def test_head_counts_are_read_off_each_layers_attention(eager: Eager) -> None:
     # MiMo-V2-Flash doubles the key/value heads of its sliding-window layers, which
     # its config does not say: the attention module does (num_key_value_groups)
     model = eager("mimo_v2_flash")
@@ -399,7 +407,9 @@ def test_head_counts_are_read_off_each_layers_attention() -> None:
 
 
 @pytest.mark.parametrize("spec", ["minicpm3", "deepseek_v3", "deepseek_v3?v_head_dim=24"])
-def test_one_head_of_latent_attention_is_sliced_by_the_modules_head_sizes(spec: str) -> None:
+def test_one_head_of_latent_attention_is_sliced_by_the_modules_head_sizes(
+    spec: str, eager: Eager
+) -> None:
     # Multi-head latent attention: the config's head_dim is qk_rope_head_dim (8), the
     # queries and keys are qk_nope + qk_rope (16) a head, the mixed values v_head_dim
     # (16; 24 with the override, to tell the two sizes apart)
@@ -433,7 +443,7 @@ def test_one_head_of_latent_attention_is_sliced_by_the_modules_head_sizes(spec: 
             assert torch.equal(one, flat[..., h * hd : (h + 1) * hd]), (name, h)
 
 
-def test_a_head_whose_size_the_tensor_contradicts_is_refused_not_sliced() -> None:
+def test_a_head_whose_size_the_tensor_contradicts_is_refused_not_sliced(eager: Eager) -> None:
     model = eager("minicpm3")
     address = locate(model, "attention_query", 1, head=1)
     wrong = dataclasses.replace(address, head_dim=8, width=8)  # the config's head_dim
@@ -456,7 +466,7 @@ def test_a_value_head_size_left_open_refuses_one_head() -> None:
     assert locate(model, "attention_z", 0, head=0).head_dim == module.head_dim  # layer 0 as is
 
 
-def test_key_heads_are_those_the_attention_function_receives() -> None:
+def test_key_heads_are_those_the_attention_function_receives(eager: Eager) -> None:
     # JetMoE tiles its key/value heads top_k times before the attention call and says
     # num_key_value_groups = 1: the keys read have num_heads heads, not
     # num_key_value_heads

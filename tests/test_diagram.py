@@ -3,9 +3,10 @@ naming the places the block refuses (and why), and the committed docs/diagrams f
 
 from __future__ import annotations
 
-import functools
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -37,9 +38,10 @@ def cli(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-@functools.cache
-def load(spec: str) -> StandardizedTransformer:
-    return StandardizedTransformer(spec, enable_attention_probs=True)
+@pytest.fixture
+def load(tiny_model: Callable[..., StandardizedTransformer]) -> Callable[[str], Any]:
+    """The session's shared model for ``spec``, attention probabilities enabled."""
+    return lambda spec: tiny_model(spec, probs=True)
 
 
 def _texts(root: ET.Element) -> str:
@@ -47,7 +49,9 @@ def _texts(root: ET.Element) -> str:
 
 
 @pytest.mark.parametrize("structure", sorted(STRUCTURES))
-def test_one_valid_svg_per_structure_naming_what_it_refuses(structure: str) -> None:
+def test_one_valid_svg_per_structure_naming_what_it_refuses(
+    structure: str, load: Callable[[str], Any]
+) -> None:
     spec, refused = STRUCTURES[structure]
     model = load(spec)
     assert model.block_structure == structure
@@ -88,7 +92,7 @@ def test_one_valid_svg_per_structure_naming_what_it_refuses(structure: str) -> N
 
 
 @pytest.mark.parametrize("structure", sorted(STRUCTURES))
-def test_committed_docs_diagrams_are_fresh(structure: str) -> None:
+def test_committed_docs_diagrams_are_fresh(structure: str, load: Callable[[str], Any]) -> None:
     spec, _ = STRUCTURES[structure]
     path = REPO / "docs" / "diagrams" / f"{structure}.svg"
     assert path.read_text() == diagram(load(spec), 0, spec), (

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
@@ -146,6 +147,7 @@ def _set(node: Any, path: tuple[Any, ...], value: Any) -> Any:
     return node
 
 
+@pytest.mark.fuzz  # about a minute: CI runs it after the README's command
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_mutated_registries(data: st.DataObject, tmp_path_factory: Any) -> None:

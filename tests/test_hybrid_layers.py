@@ -5,6 +5,8 @@ without end, and attention places are refused there with the layer-kind reason."
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from causalab_mini.internals import PlaceUnavailable, child
@@ -13,8 +15,10 @@ from causalab_mini.model import StandardizedTransformer
 pytestmark = pytest.mark.slow
 
 
-def test_a_sublayer_set_to_none_is_no_child() -> None:
-    model = StandardizedTransformer("tiny:granitemoehybrid")
+def test_a_sublayer_set_to_none_is_no_child(
+    tiny_model: Callable[..., StandardizedTransformer],
+) -> None:
+    model = tiny_model("tiny:granitemoehybrid")
     kinds = [child(model.layers[i], "self_attn") is not None for i in range(len(model.layers))]
     assert kinds == [False, True, False]
     assert child(model.layers[0], "mamba") is not None

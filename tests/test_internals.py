@@ -4,136 +4,140 @@ reach the stream, and availability is decided without running the model."""
 
 from __future__ import annotations
 
-import functools
 from collections import namedtuple
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 
 from causalab_mini import Address, FirstIfTuple, Index, IOType, RenameConfig
-from causalab_mini.generated import DEFAULT_ADDRESSES
+from causalab_mini.generated import DEFAULT_ADDRESSES, FAMILY_ADDRESSES, FAMILY_MATCH, FAMILY_RENAME
 from causalab_mini.internals import PlaceUnavailable, RenameError
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 
-# family -> the model spec that builds it, and the block structure it must report
-FAMILIES: dict[str, tuple[str, str]] = {
-    "llama": ("tiny:llama", "pre_norm"),
-    "mistral": ("tiny:mistral", "pre_norm"),
-    "qwen2": ("tiny:qwen2", "pre_norm"),
-    "qwen3": ("tiny:qwen3", "pre_norm"),
-    "gemma": ("tiny:gemma", "pre_norm"),
-    "gemma2": ("tiny:gemma2", "sandwich_norm"),
-    "gemma3_text": ("tiny:gemma3_text", "sandwich_norm"),
-    "olmo2": ("tiny:olmo2", "post_norm"),
-    "gpt2": ("tiny:gpt2", "pre_norm"),
-    "gpt_neox": ("tiny:gpt_neox", "parallel"),
-    "gptj": ("tiny:gptj", "parallel"),
-    "falcon": ("tiny:falcon", "parallel"),
-    "phi": ("tiny:phi", "parallel"),
-    "stablelm": ("tiny:stablelm", "pre_norm"),
-    "bloom": ("tiny:bloom", "residual_inside"),
-    "mpt": ("tiny:mpt", "residual_inside"),
-    "dbrx": ("tiny:dbrx", "residual_inside"),
-    "opt": ("tiny:opt", "pre_norm"),
-    "gpt_bigcode": ("tiny:gpt_bigcode", "pre_norm"),
-    "granite": (
-        "tiny:granite?residual_multiplier=0.37&embedding_multiplier=3.0&logits_scaling=2.0",
-        "pre_norm",
-    ),
-    "mixtral": ("tiny:mixtral", "pre_norm"),
-    "qwen2_moe": ("tiny:qwen2_moe", "pre_norm"),
-    "qwen3_moe": ("tiny:qwen3_moe", "pre_norm"),
-    "deepseek_v3": ("tiny:deepseek_v3", "pre_norm"),
-    "ctrl": ("tiny:ctrl", "pre_norm"),
-    "persimmon": ("tiny:persimmon", "pre_norm"),
-    "biogpt": ("tiny:biogpt", "pre_norm"),
-    # the config values that change a block's structure
-    "gpt_neox_sequential": ("tiny:gpt_neox?use_parallel_residual=false", "pre_norm"),
-    "stablelm_parallel": ("tiny:stablelm?use_parallel_residual=true", "parallel"),
-    "falcon_sequential": ("tiny:falcon?parallel_attn=false", "pre_norm"),
-    "falcon_new_arch": ("tiny:falcon?new_decoder_architecture=true", "parallel"),
-    "falcon_alibi": ("tiny:falcon?alibi=true", "parallel"),
-}
-# Families with no place between the sublayers to write (the reason is in their row).
-NO_MID_WRITE = {"opt"}
-# Where nnterp 1.3.0's own accessor is not the sublayer's contribution on a pre-norm
-# or parallel block (our row differs on purpose).
-NNTERP_DIFFERS = {
-    "falcon": {"mlps_output"},  # the layer adds attention into the MLP output in place
-    "falcon_new_arch": {"mlps_output"},
-    "falcon_alibi": {"mlps_output"},
-    "granite": {"attentions_output", "mlps_output"},  # unscaled by residual_multiplier
-    "opt": {"mlps_output"},  # no MLP module
-    "biogpt": {"mlps_output"},  # no MLP module (our row reads fc2)
-}
+from .registry_cases import Case, rule_cases
 
-pytestmark = pytest.mark.slow
+Load = Callable[..., StandardizedTransformer]
+
+# The block structures whose every layer is attention and an MLP on one residual
+# stream, as transformers' hidden states and nnterp's accessors describe it: the
+# oracles of this file apply there. Models of other structures (and of none) are
+# certified by tests/test_families.py with their families' declarations.
+ATTENTION_AND_MLP = {"pre_norm", "sandwich_norm", "post_norm", "parallel", "residual_inside"}
+
+# Every model type the block-structure rules name whose rules all give one of those
+# structures, with the config values the rules and family matches decide by and the
+# attributes rows scale by (tests/registry_cases.py): the representatives run in the
+# README's test command, the rest in CI (marker `wide`).
+CASES = [case for case in rule_cases() if case.structures and case.structures <= ATTENTION_AND_MLP]
+FAMILIES = [case.param(case) for case in CASES]
+
+# Granite with every multiplier away from 1 (the residual's, the embeddings', the
+# logits'): the rows state residual_multiplier, and the identities see whether it is applied.
+GRANITE = "tiny:granite?residual_multiplier=0.37&embedding_multiplier=3.0&logits_scaling=2.0"
+
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 
-@functools.cache
-def load(spec: str, probs: bool = False) -> StandardizedTransformer:
-    return StandardizedTransformer(spec, enable_attention_probs=probs)
+def _available(
+    model: StandardizedTransformer, rows: tuple[str, ...] | list[str], layer: int
+) -> bool:
+    return all(model.internals[row].unavailable_on(layer) is None for row in rows)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_identities_oracles_and_write(family: str) -> None:
-    spec, structure = FAMILIES[family]
-    model = load(spec)
+def _replaced(model: StandardizedTransformer) -> set[str]:
+    """The rows the model's family files replace."""
+    matches = [FAMILY_MATCH[family] for family in model.families]
+    return {name for match, rows in FAMILY_ADDRESSES if match in matches for name in rows}
+
+
+def _skips_nnterp_checks(model: StandardizedTransformer) -> str | None:
+    for family in model.families:
+        if FAMILY_RENAME[family].skip_nnterp_checks:
+            return f"family {family} skips nnterp's checks: nnterp's accessors do not apply"
+    return None
+
+
+def _identities_and_oracles(model: StandardizedTransformer, structure: str | None) -> list[Any]:
+    """Every identity on every layer where its places are available, the hidden-state
+    oracle, and the write to the mid-stream wherever a block has one."""
     assert model.block_structure == structure
     inputs = c.sample_inputs(model)
     assert inputs["attention_mask"][0, 0] == 0, "the batch must be left-padded"
     values = c.read_places(model, inputs)
     checks = c.identities(model, values)
-    expected_identities = len(c.BLOCK_STRUCTURES[structure].identities) * model.internals.num_layers
-    if family in NO_MID_WRITE:  # its identities run through a refused place
-        expected_identities = 0
+    expected_identities = sum(
+        _available(model, c.identity_rows(text), layer)
+        for text in c.BLOCK_STRUCTURES[model.block_structure].identities
+        for layer in range(model.internals.num_layers)
+    )
+    assert expected_identities > 0 or model.internals.status()["layers_mid"] is not None
     assert len(checks) == expected_identities, "every identity is checked on every layer"
     checks += c.hidden_state_oracle(model, inputs, values)
     write = c.write_reaches_stream(model, inputs)
-    if family in NO_MID_WRITE:
-        assert write is None and model.internals.status()["layers_mid"] is not None
+    if write is None:  # only where a place the write needs is refused
+        needs = ["layers_mid", "mlps_output", c.mid_write_target(model) or "layers_output"]
+        if model.block_structure == "parallel":
+            needs = ["attentions_output", "layers_output"]
+        assert not _available(model, needs, 0), "the write to the stream was not checked"
     else:
-        assert write is not None
         checks.append(write)
+    return checks
+
+
+@pytest.mark.parametrize("case", FAMILIES)
+def test_identities_oracles_and_write(case: Case, tiny_model: Load) -> None:
+    model = tiny_model(case.spec)
+    checks = _identities_and_oracles(model, case.expected_structure())
     failed = [check for check in checks if not check.ok]
     assert not failed, failed
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_attention_probabilities_match_output_attentions(family: str) -> None:
-    spec, _ = FAMILIES[family]
-    model = load(spec, probs=True)
+@pytest.mark.parametrize("case", FAMILIES)
+def test_attention_probabilities_match_output_attentions(case: Case, tiny_model: Load) -> None:
+    model = tiny_model(case.spec, probs=True)
     reason = model.internals.status()["attention_probabilities"]
-    if reason is not None and "'s row holds for transformers" in reason:
-        pytest.skip(reason)  # refused for this transformers release, with the reason
-    checks = c.attention_oracle(model, c.sample_inputs(model))
+    if reason is not None:
+        pytest.skip(reason)  # refused (on this model, or this transformers), with the reason
+    inputs = c.sample_inputs(model)
+    model.dispatch()  # the oracle runs the module itself: real weights, not meta ones
+    checks = c.attention_oracle(model, inputs)
     assert len(checks) == model.internals.num_layers
     assert all(check.ok for check in checks), checks
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_nnterp_accessors_agree_where_they_name_the_same_tensor(family: str) -> None:
+@pytest.mark.parametrize("case", FAMILIES)
+def test_nnterp_accessors_agree_where_they_name_the_same_tensor(
+    case: Case, tiny_model: Load
+) -> None:
     import nnterp
 
-    spec, structure = FAMILIES[family]
-    model = load(spec)
+    model = tiny_model(case.spec)
+    skip = _skips_nnterp_checks(model)
+    if skip:
+        pytest.skip(skip)
     inputs = c.sample_inputs(model)
     values = c.read_places(
         model, inputs, ["layers_input", "layers_output", "attentions_output", "mlps_output"]
     )
     theirs: list[Any] = []
     names = ["layers_input", "layers_output"]
-    if structure in ("pre_norm", "parallel"):
+    if model.block_structure in ("pre_norm", "parallel"):
         names += ["attentions_output", "mlps_output"]
-    names = [n for n in names if n not in NNTERP_DIFFERS.get(family, set())]
+    # where a family file replaces a row, nnterp's accessor (the module's output) is
+    # not the sublayer's contribution: our row differs on purpose
+    names = [n for n in names if n not in _replaced(model)]
     with model.trace(inputs):
         for layer in range(model.num_layers):
             for name in sorted(names, key=lambda n: DEFAULT_ADDRESSES[n].order):
+                if (name, layer) not in values:  # refused on this layer
+                    continue
                 accessor = getattr(nnterp.StandardizedTransformer, "__dict__", {}).get(name)
                 assert accessor is None  # nnterp's accessors are instance attributes
                 theirs.append((name, layer, _nnterp_read(model, name, layer).save()))
+    assert theirs, "nothing was compared"
     for name, layer, tensor in theirs:
         got = c.compare(name, layer, values[(name, layer)], getattr(tensor, "value", tensor))
         assert got.ok, got
@@ -158,17 +162,19 @@ def test_a_wrong_row_fails_its_identity() -> None:
     assert any(not check.ok for check in checks if "attentions_output" in check.name)
 
 
-def test_an_unscaled_contribution_fails_its_identity() -> None:
-    """Granite's rows state residual_multiplier; without it the identity refuses."""
-    spec = FAMILIES["granite"][0]
+def test_an_unscaled_contribution_fails_its_identity(tiny_model: Load) -> None:
+    """Granite's rows state residual_multiplier: with them the identities and oracles
+    hold (every multiplier away from 1), without it the identity refuses."""
+    checks = _identities_and_oracles(tiny_model(GRANITE), "pre_norm")
+    assert checks and all(check.ok for check in checks), checks
     unscaled = RenameConfig(addresses={"attentions_output": DEFAULT_ADDRESSES["attentions_output"]})
-    model = StandardizedTransformer(spec, rename_config=unscaled)
+    model = StandardizedTransformer(GRANITE, rename_config=unscaled)
     checks = c.identities(model, c.read_places(model, c.sample_inputs(model)))
     assert any(not check.ok for check in checks if "attentions_output" in check.name)
 
 
-def test_at_a_glance_one_name_two_spellings() -> None:
-    llama, gpt2 = load("tiny:llama"), load("tiny:gpt2")
+def test_at_a_glance_one_name_two_spellings(tiny_model: Load) -> None:
+    llama, gpt2 = tiny_model("tiny:llama"), tiny_model("tiny:gpt2")
     for model, module in ((llama, "post_attention_layernorm"), (gpt2, "ln_2")):
         row = model.internals["layers_mid"].address
         assert (model.block_structure, row.module, row.io) == ("pre_norm", module, IOType.INPUT)
@@ -203,23 +209,25 @@ TWENTY = [
 POST_LN_ONLY = ["layers_mid_prenorm", "layers_output_prenorm"]
 
 
-def test_status_names_the_default_rows_in_forward_order() -> None:
+def test_status_names_the_default_rows_in_forward_order(tiny_model: Load) -> None:
     assert DEFAULT_ROWS == TWENTY
     for spec in ("tiny:llama", "tiny:gpt2"):
-        status = load(spec).internals.status()
+        status = tiny_model(spec).internals.status()
         assert list(status) == TWENTY
         missing = {k: v for k, v in status.items() if v is not None}
         assert list(missing) == ["attention_probabilities"]
         assert "enable_attention_probs=True" in missing["attention_probabilities"]
-    assert load("tiny:llama", probs=True).internals.status()["attention_probabilities"] is None
+    assert (
+        tiny_model("tiny:llama", probs=True).internals.status()["attention_probabilities"] is None
+    )
 
 
-def test_a_post_ln_block_adds_its_structure_rows_in_forward_order() -> None:
+def test_a_post_ln_block_adds_its_structure_rows_in_forward_order(tiny_model: Load) -> None:
     # rows block_structures.yaml declares under post_ln: only post-LN models have them,
     # sorted among the default rows by their order
     from causalab_mini.generated import STRUCTURE_ADDRESSES
 
-    model = load("tiny:openai-gpt")
+    model = tiny_model("tiny:openai-gpt")
     assert model.block_structure == "post_ln"
     assert list(STRUCTURE_ADDRESSES["post_ln"]) == POST_LN_ONLY
     names = list(model.internals.status())
@@ -232,13 +240,13 @@ def test_a_post_ln_block_adds_its_structure_rows_in_forward_order() -> None:
         assert model.internals.status()[name] is None
         assert hasattr(model, name)
     for spec in ("tiny:llama", "tiny:gpt_neox"):
-        other = load(spec)
+        other = tiny_model(spec)
         assert not set(POST_LN_ONLY) & set(other.internals.status())
         assert not hasattr(other, "layers_mid_prenorm")
 
 
-def test_status_on_a_parallel_block_says_why() -> None:
-    status = load("tiny:gpt_neox").internals.status()
+def test_status_on_a_parallel_block_says_why(tiny_model: Load) -> None:
+    status = tiny_model("tiny:gpt_neox").internals.status()
     assert list(status) == DEFAULT_ROWS
     assert status["layers_mid"] == (
         "layers_mid does not exist on this model: its block is 'parallel'. Attention and the "
@@ -249,7 +257,9 @@ def test_status_on_a_parallel_block_says_why() -> None:
     assert status["attentions_output"] is None and status["mlps_output"] is None
 
 
-def test_a_family_says_why_no_block_structure_applies(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_family_says_why_no_block_structure_applies(
+    monkeypatch: pytest.MonkeyPatch, tiny_model: Load
+) -> None:
     # Dory's family gives structure_unknown_reason: it is the reason of every
     # structural place (those resolved through structural.yaml, and those refused
     # where the structure is unknown), with the place's name filled in
@@ -257,7 +267,7 @@ def test_a_family_says_why_no_block_structure_applies(monkeypatch: pytest.Monkey
 
     if "dory" not in causal_lm_model_types():
         pytest.skip("Dory is not in this transformers (it arrived after 5.17)")
-    model = load("tiny:dory")
+    model = tiny_model("tiny:dory")
     assert model.block_structure is None and model.families == ("dory",)
     status = model.internals.status()
     for row in ("attentions_norm_output", "layers_mid", "mlps_neurons", "attentions_output"):
@@ -287,8 +297,8 @@ def test_status_runs_no_forward_pass() -> None:
     assert calls == []
 
 
-def test_rank_is_layer_and_order() -> None:
-    internals = load("tiny:llama").internals
+def test_rank_is_layer_and_order(tiny_model: Load) -> None:
+    internals = tiny_model("tiny:llama").internals
     n = internals.num_layers
     assert internals.rank("embeddings_input") == (-1, -2)
     assert internals.rank("layers_mid", 1) == (1, 33)
@@ -300,8 +310,8 @@ def test_rank_is_layer_and_order() -> None:
     assert ranks == sorted(ranks)
 
 
-def test_reading_a_refused_place_says_why_and_where() -> None:
-    model = load("tiny:gpt_neox")
+def test_reading_a_refused_place_says_why_and_where(tiny_model: Load) -> None:
+    model = tiny_model("tiny:gpt_neox")
     with pytest.raises(PlaceUnavailable) as info:
         with model.trace(c.sample_inputs(model)):
             model.layers_mid[1].save()
@@ -397,8 +407,8 @@ def test_a_row_named_like_an_attribute_is_refused() -> None:
         StandardizedTransformer("tiny:llama", rename_config=config)
 
 
-def test_every_row_is_an_attribute_and_logits_stay_properties() -> None:
-    model = load("tiny:llama")
+def test_every_row_is_an_attribute_and_logits_stay_properties(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
     for name in model.internals:
         if name not in ("logits", "embeddings_output"):
             assert getattr(model, name) is model.internals[name]
@@ -414,8 +424,8 @@ def test_every_row_is_an_attribute_and_logits_stay_properties() -> None:
     assert torch.allclose(box["emb"], emb)
 
 
-def test_writing_embeddings_changes_the_logits() -> None:
-    model = load("tiny:llama")
+def test_writing_embeddings_changes_the_logits(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
     inputs = c.sample_inputs(model)
     box: dict[str, Any] = {}
     with model.trace(inputs):
@@ -465,8 +475,8 @@ def test_index_put_on_mappings_lists_and_model_outputs() -> None:
         Index("nope").put({"a": 1}, 5)
 
 
-def test_mixed_dense_and_moe_layers_answer_per_layer() -> None:
-    model = load("tiny:deepseek_v3")
+def test_mixed_dense_and_moe_layers_answer_per_layer(tiny_model: Load) -> None:
+    model = tiny_model("tiny:deepseek_v3")
     internals = model.internals
     assert internals.status(layer=0)["mlps_activation"] is None
     assert internals.status(layer=0)["mlps_neurons"] is None
@@ -482,8 +492,8 @@ def test_mixed_dense_and_moe_layers_answer_per_layer() -> None:
 
 
 @pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "qwen3_moe", "dbrx"])
-def test_every_layer_of_a_mixture_refuses_the_mlp_interiors(family: str) -> None:
-    status = load(FAMILIES[family][0]).internals.status()
+def test_every_layer_of_a_mixture_refuses_the_mlp_interiors(family: str, tiny_model: Load) -> None:
+    status = tiny_model(f"tiny:{family}").internals.status()
     for name in ("mlps_activation", "mlps_neurons"):
         reason = status[name]
         assert reason is not None and "top-k of N experts" in reason, (name, reason)
@@ -536,13 +546,13 @@ def _writes_to_check(model: StandardizedTransformer) -> list[str]:
     return available or ["attentions_output"]
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_write_never_changes_an_earlier_read(family: str) -> None:
+@pytest.mark.parametrize("case", FAMILIES)
+def test_a_write_never_changes_an_earlier_read(case: Case, tiny_model: Load) -> None:
     """Read everything up to a place, write there, read it again and a later place:
     the earlier reads equal a clean run, the second read is the written value, and
     the stream after the write changed; on every block structure, at every place
     whose write is in place or whose tensor the forward modifies later."""
-    model = load(FAMILIES[family][0])
+    model = tiny_model(case.spec)
     inputs = c.sample_inputs(model)
     for name in _writes_to_check(model):
         checks = c.write_keeps_earlier_reads(model, inputs, name, 1)
@@ -551,10 +561,10 @@ def test_a_write_never_changes_an_earlier_read(family: str) -> None:
         assert not failed, failed
 
 
-def test_the_readme_trace_keeps_its_saved_read() -> None:
+def test_the_readme_trace_keeps_its_saved_read(tiny_model: Load) -> None:
     """The README's example, as written there: the saved mid-stream keeps its value,
     the write reaches layers_output."""
-    model = load("tiny:llama")
+    model = tiny_model("tiny:llama")
     with model.trace("The quick brown fox"):
         clean_mid = model.layers_mid[1].save()
         clean_mlp = model.mlps_output[1].save()
@@ -588,11 +598,11 @@ def test_the_readme_trace_keeps_its_saved_read() -> None:
     ],
 )
 def test_every_spelling_of_a_write_refuses_what_does_not_fit(
-    spelling: str, value: Any, message: str
+    spelling: str, value: Any, message: str, tiny_model: Load
 ) -> None:
     from causalab_mini.components import WriteRefused
 
-    model = load("tiny:llama")
+    model = tiny_model("tiny:llama")
     with pytest.raises(WriteRefused, match=message):
         with model.trace("The quick brown fox"):
             mid = model.internals["layers_mid"][0]
@@ -611,11 +621,11 @@ def test_every_spelling_of_a_write_refuses_what_does_not_fit(
     ],
 )
 def test_read_only_places_refuse_writes_on_every_spelling(
-    name: str, layer: int | None, message: str
+    name: str, layer: int | None, message: str, tiny_model: Load
 ) -> None:
     from causalab_mini.components import WriteRefused
 
-    model = load("tiny:llama")
+    model = tiny_model("tiny:llama")
     for spelling in ("attribute", "internals"):
         with pytest.raises(WriteRefused, match=message):
             with model.trace("The quick brown fox"):
@@ -628,8 +638,8 @@ def test_read_only_places_refuse_writes_on_every_spelling(
                     place[layer] = torch.zeros(1)
 
 
-def test_a_component_name_in_internals_names_its_place() -> None:
-    internals = load("tiny:llama").internals
+def test_a_component_name_in_internals_names_its_place(tiny_model: Load) -> None:
+    internals = tiny_model("tiny:llama").internals
     with pytest.raises(
         KeyError,
         match=r"'block_mid' is a component name, not a place: the place it reads is 'layers_mid'",

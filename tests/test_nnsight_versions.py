@@ -23,7 +23,7 @@ from causalab_mini.tools import certify as c
 from causalab_mini.tools.cli import main
 from causalab_mini.tools.tiny import resolve_model_spec
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 
 @functools.cache

@@ -23,7 +23,7 @@ from .ndif_loopback import Loopback, Worker
 from .test_components import eager
 from .test_internals import load
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 # The NDIF loopback stands in for a server of nnsight 0.6/0.7 (their client internals
 # and request format); remote runs under nnsight 0.8 are refused with the fix

@@ -4,8 +4,8 @@ lints clean, and its verified rows pass the identities through the runtime."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +32,18 @@ def load_yaml(text: str) -> Any:
     return YAML(typ="safe", pure=True).load(text)
 
 
-@functools.cache
-def found(spec: str) -> s.Scaffold:
-    return s.scaffold(spec)
+@pytest.fixture(scope="session")
+def found() -> Callable[[str], s.Scaffold]:
+    """``found(spec)``: the scaffold of ``spec``, made once per session (tests copy
+    before they change one)."""
+    made: dict[str, s.Scaffold] = {}
+
+    def get(spec: str) -> s.Scaffold:
+        if spec not in made:
+            made[spec] = s.scaffold(spec)
+        return made[spec]
+
+    return get
 
 
 def _typed_rows(registry_root: Path, family: str) -> tuple[dict[str, Address], dict[str, Any]]:
@@ -144,7 +153,9 @@ KNOWN = [
 
 
 @pytest.mark.parametrize(("family", "spec"), KNOWN)
-def test_blind_scaffold_reproduces_the_registry_rows(family: str, spec: str) -> None:
+def test_blind_scaffold_reproduces_the_registry_rows(
+    family: str, spec: str, found: Callable[[str], s.Scaffold]
+) -> None:
     sc = found(spec)
     assert sc.structure == sc.existing_rule
     theirs = dict(FAMILY_ADDRESSES[FAMILIES.index(family)][1])
@@ -169,7 +180,7 @@ def test_blind_scaffold_reproduces_the_registry_rows(family: str, spec: str) -> 
     assert not sc.failures
 
 
-def test_structures_are_told_apart_with_reasons() -> None:
+def test_structures_are_told_apart_with_reasons(found: Callable[[str], s.Scaffold]) -> None:
     sc = found("tiny:phi3")
     trials = {t.name: t for t in sc.trials}
     assert trials["pre_norm"].passed and not trials["pre_norm"].ruled_out
@@ -187,7 +198,7 @@ def test_structures_are_told_apart_with_reasons() -> None:
 
 
 def test_undecided_places_are_comments_and_lint_says_what_is_missing(
-    package_registry_copy: Path,
+    package_registry_copy: Path, found: Callable[[str], s.Scaffold]
 ) -> None:
     sc = dataclasses.replace(found("tiny:phi3"), family="zeta", model_type="zeta", structure=None)
     sc.structure_evidence = "several structures pass and none is ruled out: a, b"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from .conftest import REPO
 
 
@@ -20,6 +22,7 @@ def test_ruff_check_and_format() -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+@pytest.mark.typecheck  # CI runs it after the README's command (and nox -s typecheck)
 def test_mypy_strict() -> None:
     proc = subprocess.run(
         [

@@ -3,13 +3,15 @@ its query/key checks on attention functions whose mask is more than causal."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from causalab_mini import RenameConfig
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
-from causalab_mini.tools.sweep import certify, run_one
+from causalab_mini.tools.sweep import Result, certify
 
 from .conftest import gpt2_with_a_moved_op
 
@@ -34,11 +36,13 @@ def test_a_nested_needle_that_names_no_operation_is_refused_not_a_crash() -> Non
     assert result["block_output"]["state"] == "ok"
 
 
-def test_query_and_key_are_checked_through_the_probabilities_when_scores_are_refused() -> None:
+def test_query_and_key_are_checked_through_the_probabilities_when_scores_are_refused(
+    certified: Callable[[str], Result],
+) -> None:
     # MiMo-V2-Flash's attention function has no nn.functional.softmax call (it calls
     # F.softmax over the scores, a sink column and less the row max): the scores are
     # refused, and q and k are checked against the probabilities instead
-    result = run_one("tiny:mimo_v2_flash")
+    result = certified("tiny:mimo_v2_flash")
     assert result.outcome == "certified", result.reason
     scores = result.components["attention_scores"]
     assert scores["state"] == "refused"
@@ -51,20 +55,24 @@ def test_query_and_key_are_checked_through_the_probabilities_when_scores_are_ref
         ]
 
 
-def test_scores_are_checked_against_the_mask_the_attention_function_is_given() -> None:
+def test_scores_are_checked_against_the_mask_the_attention_function_is_given(
+    certified: Callable[[str], Result],
+) -> None:
     # Doge's attention adds a dynamic mask computed from the values, nonzero on the
     # keys a query sees: the scores are q·kᵀ·scaling plus that mask, not plus 0
-    result = run_one("tiny:doge")
+    result = certified("tiny:doge")
     for name in ("attention_query", "attention_key", "attention_scores"):
         assert result.components[name]["state"] == "ok", result.components[name]
 
 
 @pytest.mark.parametrize("with_scores", [True, False])
-def test_a_wrong_query_fails_the_query_key_check(with_scores: bool) -> None:
+def test_a_wrong_query_fails_the_query_key_check(
+    with_scores: bool, tiny_model: Callable[..., StandardizedTransformer]
+) -> None:
     from causalab_mini.components import Plan, locate
     from causalab_mini.tools import sweep
 
-    model = StandardizedTransformer("tiny:llama", enable_attention_probs=True)
+    model = tiny_model("tiny:llama", probs=True)
     inputs = c.sample_inputs(model)
     names = ["attention_query", "attention_key", "attention_probs"]
     if with_scores:
@@ -79,23 +87,25 @@ def test_a_wrong_query_fails_the_query_key_check(with_scores: bool) -> None:
         assert [o.ok for o in outcomes if "attention_query" in o.components] == [holds]
 
 
-def test_the_unembedding_is_checked_on_what_it_reads() -> None:
+def test_the_unembedding_is_checked_on_what_it_reads(certified: Callable[[str], Result]) -> None:
     # MiniCPM3 divides the final norm's output by logits_scaling before lm_head: the
     # norm's output is still output_hidden_states[-1], and lm_head is checked on the
     # input it was given; where that input is ln_final (Llama) the check says so
-    cpm = run_one("tiny:minicpm3").components
+    cpm = certified("tiny:minicpm3").components
     assert cpm["ln_final"]["state"] == "ok"
     assert "output_hidden_states[-1] == ln_final" in cpm["ln_final"]["checks"]
     assert cpm["lm_head"]["state"] == "ok"
     assert "lm_head == get_output_embeddings()(the unembedding's input)" in cpm["lm_head"]["checks"]
-    llama = run_one("tiny:llama").components
+    llama = certified("tiny:llama").components
     assert "lm_head == get_output_embeddings()(ln_final)" in llama["lm_head"]["checks"]
 
 
-def test_the_mlp_is_called_with_the_other_arguments_it_was_given() -> None:
+def test_the_mlp_is_called_with_the_other_arguments_it_was_given(
+    certified: Callable[[str], Result],
+) -> None:
     # Zaya's MLP takes the router state of the layer before; MPT's the residual
     for model_type in ("zaya", "mpt"):
-        item = run_one(f"tiny:{model_type}").components["mlp_input"]
+        item = certified(f"tiny:{model_type}").components["mlp_input"]
         assert item["state"] == "ok", item
         assert "mlp(mlp_input, its other arguments) == the MLP's output" in item["checks"]
 
@@ -119,18 +129,22 @@ def test_a_whole_model_place_that_depends_on_the_trace_is_broken() -> None:
     assert components["logits"]["state"] == "ok"
 
 
-def test_the_mlp_is_called_with_a_copy_of_the_state_it_was_given() -> None:
+def test_the_mlp_is_called_with_a_copy_of_the_state_it_was_given(
+    certified: Callable[[str], Result],
+) -> None:
     # RWKV's feed-forward takes the model's state, a list of tensors the model updates
     # in place after the call: the check calls it again with the state as it was
-    item = run_one("tiny:rwkv").components["mlp_input"]
+    item = certified("tiny:rwkv").components["mlp_input"]
     assert item["state"] == "ok", item
     assert "mlp(mlp_input, its other arguments) == the MLP's output" in item["checks"]
 
 
-def test_hidden_states_that_are_block_outputs_are_checked_as_such() -> None:
+def test_hidden_states_that_are_block_outputs_are_checked_as_such(
+    certified: Callable[[str], Result],
+) -> None:
     # Mamba's output_hidden_states lists each block's output (no embeddings entry),
     # as mamba.yaml says: the boundaries are checked against those entries
-    components = run_one("tiny:mamba").components
+    components = certified("tiny:mamba").components
     assert components["block_input"]["state"] == "ok"
     assert components["block_input"]["checks"] == ["output_hidden_states[i-1] == block_input[i]"]
     assert components["block_output"]["checks"] == ["output_hidden_states[i] == block_output[i]"]
@@ -150,12 +164,14 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such() -> None:
     assert result["block_output"]["state"] == "broken"
 
 
-def test_a_head_that_transforms_ln_final_is_checked_on_its_unembedding() -> None:
+def test_a_head_that_transforms_ln_final_is_checked_on_its_unembedding(
+    certified: Callable[[str], Result],
+) -> None:
     # RoBERTa-PreLayerNorm's lm_head module reads the final norm's output
     # (output_hidden_states[-1]) and runs dense, gelu and layer_norm before its
     # decoder: the decoder is checked on its own input; RoBERTa, whose ln_final is the
     # head's layer_norm, keeps the check on ln_final
-    pre = run_one("tiny:roberta-prelayernorm").components
+    pre = certified("tiny:roberta-prelayernorm").components
     assert pre["ln_final"]["state"] == "ok"
     assert "output_hidden_states[-1] == ln_final" in pre["ln_final"]["checks"]
     assert pre["lm_head"]["state"] == "ok"
@@ -163,35 +179,39 @@ def test_a_head_that_transforms_ln_final_is_checked_on_its_unembedding() -> None
         "lm_head == get_output_embeddings()(its input inside lm_head), lm_head reading ln_final"
         in pre["lm_head"]["checks"]
     )
-    roberta = run_one("tiny:roberta").components
+    roberta = certified("tiny:roberta").components
     assert "lm_head == get_output_embeddings()(ln_final)" in roberta["lm_head"]["checks"]
 
 
-def test_neurons_with_no_mlp_output_are_held_to_the_activation() -> None:
+def test_neurons_with_no_mlp_output_are_held_to_the_activation(
+    certified: Callable[[str], Result],
+) -> None:
     # X-MOD's feed-forward ends in a language adapter, so mlps_output is refused: the
     # neurons are checked against the activation instead; where the MLP's output
     # exists (BERT) the activation check covers the activation alone
-    xmod = run_one("tiny:xmod").components
+    xmod = certified("tiny:xmod").components
     assert xmod["mlp_output"]["state"] == "refused"
     assert xmod["mlp_neuron_output"]["state"] == "ok"
     assert xmod["mlp_neuron_output"]["checks"] == ["mlp_neuron_output == mlp_activation (x a gate)"]
-    bert = run_one("tiny:bert").components
+    bert = certified("tiny:bert").components
     assert bert["mlp_neuron_output"]["checks"] == [
         "down projection(mlp_neuron_output) == the MLP's output"
     ]
 
 
-def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read() -> None:
+def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read(
+    certified: Callable[[str], Result],
+) -> None:
     # MiniCPM3 refuses both contribution rows (scaled by scale_depth /
     # sqrt(num_hidden_layers)), so no identity names layers_mid: it is checked as the
     # input of the norm whose output is mlps_norm_output
-    mid = run_one("tiny:minicpm3").components["block_mid"]
+    mid = certified("tiny:minicpm3").components["block_mid"]
     assert mid["state"] == "ok", mid
     assert mid["checks"] == [
         "a write keeps every earlier read, reads back, and reaches the stream",
         "the MLP's norm(layers_mid) == mlps_norm_output",
     ]
-    llama = run_one("tiny:llama").components["block_mid"]
+    llama = certified("tiny:llama").components["block_mid"]
     assert "the MLP's norm(layers_mid) == mlps_norm_output" not in llama["checks"]
 
 
@@ -217,10 +237,12 @@ def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.Mon
         assert result[name]["state"] == "ok", result[name]
 
 
-def test_a_family_no_block_structure_applies_to_certifies_what_it_keeps() -> None:
+def test_a_family_no_block_structure_applies_to_certifies_what_it_keeps(
+    certified: Callable[[str], Result],
+) -> None:
     # Dory: no block structure applies (structure_unknown_reason), and the layers'
     # places are refused while its loops repeat; the rest certifies, nothing broken
-    result = run_one("tiny:dory")
+    result = certified("tiny:dory")
     assert result.outcome == "certified" and result.structure is None
     assert result.counts()["broken"] == 0, result.components
     for name in ("ln_final", "lm_head", "logits", "embeddings"):

@@ -7,6 +7,8 @@ layers_mid by exactly the delta, and a row without its scale fails."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.sweep import GATE_CALLS, gated, run_one
+from causalab_mini.tools.sweep import GATE_CALLS, Result, gated, run_one
 
 FALCON_H1 = (
     "tiny:falcon_h1?attention_in_multiplier=2.0&attention_out_multiplier=0.5&ssm_out_multiplier=0.7"
@@ -72,8 +74,10 @@ def test_a_different_gate_fails() -> None:
         ("tiny:laguna?gating=per-element", "softplus"),  # one per feature
     ],
 )
-def test_gated_attention_certifies_through_the_gate(spec: str, kind: str) -> None:
-    result = run_one(spec)
+def test_gated_attention_certifies_through_the_gate(
+    spec: str, kind: str, certified: Callable[[str], Result]
+) -> None:
+    result = certified(spec)
     assert result.outcome == "certified", result.reason
     for name in ("attention_z", "attention_premix"):
         item = result.components[name]
@@ -97,8 +101,10 @@ def test_without_its_gate_call_a_gated_attention_is_broken(
 
 
 @pytest.mark.slow
-def test_a_write_to_a_scaled_attention_output_shifts_layers_mid() -> None:
-    model = StandardizedTransformer(FALCON_H1)
+def test_a_write_to_a_scaled_attention_output_shifts_layers_mid(
+    tiny_model: Callable[..., StandardizedTransformer],
+) -> None:
+    model = tiny_model(FALCON_H1)
     check = c.attention_write_shifts_mid(model, c.sample_inputs(model))
     assert check is not None and check.ok, check
 
@@ -112,6 +118,8 @@ def test_an_unscaled_attention_output_fails_the_shift() -> None:
 
 
 @pytest.mark.slow
-def test_the_shift_is_not_checked_where_an_identity_names_attention() -> None:
-    model = StandardizedTransformer("tiny:llama")
+def test_the_shift_is_not_checked_where_an_identity_names_attention(
+    tiny_model: Callable[..., StandardizedTransformer],
+) -> None:
+    model = tiny_model("tiny:llama")
     assert c.attention_write_shifts_mid(model, c.sample_inputs(model)) is None

@@ -1,0 +1,174 @@
+"""The models the tests run on, derived from the registry (the generated tables), so a
+family file or a block-structure rule is tested the moment it exists: no test keeps
+its own copy of the family list.
+
+Two tiers. The README's test command runs the *representatives*: for each block
+structure the first model type its rules name with no config condition, every config value a rule or a family
+match decides by, and for each set of config attributes rows scale by, the first model
+type with them set to a value that shows the scale. CI also runs the rest (marker ``wide``): every model type every rule
+names, every model type every family file names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import pytest
+
+from causalab_mini.generated import BLOCK_STRUCTURE_RULES, FAMILY_ADDRESSES, FAMILY_MATCH
+
+Config = tuple[tuple[str, Any], ...]
+
+# A value no config attribute defaults to: a row that scales by the attribute shows
+# the scale only when it is not 1.
+SCALE_VALUE = 0.37
+
+
+def tiny_spec(model_type: str, config: Config = ()) -> str:
+    """tiny:<model_type>, with ``config`` as overrides (true/false as the spec parses them)."""
+    if not config:
+        return f"tiny:{model_type}"
+    values = "&".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in config)
+    return f"tiny:{model_type}?{values}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model to build: its spec, and what the registry says of it."""
+
+    spec: str
+    model_type: str
+    config: Config
+    representative: bool
+
+    @property
+    def structures(self) -> frozenset[str]:
+        """Every structure a rule naming this model type gives (whatever the config)."""
+        return frozenset(
+            rule.structure
+            for rule in BLOCK_STRUCTURE_RULES
+            if self.model_type in rule.match.model_types
+        )
+
+    def expected_structure(self) -> str | None:
+        """The structure the rules give this tiny model (its config evaluated)."""
+        return structure_of(self.model_type, self.config)
+
+    @property
+    def id(self) -> str:
+        return self.spec.removeprefix("tiny:")
+
+    def param(self, *values: Any, id: str | None = None) -> Any:
+        """A pytest param of ``values`` (the case's spec if none), marked ``wide`` where
+        the case is not a representative."""
+        marks: list[Any] = [] if self.representative else [pytest.mark.wide]
+        if self.model_type not in _installed_model_types():
+            import transformers
+
+            reason = f"{self.model_type} is not in transformers {transformers.__version__}"
+            marks.append(pytest.mark.skip(reason=reason))
+        return pytest.param(*(values or (self.spec,)), id=id or self.id, marks=marks)
+
+
+@cache
+def _installed_model_types() -> frozenset[str]:
+    """The causal-LM model types of the installed transformers (an older one, as
+    `nox -s drift` installs, lacks some the registry names)."""
+    from causalab_mini.tools.tiny import causal_lm_model_types
+
+    return frozenset(causal_lm_model_types())
+
+
+@cache
+def structure_of(model_type: str, config: Config = ()) -> str | None:
+    """The structure the first matching rule gives the tiny ``model_type`` with ``config``
+    set (evaluated on the tiny config, as a loaded model's text config would be)."""
+    from causalab_mini.tools.tiny import tiny_config
+
+    text = tiny_config(model_type).get_text_config()
+    for key, value in config:
+        setattr(text, key, value)
+    missing = object()
+    for rule in BLOCK_STRUCTURE_RULES:
+        if rule.match.model_types and model_type not in rule.match.model_types:
+            continue
+        if all(getattr(text, key, missing) == value for key, value in rule.match.config):
+            return rule.structure
+    return None
+
+
+def _scaled_by() -> dict[str, Config]:
+    """model type -> the config attributes its family's rows scale by, each set to
+    SCALE_VALUE (a scale of 1 would let an unscaled row pass)."""
+    out: dict[str, Config] = {}
+    for match, rows in FAMILY_ADDRESSES:
+        attributes = sorted({row.scale for row in rows.values() if row.scale})
+        for model_type in match.model_types:
+            if attributes and model_type not in out:
+                out[model_type] = tuple((a, SCALE_VALUE) for a in attributes)
+    return out
+
+
+@cache
+def rule_cases() -> tuple[Case, ...]:
+    """Every model type every rule names, with the
+    rule's config values; every family match decided by config values; and every
+    model type whose rows scale by a config attribute, with that attribute set.
+    Representatives: the first config-free model type of each structure, every config variant,
+    and the first model type that scales by each set of attributes."""
+    wanted: dict[tuple[str, Config], bool] = {}
+    seen_structures: set[str] = set()
+    for rule in BLOCK_STRUCTURE_RULES:
+        for model_type in rule.match.model_types:
+            first = not rule.match.config and rule.structure not in seen_structures
+            if first:
+                seen_structures.add(rule.structure)
+            key = (model_type, tuple(rule.match.config))
+            wanted[key] = wanted.get(key, False) or first or bool(rule.match.config)
+    for match in FAMILY_MATCH.values():
+        if match.config:
+            for model_type in match.model_types:
+                wanted[(model_type, tuple(match.config))] = True
+    scales_seen: set[tuple[str, ...]] = set()
+    for model_type, config in _scaled_by().items():  # the first model type per set of attributes
+        attributes = tuple(key for key, _ in config)
+        wanted[(model_type, config)] = attributes not in scales_seen
+        scales_seen.add(attributes)
+    cases = (
+        Case(tiny_spec(model_type, config), model_type, config, representative)
+        for (model_type, config), representative in wanted.items()
+    )
+    return tuple(sorted(cases, key=lambda case: case.spec))
+
+
+@cache
+def family_cases() -> tuple[tuple[str, Case], ...]:
+    """(family, case) for every model type every family file names, with the config
+    values its match requires; the first model type of each family is its
+    representative."""
+    out = []
+    for family, match in FAMILY_MATCH.items():
+        for i, model_type in enumerate(match.model_types):
+            config = tuple(match.config)
+            out.append((family, Case(tiny_spec(model_type, config), model_type, config, i == 0)))
+    return tuple(sorted(set(out), key=lambda pair: (pair[0], pair[1].spec)))
+
+
+@cache
+def model_types() -> tuple[Case, ...]:
+    """Every model type the registry names (rules and family files), once, with no
+    config; representatives: the first config-free model type of each structure's
+    rules (each family file's are the representatives of ``family_cases``)."""
+    representative: dict[str, bool] = {}
+    seen_structures: set[str] = set()
+    for rule in BLOCK_STRUCTURE_RULES:
+        for model_type in rule.match.model_types:
+            first = not rule.match.config and rule.structure not in seen_structures
+            if first:
+                seen_structures.add(rule.structure)
+            representative[model_type] = representative.get(model_type, False) or first
+    for _, case in family_cases():
+        representative.setdefault(case.model_type, False)
+    return tuple(Case(tiny_spec(t), t, (), representative[t]) for t in sorted(representative))
