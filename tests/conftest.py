@@ -54,16 +54,20 @@ def tiny_model() -> Callable[..., StandardizedTransformer]:
     """``tiny_model(spec, probs=False)``: the model ``spec`` names, loaded once per
     session for each (spec, enable_attention_probs). Tests share it: a test that
     changes a model (its modules, its rows) loads its own."""
+    return load_model
+
+
+_LOADED: dict[tuple[str, bool], Any] = {}
+
+
+def load_model(spec: str, probs: bool = False) -> StandardizedTransformer:
+    """The session's shared model for (spec, enable_attention_probs): what the
+    ``tiny_model`` fixture hands out, for helpers that are not tests."""
     from causalab_mini.model import StandardizedTransformer
 
-    loaded: dict[tuple[str, bool], StandardizedTransformer] = {}
-
-    def load(spec: str, probs: bool = False) -> StandardizedTransformer:
-        if (spec, probs) not in loaded:
-            loaded[(spec, probs)] = StandardizedTransformer(spec, enable_attention_probs=probs)
-        return loaded[(spec, probs)]
-
-    return load
+    if (spec, probs) not in _LOADED:
+        _LOADED[(spec, probs)] = StandardizedTransformer(spec, enable_attention_probs=probs)
+    return _LOADED[(spec, probs)]  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")

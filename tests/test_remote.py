@@ -21,7 +21,7 @@ from causalab_mini.tools import certify as c
 
 from .ndif_loopback import Loopback, Worker
 from .test_components import eager
-from .test_internals import load
+from .conftest import load_model as load
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
