@@ -19,9 +19,9 @@ from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 
+from .conftest import load_model as load
 from .ndif_loopback import Loopback, Worker
 from .test_components import eager
-from .conftest import load_model as load
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
