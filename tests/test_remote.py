@@ -21,9 +21,14 @@ from causalab_mini.tools import certify as c
 
 from .conftest import load_model as load
 from .ndif_loopback import Loopback, Worker
-from .test_components import eager
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
+
+
+def eager(family: str) -> StandardizedTransformer:
+    """tiny:<family> with attention probabilities enabled, the session's shared one."""
+    return load(f"tiny:{family}", True)
+
 
 # The NDIF loopback stands in for a server of nnsight 0.6/0.7 (their client internals
 # and request format); remote runs under nnsight 0.8 are refused with the fix
