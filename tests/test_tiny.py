@@ -421,3 +421,14 @@ def test_overrides_are_part_of_the_checkpoint(tmp_path: Path) -> None:
     assert AutoConfig.from_pretrained(sequential).use_parallel_residual is False
     with pytest.raises(TinyBuildError, match="no config attribute 'no_such_key'"):
         build_tiny("gpt_neox", cache_dir=tmp_path, overrides={"no_such_key": 1})
+
+
+def test_an_override_of_a_declared_type_is_taken_whatever_the_default() -> None:
+    """LagunaConfig.gating is typed bool | str: a string is taken though the default is
+    a bool; an integer field still refuses a string."""
+    text = tiny_config("laguna").get_text_config()
+    tiny._set_override("laguna", text, "gating", "per-element")
+    assert text.gating == "per-element"
+    llama = tiny_config("llama").get_text_config()
+    with pytest.raises(TinyBuildError, match="hidden_size takes an integer"):
+        tiny._set_override("llama", llama, "hidden_size", "abc")

@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -556,6 +557,17 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+def _annotation_admits(config: Any, key: str, value: Any) -> bool:
+    """Whether the config class's own annotation for ``key`` names the type of
+    ``value`` (a field typed ``bool | str`` takes a string whatever its default)."""
+    for cls in type(config).__mro__:
+        annotation = getattr(cls, "__annotations__", {}).get(key)
+        if annotation is not None:
+            text = annotation if isinstance(annotation, str) else repr(annotation)
+            return type(value).__name__ in re.findall(r"[A-Za-z_]+", text)
+    return False
+
+
 def _set_override(model_type: str, config: Any, key: str, value: Any) -> None:
     """Set ``config.key = value`` from a ``tiny:`` spec, refusing a value whose type the
     attribute does not take (named with the key, the value and the type expected)."""
@@ -564,7 +576,9 @@ def _set_override(model_type: str, config: Any, key: str, value: Any) -> None:
         "none" if value is None else str(value).lower() if isinstance(value, bool) else value
     )
     expected: str | None = None
-    if isinstance(current, bool):
+    if _annotation_admits(config, key, value):
+        pass  # the config declares the value's type for the key (gating: bool | str)
+    elif isinstance(current, bool):
         expected = None if isinstance(value, bool) else "a boolean (true or false)"
     elif isinstance(current, int):
         expected = None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
