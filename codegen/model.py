@@ -20,6 +20,7 @@ from causalab_mini.address import (
     IOType,
     LayerKind,
     Select,
+    Streams,
     StructuralEntry,
     StructureRule,
     Unavailable,
@@ -197,6 +198,8 @@ def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(Unavailable(condition(u["when"]), u["reason"].strip()) for u in value)
         elif key == "versions":
             out[key] = tuple(sorted(value.items()))
+        elif key == "streams":
+            out[key] = None if value is None else Streams(value["layout"], value["count"])
         elif key in ("doc", "read_only"):
             out[key] = value.strip() if isinstance(value, str) else value
         elif key in NOT_ADDRESS_FIELDS:

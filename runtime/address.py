@@ -132,6 +132,49 @@ class Unavailable:
 
 WriteMode = Literal["replace", "in_place"]
 
+# How a place that carries several residual streams holds them: b batch, s sequence,
+# n stream, h hidden; f the n streams' hidden vectors concatenated on the last axis.
+StreamLayout = Literal["bsnh", "bsf", "nbsh"]
+
+
+@dataclass(frozen=True)
+class Streams:
+    """A place that carries ``n`` residual streams side by side (hyper-connections,
+    AltUp), not one: how the model holds them (``layout``) and the config attribute
+    that says how many there are (``count``).
+
+    Components hand such a place on flat, like heads: (batch, seq, n x hidden), stream
+    i the slice i*hidden .. (i+1)*hidden of the last axis; ``canonical`` gives the
+    (batch, seq, n, hidden) view the identities are stated on."""
+
+    layout: StreamLayout
+    count: str
+
+    def canonical(self, value: Any, n: int) -> Any:
+        """``value`` as held -> (batch, seq, n, hidden)."""
+        if self.layout == "bsnh":
+            return value
+        if self.layout == "nbsh":
+            return value.permute(1, 2, 0, 3)
+        return value.unflatten(-1, (n, value.shape[-1] // n))
+
+    def flat(self, value: Any) -> Any:
+        """``value`` as held -> (batch, seq, n x hidden), as components hand it on."""
+        if self.layout == "bsnh":
+            return value.flatten(2)
+        if self.layout == "nbsh":
+            return value.permute(1, 2, 0, 3).flatten(2)
+        return value
+
+    def held(self, flat: Any, like: Any) -> Any:
+        """The inverse of ``flat``: back to how the model holds it, shaped like ``like``."""
+        if self.layout == "bsnh":
+            return flat.reshape(like.shape)
+        if self.layout == "nbsh":
+            n, b, s, h = like.shape
+            return flat.reshape(b, s, n, h).permute(2, 0, 1, 3)
+        return flat
+
 
 @dataclass(frozen=True)
 class Address:
@@ -144,14 +187,15 @@ class Address:
     the tensor is inside the value there. ``snapshot`` marks a tensor the forward
     modifies in place after the place, so a read takes a copy (and a write hands the
     model a copy of the value). ``read_only`` is the reason a write there is refused
-    (token ids, the model's own output), None where a place takes writes.
+    (token ids, the model's own output), None where a place takes writes. ``streams``
+    marks a place that carries several residual streams side by side (``Streams``).
     """
 
     module: str
     io: IOType = IOType.OUTPUT
     source: tuple[str, ...] = ()
     select: Select | None = None
-    order: int = 0
+    order: int | float = 0
     per_layer: bool = True
     write: WriteMode = "replace"
     scale: str | None = None
@@ -159,6 +203,7 @@ class Address:
     read_only: str | None = None
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
+    streams: Streams | None = None
     doc: str = field(default="", compare=False)
 
     @property

@@ -17,6 +17,10 @@ from causalab_mini.generated import BLOCK_STRUCTURES
 ATOL = 1e-4
 RTOL = 1e-4
 _IDENTITY = re.compile(r"^\s*(\w+)\s*==\s*(\w+(?:\s*\+\s*\w+)*)\s*$")
+# a term of an identity's right side: a row, "w * a" (per-stream weights times a
+# one-stream tensor, one copy per stream), "m @ x" (streams x mixed by m), or
+# "module(b)" (the left side's module fed b)
+_TERM = re.compile(r"^(?:(\w+)\s*([*@])\s*(\w+)|module\((\w+)\)|(\w+))$")
 
 
 @dataclass(frozen=True)
@@ -30,12 +34,40 @@ class Check:
     detail: str = ""
 
 
-def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
-    """``"a == b + c"`` -> ``("a", ("b", "c"))``."""
-    match = _IDENTITY.match(text)
-    if match is None:
+Term = tuple[str, ...]  # ("row", a) | ("*", w, a) | ("@", m, x) | ("module", b)
+
+
+def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
+    """``"a == m @ x + w * b"`` -> ``("a", (("@", "m", "x"), ("*", "w", "b")))``; the
+    terms of block_structures.yaml's identities (see its header)."""
+    left, sep, right = text.partition("==")
+    if not sep or not re.fullmatch(r"\s*\w+\s*", left):
         raise ValueError(f"identity {text!r} is not of the form 'a == b + c'")
-    return match.group(1), tuple(p.strip() for p in match.group(2).split("+"))
+    terms: list[Term] = []
+    for part in right.split("+"):
+        match = _TERM.match(part.strip())
+        if match is None:
+            raise ValueError(
+                f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x' or "
+                "'module(b)'"
+            )
+        weights, op, other, fed, row = match.groups()
+        if row is not None:
+            terms.append(("row", row))
+        elif fed is not None:
+            terms.append(("module", fed))
+        else:
+            terms.append((op, weights, other))
+    if any(t[0] == "module" for t in terms) and len(terms) != 1:
+        raise ValueError(f"identity {text!r}: 'module(b)' stands alone on the right side")
+    return left.strip(), tuple(terms)
+
+
+def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
+    """``"a == b + c"`` -> ``("a", ("b", "c"))``: the left side and every row the right
+    side names, in order (a weighted or mixed term names two)."""
+    left, terms = parse_terms(text)
+    return left, tuple(name for term in terms for name in term[1:])
 
 
 def identity_rows(text: str) -> tuple[str, ...]:
@@ -159,6 +191,90 @@ def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
     return Check(name, layer, ok, worst, detail)
 
 
+def stream_count(model: Any, row: Any) -> int | None:
+    """How many streams a row carries (None for one stream)."""
+    if row.streams is None:
+        return None
+    count = getattr(model.text_config, row.streams.count, None)
+    if not isinstance(count, int):
+        raise ValueError(
+            f"the row's streams count names config attribute {row.streams.count!r}, which "
+            "this model's config does not give as an int"
+        )
+    return count
+
+
+def canonical(model: Any, name: str, value: Any) -> Any:
+    """A row's value with its streams as (batch, seq, n, hidden); a value handed on flat
+    by a component (batch, seq, n x hidden) is taken the same way. Other rows as given."""
+    row = model.internals[name].row
+    n = stream_count(model, row)
+    if n is None:
+        return value
+    if value.dim() == 3:  # handed on flat, or held flat (bsf)
+        return value.unflatten(-1, (n, value.shape[-1] // n))
+    return row.streams.canonical(value, n)
+
+
+def _term(model: Any, term: Any, values: dict[str, Any], layer: int, left: str) -> Any:
+    """The value of one term of an identity at ``layer`` (``values`` by row name)."""
+    kind = term[0]
+    if kind == "row":
+        return canonical(model, term[1], values[term[1]])
+    if kind == "*":
+        weights, one = values[term[1]], values[term[2]]
+        return weights.to(one.dtype).unsqueeze(-1) * one.unsqueeze(-2)
+    if kind == "@":
+        streams = canonical(model, term[2], values[term[2]])
+        mix = values.get(term[1])
+        if mix is None:  # the model has no mixing row: the streams pass unmixed
+            return streams
+        return torch_einsum("bsjk,bsjh->bskh", mix.to(streams.dtype), streams)
+    module = model.internals[left].address_at(layer).module
+    from causalab_mini.internals import child
+
+    envoy = child(model.internals.layer_envoy(layer), module)
+    import torch
+
+    with torch.no_grad():
+        out = envoy._module(values[term[1]])
+    return out[0] if isinstance(out, tuple) else out
+
+
+def torch_einsum(spec: str, *operands: Any) -> Any:
+    import torch
+
+    return torch.einsum(spec, *operands)
+
+
+def evaluate_identity(
+    model: Any, text: str, values: dict[tuple[str, int | None], Any], layer: int
+) -> tuple[Any, Any] | None:
+    """(left, right) of ``text`` at ``layer`` as tensors, the streams as (batch, seq, n,
+    hidden); None where a row it names is not in ``values`` (refused on the model or
+    not read). A mixing row (``m @ x``) the model refuses means no mixing."""
+    left, terms = parse_terms(text)
+    needed = [left]
+    for term in terms:
+        if term[0] == "@":
+            needed.append(term[2])
+        else:
+            needed.extend(term[1:])
+    if not all((name, layer) in values for name in needed):
+        return None
+    for term in terms:
+        if term[0] == "@" and (term[1], layer) not in values:
+            if model.internals[term[1]].unavailable_on(layer) is None:
+                return None  # the row exists but was not read: nothing to say
+    here = {name: values[(name, layer)] for name in {*needed, *(t[1] for t in terms)}
+            if (name, layer) in values}
+    parts = [_term(model, term, here, layer, left) for term in terms]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return canonical(model, left, here[left]), total
+
+
 def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
     """Every identity of the model's block structure, on every layer where all its
     places are available."""
@@ -167,14 +283,11 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
         return []
     out = []
     for text in structure.identities:
-        left, right = parse_identity(text)
         for layer in range(model.internals.num_layers):
-            keys = [(n, layer) for n in (left, *right)]
-            if not all(k in values for k in keys):
+            sides = evaluate_identity(model, text, values, layer)
+            if sides is None:
                 continue
-            total = sum(values[(n, layer)] for n in right[1:])
-            total = values[(right[0], layer)] + total if right[1:] else values[(right[0], layer)]
-            out.append(compare(text, layer, values[(left, layer)], total))
+            out.append(compare(text, layer, sides[0], sides[1]))
     return out
 
 
