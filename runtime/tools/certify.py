@@ -48,8 +48,7 @@ def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
         match = _TERM.match(part.strip())
         if match is None:
             raise ValueError(
-                f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x' or "
-                "'module(b)'"
+                f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x' or 'module(b)'"
             )
         weights, op, other, fed, row = match.groups()
         if row is not None:
@@ -266,8 +265,11 @@ def evaluate_identity(
         if term[0] == "@" and (term[1], layer) not in values:
             if model.internals[term[1]].unavailable_on(layer) is None:
                 return None  # the row exists but was not read: nothing to say
-    here = {name: values[(name, layer)] for name in {*needed, *(t[1] for t in terms)}
-            if (name, layer) in values}
+    here = {
+        name: values[(name, layer)]
+        for name in {*needed, *(t[1] for t in terms)}
+        if (name, layer) in values
+    }
     parts = [_term(model, term, here, layer, left) for term in terms]
     total = parts[0]
     for part in parts[1:]:

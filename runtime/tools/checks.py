@@ -80,6 +80,19 @@ class Context:
 Check = Callable[[Context], Iterator[Outcome]]
 
 
+def handed(ctx: Context, component: str, layer: int | None, held: Any) -> Any:
+    """An oracle's tensor as the component hands it on: where its place carries several
+    residual streams, flat (batch, seq, n x hidden) like the component's value; else
+    as given."""
+    from causalab_mini.address import Streams
+
+    address = ctx.addresses.get((component, layer))
+    layout = getattr(address, "stream_layout", None)
+    if layout is None:
+        return held
+    return Streams(layout, "").flat(held)
+
+
 def row_components() -> dict[str, str]:
     """The component that names each Address row (boundary components only)."""
     return {spec.target: name for name, spec in COMPONENTS.items() if spec.kind == "boundary"}
@@ -128,21 +141,30 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
     for layer in range(n):
         if ctx.model.hidden_states_are_block_outputs:
             if layer > 0 and ctx.have("block_input", layer=layer) and len(hidden) == n + 1:
-                ok, d = close(v[("block_input", layer)], hidden[layer - 1])
+                ok, d = close(
+                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer - 1])
+                )
                 yield Outcome(
                     ("block_input",), "output_hidden_states[i-1] == block_input[i]", ok, d
                 )
             if ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
-                ok, d = close(v[("block_output", layer)], hidden[layer])
+                ok, d = close(
+                    v[("block_output", layer)], handed(ctx, "block_output", layer, hidden[layer])
+                )
                 yield Outcome(
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
                 )
         else:
             if ctx.have("block_input", layer=layer):
-                ok, d = close(v[("block_input", layer)], hidden[layer])
+                ok, d = close(
+                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer])
+                )
                 yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
             if layer < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
-                ok, d = close(v[("block_output", layer)], hidden[layer + 1])
+                ok, d = close(
+                    v[("block_output", layer)],
+                    handed(ctx, "block_output", layer, hidden[layer + 1]),
+                )
                 yield Outcome(
                     ("block_output",), "output_hidden_states[i+1] == block_output[i]", ok, d
                 )
