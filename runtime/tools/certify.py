@@ -383,6 +383,9 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             got,
             _value(box["written"]) + _value(box["mlp"]),
         )
+    carried = _stream_write_target(model, layer)
+    if carried is not None:
+        return _write_through_identity(model, inputs, layer, carried)
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is not None and structure.parallel:
         box = {}
@@ -399,6 +402,54 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             _value(box["clean"]) + 0.25,
         )
     return None
+
+
+def _stream_write_target(model: Any, layer: int) -> str | None:
+    """An identity of the structure whose right side carries layers_mid on (as a row or
+    as the streams a mixing term mixes) and whose rows all exist at ``layer``: where
+    no contribution row is one tensor (several residual streams), the write to
+    layers_mid is checked through it."""
+    internals = model.internals
+    for text in structure_identities(model):
+        left, terms = parse_terms(text)
+        if not any(t[0] in ("row", "@") and t[-1] == "layers_mid" for t in terms):
+            continue
+        rows = [left, *(n for t in terms for n in t[1:] if t[0] != "@" or n != t[1])]
+        if all(internals[r].unavailable_on(layer) is None for r in rows):
+            return text
+    return None
+
+
+def _write_through_identity(model: Any, inputs: dict[str, Any], layer: int, text: str) -> Check:
+    """Write layers_mid + delta at ``layer``, read the identity's other rows after the
+    write in the same trace, and hold its left side to the right side evaluated with
+    the written layers_mid."""
+    import torch
+
+    internals = model.internals
+    left, terms = parse_terms(text)
+    rows = sorted(
+        {n for t in terms for n in t[1:] if n != "layers_mid"} | {left},
+        key=lambda n: internals.rank(n, layer),
+    )
+    rows = [r for r in rows if internals[r].unavailable_on(layer) is None]
+    torch.manual_seed(0)
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        mid = internals["layers_mid"][layer]
+        delta = torch.randn_like(mid) * 0.5
+        box["layers_mid"] = (mid + delta).clone().save()
+        internals["layers_mid"][layer] = mid + delta
+        for row in rows:
+            if internals.rank(row, layer) > internals.rank("layers_mid", layer):
+                box[row] = internals[row][layer].save()
+    early = [r for r in rows if r not in box]
+    if early:  # rows before layers_mid (none on these blocks): a clean read
+        box.update({k[0]: v for k, v in read_places(model, inputs, early).items()})
+    values = {(name, layer): _value(v) for name, v in box.items()}
+    sides = evaluate_identity(model, text, values, layer)
+    assert sides is not None
+    return compare(f"{text}, with a written layers_mid", layer, sides[0], sides[1])
 
 
 def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | None:
