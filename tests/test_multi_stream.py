@@ -192,3 +192,25 @@ def test_identity_terms_parse() -> None:
         c.parse_terms("a == module(b) + c")
     with pytest.raises(ValueError, match="not a row"):
         c.parse_terms("a == b - c")
+
+
+@pytest.mark.parametrize("spec", ["tiny:hy_v4", "tiny:qwen4_exp_text"])
+def test_a_plain_program_reads_and_writes_streams_as_the_plan(spec: str, tiny_model: Load) -> None:
+    """Remote runs lower a plan to plain module accesses: all streams and one stream
+    read (and a stream written) exactly as the native plan does, on both layouts."""
+    from causalab_mini import remote
+
+    model = tiny_model(spec)
+    inputs = c.sample_inputs(model)
+    n = getattr(model.text_config, model.internals["layers_mid"].row.streams.count)
+    reads = [locate(model, "block_mid", 1), locate(model, "block_mid", 1, stream=n - 1)]
+    reads.append(locate(model, "block_output", 1))
+    plan = Plan.of(reads)
+    native, plain = plan.run(model, inputs), remote.run_plan(plan, model, inputs)
+    assert all(torch.equal(native[a], plain[a]) for a in reads)
+    value = native[reads[1]] * 0.5
+    later = [reads[2]]
+    written = Plan.of(later, [(reads[1], value.clone())])
+    native = written.run(model, inputs)
+    plain = remote.run_plan(Plan.of(later, [(reads[1], value.clone())]), model, inputs)
+    assert torch.equal(native[reads[2]], plain[reads[2]])
