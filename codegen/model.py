@@ -166,7 +166,7 @@ def condition(raw: Any) -> Condition:
         return Condition("layer_kind", layer_kind=raw["layer_kind"])
     return Condition(
         "config",
-        config=tuple(raw["config"].items()),
+        config=tuple(raw.get("config", {}).items()),
         config_not=tuple(raw.get("config_not", {}).items()),
     )
 

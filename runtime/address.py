@@ -198,7 +198,7 @@ class Address:
     order: int | float = 0
     per_layer: bool = True
     write: WriteMode = "replace"
-    scale: str | None = None
+    scale: str | float | None = None
     snapshot: bool = False
     read_only: str | None = None
     unavailable: tuple[Unavailable, ...] = ()

@@ -489,7 +489,11 @@ class Internals(Mapping[str, Place]):
             raise IndexError(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
         return layer % n
 
-    def scale(self, attribute: str) -> float:
+    def scale(self, attribute: str | float) -> float:
+        """The factor a row's scale names: a config attribute, or a number the block's
+        arithmetic fixes (AltUp's 1/sqrt(2) on the mid-stream)."""
+        if isinstance(attribute, (int, float)):
+            return float(attribute)
         config = self.model.text_config
         value = getattr(config, attribute, None)
         if value is None:

@@ -44,6 +44,7 @@ def test_the_registry_has_multi_stream_cases() -> None:
         "hyper_connections",
         "mixed_hyper_connections",
         "gated_hyper_connections",
+        "altup",
     }
 
 
@@ -81,39 +82,39 @@ def test_a_write_never_changes_an_earlier_read(case: Case, tiny_model: Load) -> 
 def test_a_component_selects_one_stream_or_all(case: Case, tiny_model: Load) -> None:
     """All streams are handed on flat, (batch, seq, n x hidden); stream i is its i-th
     hidden-wide slice, which is stream i of the place as the model holds it; a write to
-    one stream changes that stream of the mid-stream and no other."""
+    one stream changes that stream of the place and no other."""
     model = tiny_model(case.spec)
     inputs = c.sample_inputs(model)
-    row = model.internals["layers_mid"].row
+    row = model.internals["layers_input"].row
     assert row.streams is not None
     n = getattr(model.text_config, row.streams.count)
     hidden = model.text_config.hidden_size
-    whole = locate(model, "block_mid", 1)
+    whole = locate(model, "block_input", 1)
     assert (whole.streams, whole.width, whole.stream) == (n, n * hidden, None)
-    one = [locate(model, "block_mid", 1, stream=i) for i in range(n)]
+    one = [locate(model, "block_input", 1, stream=i) for i in range(n)]
     assert all(a.width == hidden for a in one)
     read = Plan.of(reads=[whole, *one]).run(model, inputs)
-    held = c.read_places(model, inputs, ["layers_mid"])[("layers_mid", 1)]
-    canonical = c.canonical(model, "layers_mid", held)
+    held = c.read_places(model, inputs, ["layers_input"])[("layers_input", 1)]
+    canonical = c.canonical(model, "layers_input", held)
     assert read[whole].shape[-1] == n * hidden
     for i, address in enumerate(one):
         assert torch.equal(read[address], canonical[:, :, i])
         assert torch.equal(read[address], read[whole][..., i * hidden : (i + 1) * hidden])
     with pytest.raises(IndexError, match="residual streams"):
-        locate(model, "block_mid", 1, stream=n)
+        locate(model, "block_input", 1, stream=n)
     with pytest.raises(Exception, match="one stream"):
         locate(model, "attention_query", 1, stream=0)
+
+    from causalab_mini.components import read as read_at
+    from causalab_mini.components import write as write_at
 
     box: list[Any] = []
     target = one[n - 1]
     with model.trace(inputs):
-        from causalab_mini.components import read as read_at
-        from causalab_mini.components import write as write_at
-
         value = read_at(model, target)
         write_at(model, target, torch.zeros_like(value))
-        box.append(model.internals["layers_mid"][1].save())
-    after = c.canonical(model, "layers_mid", getattr(box[0], "value", box[0]))
+        box.append(model.internals["layers_input"][1].save())
+    after = c.canonical(model, "layers_input", getattr(box[0], "value", box[0]))
     assert torch.equal(after[:, :, n - 1], torch.zeros_like(after[:, :, n - 1]))
     assert torch.equal(after[:, :, : n - 1], canonical[:, :, : n - 1])
 
@@ -181,6 +182,20 @@ def test_a_module_term_fails_on_another_input(tiny_model: Load) -> None:
     assert not _holds(model, text, {**values, ("attentions_streams_in", 1): other})
 
 
+def test_a_number_term_fails_with_another_number(tiny_model: Load) -> None:
+    """``0.707... * a`` (AltUp's mid-stream is a sum divided by sqrt(2)): the identity
+    holds with the number the block uses and fails without it; attention's
+    contribution read without its row's 1/sqrt(2) fails it too."""
+    model = tiny_model("tiny:gemma3n_text")
+    values = _values(model)
+    text = BLOCK_STRUCTURES["altup"].identities[0]
+    assert text.startswith("layers_mid == 0.7071067811865476 * layers_active_input")
+    assert _holds(model, text, values)
+    assert not _holds(model, text.replace("0.7071067811865476", "1.0"), values)
+    unscaled = values[("attentions_output", 1)] * 2**0.5
+    assert not _holds(model, text, {**values, ("attentions_output", 1): unscaled})
+
+
 def test_identity_terms_parse() -> None:
     assert c.parse_terms("a == b + w * x + m @ y") == (
         "a",
@@ -188,13 +203,15 @@ def test_identity_terms_parse() -> None:
     )
     assert c.parse_identity("a == m @ y + w * x") == ("a", ("m", "y", "w", "x"))
     assert c.parse_terms("a == module(b)") == ("a", (("module", "b"),))
+    assert c.parse_terms("a == 0.5 * b + c") == ("a", (("k", "0.5", "b"), ("row", "c")))
+    assert c.parse_identity("a == 0.5 * b + c") == ("a", ("b", "c"))
     with pytest.raises(ValueError, match="stands alone"):
         c.parse_terms("a == module(b) + c")
     with pytest.raises(ValueError, match="not a row"):
         c.parse_terms("a == b - c")
 
 
-@pytest.mark.parametrize("spec", ["tiny:hy_v4", "tiny:qwen4_exp_text"])
+@pytest.mark.parametrize("spec", ["tiny:hy_v4", "tiny:qwen4_exp_text", "tiny:gemma3n_text"])
 def test_a_plain_program_reads_and_writes_streams_as_the_plan(spec: str, tiny_model: Load) -> None:
     """Remote runs lower a plan to plain module accesses: all streams and one stream
     read (and a stream written) exactly as the native plan does, on both layouts."""
@@ -202,8 +219,8 @@ def test_a_plain_program_reads_and_writes_streams_as_the_plan(spec: str, tiny_mo
 
     model = tiny_model(spec)
     inputs = c.sample_inputs(model)
-    n = getattr(model.text_config, model.internals["layers_mid"].row.streams.count)
-    reads = [locate(model, "block_mid", 1), locate(model, "block_mid", 1, stream=n - 1)]
+    n = getattr(model.text_config, model.internals["layers_input"].row.streams.count)
+    reads = [locate(model, "block_input", 1), locate(model, "block_input", 1, stream=n - 1)]
     reads.append(locate(model, "block_output", 1))
     plan = Plan.of(reads)
     native, plain = plan.run(model, inputs), remote.run_plan(plan, model, inputs)

@@ -20,7 +20,7 @@ _IDENTITY = re.compile(r"^\s*(\w+)\s*==\s*(\w+(?:\s*\+\s*\w+)*)\s*$")
 # a term of an identity's right side: a row, "w * a" (per-stream weights times a
 # one-stream tensor, one copy per stream), "m @ x" (streams x mixed by m), or
 # "module(b)" (the left side's module fed b)
-_TERM = re.compile(r"^(?:(\w+)\s*([*@])\s*(\w+)|module\((\w+)\)|(\w+))$")
+_TERM = re.compile(r"^(?:(\w+|\d*\.\d+)\s*([*@])\s*(\w+)|module\((\w+)\)|(\w+))$")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Check:
     detail: str = ""
 
 
-Term = tuple[str, ...]  # ("row", a) | ("*", w, a) | ("@", m, x) | ("module", b)
+Term = tuple[str, ...]  # ("row", a) | ("*", w, a) | ("@", m, x) | ("module", b) | ("k", c, a)
 
 
 def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
@@ -51,7 +51,12 @@ def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
                 f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x' or 'module(b)'"
             )
         weights, op, other, fed, row = match.groups()
-        if row is not None:
+        if weights is not None and re.fullmatch(r"\d*\.?\d+", weights):
+            if op != "*":
+                raise ValueError(f"identity {text!r}: a number only multiplies ({part.strip()!r})")
+            float(weights)
+            terms.append(("k", weights, other))
+        elif row is not None:
             terms.append(("row", row))
         elif fed is not None:
             terms.append(("module", fed))
@@ -66,7 +71,12 @@ def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
     """``"a == b + c"`` -> ``("a", ("b", "c"))``: the left side and every row the right
     side names, in order (a weighted or mixed term names two)."""
     left, terms = parse_terms(text)
-    return left, tuple(name for term in terms for name in term[1:])
+    return left, tuple(name for term in terms for name in _rows_of(term))
+
+
+def _rows_of(term: Term) -> tuple[str, ...]:
+    """The rows a term names (a number is none)."""
+    return term[2:] if term[0] == "k" else term[1:]
 
 
 def identity_rows(text: str) -> tuple[str, ...]:
@@ -220,6 +230,8 @@ def _term(model: Any, term: Any, values: dict[str, Any], layer: int, left: str) 
     kind = term[0]
     if kind == "row":
         return canonical(model, term[1], values[term[1]])
+    if kind == "k":
+        return float(term[1]) * canonical(model, term[2], values[term[2]])
     if kind == "*":
         weights, one = values[term[1]], values[term[2]]
         return weights.to(one.dtype).unsqueeze(-1) * one.unsqueeze(-2)
@@ -258,7 +270,7 @@ def evaluate_identity(
         if term[0] == "@":
             needed.append(term[2])
         else:
-            needed.extend(term[1:])
+            needed.extend(_rows_of(term))
     if not all((name, layer) in values for name in needed):
         return None
     for term in terms:
@@ -267,7 +279,7 @@ def evaluate_identity(
                 return None  # the row exists but was not read: nothing to say
     here = {
         name: values[(name, layer)]
-        for name in {*needed, *(t[1] for t in terms)}
+        for name in {*needed, *(n for t in terms for n in _rows_of(t))}
         if (name, layer) in values
     }
     parts = [_term(model, term, here, layer, left) for term in terms]
@@ -317,7 +329,12 @@ def hidden_state_oracle(
             checks.append(
                 compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
             )
-    if ("ln_final_output", None) in values and len(hidden) == n + 1:
+    last = values.get(("layers_output", n - 1))
+    if last is not None and len(hidden) == n + 1 and difference(last, hidden[n])[0]:
+        # the entries end with the last block's output, not the final norm's (Gemma-3n's
+        # copies of the stream; BERT-style models): that is what the last one holds
+        checks.append(compare("hidden_states[-1] == layers_output[-1]", n - 1, last, hidden[n]))
+    elif ("ln_final_output", None) in values and len(hidden) == n + 1:
         checks.append(
             compare(
                 "hidden_states[-1] == ln_final_output",
@@ -414,7 +431,7 @@ def _stream_write_target(model: Any, layer: int) -> str | None:
         left, terms = parse_terms(text)
         if not any(t[0] in ("row", "@") and t[-1] == "layers_mid" for t in terms):
             continue
-        rows = [left, *(n for t in terms for n in t[1:] if t[0] != "@" or n != t[1])]
+        rows = [left, *(n for t in terms for n in _rows_of(t) if t[0] != "@" or n != t[1])]
         if all(internals[r].unavailable_on(layer) is None for r in rows):
             return text
     return None
@@ -429,7 +446,7 @@ def _write_through_identity(model: Any, inputs: dict[str, Any], layer: int, text
     internals = model.internals
     left, terms = parse_terms(text)
     rows = sorted(
-        {n for t in terms for n in t[1:] if n != "layers_mid"} | {left},
+        {n for t in terms for n in _rows_of(t) if n != "layers_mid"} | {left},
         key=lambda n: internals.rank(n, layer),
     )
     rows = [r for r in rows if internals[r].unavailable_on(layer) is None]

@@ -73,7 +73,9 @@ class Context:
         return (
             len(hidden) == n + 1
             and self.have("block_output", layer=n - 1)
-            and close(self.v[("block_output", n - 1)], hidden[n])[0]
+            and close(
+                self.v[("block_output", n - 1)], handed(self, "block_output", n - 1, hidden[n])
+            )[0]
         )
 
 
