@@ -6,6 +6,7 @@ this module must stay importable without torch, nnsight or transformers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -378,3 +379,51 @@ class Component:
     writable: bool
     why_read_only: str | None = None
     doc: str = field(default="", compare=False)
+
+
+# ------------------------------------------------------------------ identities
+# The grammar of block_structures.yaml's identities: "left == term + term ...", each
+# term a row, "w * a" (per-stream weights times a one-stream tensor, one copy per
+# stream), "m @ x" (streams x mixed by m), "k * a" (a number times a row), or, alone,
+# "module(b)" (the left side's module fed b).
+
+IdentityTerm = tuple[
+    str, ...
+]  # ("row", a) | ("*", w, a) | ("@", m, x) | ("k", c, a) | ("module", b)
+_TERM = re.compile(r"^(?:(\w+|\d*\.\d+)\s*([*@])\s*(\w+)|module\((\w+)\)|(\w+))$")
+_NUMBER = re.compile(r"\d*\.?\d+")
+
+
+def parse_identity_terms(text: str) -> tuple[str, tuple[IdentityTerm, ...]]:
+    """``"a == m @ x + w * b"`` -> ``("a", (("@", "m", "x"), ("*", "w", "b")))``;
+    ValueError on text outside the grammar."""
+    left, sep, right = text.partition("==")
+    if not sep or not re.fullmatch(r"\s*\w+\s*", left):
+        raise ValueError(f"identity {text!r} is not of the form 'a == b + c'")
+    terms: list[IdentityTerm] = []
+    for part in right.split("+"):
+        match = _TERM.match(part.strip())
+        if match is None:
+            raise ValueError(
+                f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x', "
+                "'k * a' (k a number) or 'module(b)'"
+            )
+        weights, op, other, fed, row = match.groups()
+        if weights is not None and _NUMBER.fullmatch(weights):
+            if op != "*":
+                raise ValueError(f"identity {text!r}: a number only multiplies ({part.strip()!r})")
+            terms.append(("k", weights, other))
+        elif row is not None:
+            terms.append(("row", row))
+        elif fed is not None:
+            terms.append(("module", fed))
+        else:
+            terms.append((op, weights, other))
+    if any(t[0] == "module" for t in terms) and len(terms) != 1:
+        raise ValueError(f"identity {text!r}: 'module(b)' stands alone on the right side")
+    return left.strip(), tuple(terms)
+
+
+def identity_term_rows(term: IdentityTerm) -> tuple[str, ...]:
+    """The rows a term names (a number is none)."""
+    return term[2:] if term[0] == "k" else term[1:]

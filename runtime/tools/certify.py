@@ -8,19 +8,14 @@ oracles are written by others: transformers' ``output_hidden_states`` and
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from causalab_mini.address import IdentityTerm, identity_term_rows, parse_identity_terms
 from causalab_mini.generated import BLOCK_STRUCTURES
 
 ATOL = 1e-4
 RTOL = 1e-4
-_IDENTITY = re.compile(r"^\s*(\w+)\s*==\s*(\w+(?:\s*\+\s*\w+)*)\s*$")
-# a term of an identity's right side: a row, "w * a" (per-stream weights times a
-# one-stream tensor, one copy per stream), "m @ x" (streams x mixed by m), or
-# "module(b)" (the left side's module fed b)
-_TERM = re.compile(r"^(?:(\w+|\d*\.\d+)\s*([*@])\s*(\w+)|module\((\w+)\)|(\w+))$")
 
 
 @dataclass(frozen=True)
@@ -34,49 +29,22 @@ class Check:
     detail: str = ""
 
 
-Term = tuple[str, ...]  # ("row", a) | ("*", w, a) | ("@", m, x) | ("module", b) | ("k", c, a)
+Term = IdentityTerm
 
 
 def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
-    """``"a == m @ x + w * b"`` -> ``("a", (("@", "m", "x"), ("*", "w", "b")))``; the
-    terms of block_structures.yaml's identities (see its header)."""
-    left, sep, right = text.partition("==")
-    if not sep or not re.fullmatch(r"\s*\w+\s*", left):
-        raise ValueError(f"identity {text!r} is not of the form 'a == b + c'")
-    terms: list[Term] = []
-    for part in right.split("+"):
-        match = _TERM.match(part.strip())
-        if match is None:
-            raise ValueError(
-                f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x' or 'module(b)'"
-            )
-        weights, op, other, fed, row = match.groups()
-        if weights is not None and re.fullmatch(r"\d*\.?\d+", weights):
-            if op != "*":
-                raise ValueError(f"identity {text!r}: a number only multiplies ({part.strip()!r})")
-            float(weights)
-            terms.append(("k", weights, other))
-        elif row is not None:
-            terms.append(("row", row))
-        elif fed is not None:
-            terms.append(("module", fed))
-        else:
-            terms.append((op, weights, other))
-    if any(t[0] == "module" for t in terms) and len(terms) != 1:
-        raise ValueError(f"identity {text!r}: 'module(b)' stands alone on the right side")
-    return left.strip(), tuple(terms)
+    """block_structures.yaml's identity grammar (``causalab_mini.address``)."""
+    return parse_identity_terms(text)
 
 
 def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
     """``"a == b + c"`` -> ``("a", ("b", "c"))``: the left side and every row the right
-    side names, in order (a weighted or mixed term names two)."""
+    side names, in order (a weighted or mixed term names two, a number none)."""
     left, terms = parse_terms(text)
-    return left, tuple(name for term in terms for name in _rows_of(term))
+    return left, tuple(name for term in terms for name in identity_term_rows(term))
 
 
-def _rows_of(term: Term) -> tuple[str, ...]:
-    """The rows a term names (a number is none)."""
-    return term[2:] if term[0] == "k" else term[1:]
+_rows_of = identity_term_rows
 
 
 def identity_rows(text: str) -> tuple[str, ...]:
