@@ -135,12 +135,13 @@ class _Block:
     attn_class: str
     mlp_class: str
     mlp_norm_guess: str | None  # a parallel block's other norm (reads the block input)
+    calls: dict[str, str] = field(default_factory=dict)  # place -> the calls it is read in
 
 
 def _block(model: Any, layer: int) -> _Block:
     internals = model.internals
     status = internals.status(layer)
-    where, module, scale = {}, {}, {}
+    where, module, scale, calls = {}, {}, {}, {}
     for name, reason in status.items():
         place = internals[name]
         if reason is not None:
@@ -148,6 +149,8 @@ def _block(model: Any, layer: int) -> _Block:
         address = place.address_at(layer if place.per_layer else None)
         where[name] = address.describe()
         module[name] = address.module
+        if address.source:
+            calls[name] = " → ".join(n.rstrip("(").removeprefix("self.") for n in address.source)
         if address.scale:
             scale[name] = address.scale
             where[name] += f" × {address.scale}"
@@ -178,6 +181,7 @@ def _block(model: Any, layer: int) -> _Block:
         attn_class=kind("self_attn"),
         mlp_class=kind("mlp"),
         mlp_norm_guess=guess,
+        calls=calls,
     )
 
 
@@ -267,13 +271,14 @@ class _Layout:
         input_place = f"{sub}_input"
         output_place = f"{sub}_output"
         module_place = sub
-        # on a block of several residual streams (a structure with streams_in rows),
-        # the module that collapses the streams into the sublayer's input comes first
-        collapse = f"{sub}_streams_in"
+        # on a block of several residual streams, what collapses them into the
+        # sublayer's input comes first: hyper-connections' {sub}_streams_in, or the
+        # active copy AltUp predicts (layers_active_input, read before attention)
+        wanted = [f"{sub}_streams_in"] + (["layers_active_input"] if sub == "attentions" else [])
+        collapse = next((p for p in wanted if self.ok(p) and p in b.module), wanted[0])
         if self.ok(collapse) and collapse in b.module:
-            box = Box(
-                x0, y, BOX_W, NORM_H, b.module[collapse], (), "norm", "collapses the n streams"
-            )
+            title = b.module[collapse] or b.calls.get(collapse, "")
+            box = Box(x0, y, BOX_W, NORM_H, title, (), "norm", "collapses the n streams")
             self.s.boxes.append(box)
             y = box.bottom + GAP
             self.s.paths.append(Path(((cx, box.bottom), (cx, y))))
