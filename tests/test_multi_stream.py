@@ -231,3 +231,27 @@ def test_a_plain_program_reads_and_writes_streams_as_the_plan(spec: str, tiny_mo
     native = written.run(model, inputs)
     plain = remote.run_plan(Plan.of(later, [(reads[1], value.clone())]), model, inputs)
     assert torch.equal(native[reads[2]], plain[reads[2]])
+
+
+def test_a_write_to_altups_active_copy_reaches_the_sublayers(tiny_model: Load) -> None:
+    """layers_active_input is written in place in AltUp's predictions: reads before the
+    write keep their values, the place reads back the written value, attention's norm
+    reads it, and the block's output changes."""
+    model = tiny_model("tiny:gemma3n_text")
+    inputs = c.sample_inputs(model)
+    checks = c.write_keeps_earlier_reads(model, inputs, "layers_active_input", 1)
+    assert len(checks) >= 3
+    failed = [check for check in checks if not check.ok]
+    assert not failed, failed
+    box: dict[str, Any] = {}
+    internals = model.internals
+    with model.trace(inputs):
+        active = internals["layers_active_input"][1]
+        box["written"] = (active * 0.5).save()
+        internals["layers_active_input"][1] = active * 0.5
+        box["normed"] = internals["attentions_norm_output"][1].save()
+    values = {
+        ("layers_active_input", 1): getattr(box["written"], "value", box["written"]),
+        ("attentions_norm_output", 1): getattr(box["normed"], "value", box["normed"]),
+    }
+    assert _holds(model, "attentions_norm_output == module(layers_active_input)", values)
