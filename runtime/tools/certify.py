@@ -298,9 +298,10 @@ def hidden_state_oracle(
                 compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
             )
     last = values.get(("layers_output", n - 1))
-    if last is not None and len(hidden) == n + 1 and difference(last, hidden[n])[0]:
-        # the entries end with the last block's output, not the final norm's (Gemma-3n's
-        # copies of the stream; BERT-style models): that is what the last one holds
+    streams = model.internals["layers_output"].row.streams is not None
+    if last is not None and len(hidden) == n + 1 and streams and hidden[n].shape == last.shape:
+        # the last entry holds several streams (the shape of the block's output), so it is
+        # not the final norm's output (one stream) but the last block's (Gemma-3n's copies)
         checks.append(compare("hidden_states[-1] == layers_output[-1]", n - 1, last, hidden[n]))
     elif ("ln_final_output", None) in values and len(hidden) == n + 1:
         checks.append(
