@@ -145,6 +145,10 @@ class Address:
     modifies in place after the place, so a read takes a copy (and a write hands the
     model a copy of the value). ``read_only`` is the reason a write there is refused
     (token ids, the model's own output), None where a place takes writes.
+    ``flat_tokens`` marks a per-layer tensor the block holds with batch and sequence
+    flattened into one axis (tokens, ...): a read views it as (batch, seq, ...) with
+    the batch and sequence of the layer's input, and a write goes back through the
+    same view.
     """
 
     module: str
@@ -157,6 +161,7 @@ class Address:
     scale: str | None = None
     snapshot: bool = False
     read_only: str | None = None
+    flat_tokens: bool = False
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     doc: str = field(default="", compare=False)

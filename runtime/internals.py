@@ -167,6 +167,21 @@ def child_names(envoy: Any, depth: int = 2) -> list[str]:
     return out
 
 
+class LayerTokens:
+    """A forward pre-hook on one layer's module: the batch and sequence of the input
+    the layer was last called with (every axis of its first tensor argument but the
+    last). A place whose tensor the block flattens to (tokens, ...) is viewed back
+    with them (``flat_tokens``). Plain data, so a model with it pickles."""
+
+    def __init__(self) -> None:
+        self.shape: tuple[int, ...] | None = None
+
+    def __call__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        shape = getattr(first, "shape", None)
+        self.shape = tuple(int(n) for n in shape[:-1]) if shape is not None and len(shape) >= 2 else None
+
+
 def _copied(address: Address) -> bool:
     """Whether a read at ``address`` hands out a copy: the tensor there is modified in
     place later in the same forward (``snapshot``), or a write at this place overwrites
@@ -256,6 +271,8 @@ class Place:
         if hit is not None:
             return hit
         address = self.address_at(layer)
+        if address.flat_tokens:
+            internals._watch_tokens()  # a layer module swapped since construction
         base = internals.layer_envoy(layer) if address.per_layer else internals.model
         envoy = child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
@@ -297,19 +314,26 @@ class Place:
             if read is not None:  # a module boundary read before: no resolving again
                 envoy, attr, needs = read
                 value = getattr(envoy, attr)
-                return value if needs is None else self._finish(needs, value)
+                return value if needs is None else self._finish(needs, value, layer)
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
             return envoy
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
-            plain = address.select is None and not _copied(address) and address.scale is None
+            plain = (
+                address.select is None
+                and not _copied(address)
+                and address.scale is None
+                and not address.flat_tokens
+            )
             self._reads[layer] = (envoy, attr, None if plain else address)
-        return self._finish(address, getattr(envoy, attr))
+        return self._finish(address, getattr(envoy, attr), layer)
 
-    def _finish(self, address: Address, value: Any) -> Any:
+    def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
             value = address.select.get(value)
+        if address.flat_tokens:
+            value = self._internals.unflatten(self.name, layer, value)
         if _copied(address):
             # the tensor here changes later in place (the forward's own in-place add,
             # or a write at this in_place place): a read is what it was when read
@@ -345,7 +369,12 @@ class Place:
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         whole = getattr(envoy, attr)
         current = address.select.get(whole) if address.select is not None else whole
-        check_value(where, value, current)
+        if address.flat_tokens:
+            # checked against the place as a read hands it on, written through the view
+            check_value(where, value, self._internals.unflatten(self.name, at, current))
+            value = value.reshape(current.shape)
+        else:
+            check_value(where, value, current)
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
         if address.write == "in_place":
@@ -382,6 +411,41 @@ class Internals(Mapping[str, Place]):
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
+        # per layer, the batch and sequence of its input, where a row is flat_tokens
+        self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
+        if any(row.flat_tokens and row.per_layer for row in rows.values()):
+            self._watch_tokens()
+
+    def _watch_tokens(self) -> None:
+        """Hook every layer's module to remember its input's batch and sequence (for
+        the flat_tokens rows); a module swapped since (dispatch) is hooked again."""
+        for layer in range(self.num_layers):
+            module = getattr(self.layer_envoy(layer), "_module", None)
+            held = self._tokens.get(layer)
+            if module is None or (held is not None and held[1] is module):
+                continue
+            hook = LayerTokens()
+            module.register_forward_pre_hook(hook, with_kwargs=True)
+            self._tokens[layer] = (hook, module)
+
+    def unflatten(self, name: str, layer: int | None, flat: Any) -> Any:
+        """``flat`` (tokens, ...) at a flat_tokens row of ``layer``, viewed as (batch,
+        seq, ...) with the batch and sequence of the layer's input in this forward."""
+        held = self._tokens.get(layer) if layer is not None else None
+        shape = held[0].shape if held is not None else None
+        tokens = int(flat.shape[0]) if getattr(flat, "dim", lambda: 0)() >= 1 else -1
+        if shape is None or len(shape) != 2 or shape[0] * shape[1] != tokens:
+            raise PlaceUnavailable(
+                self._refusal(
+                    name,
+                    layer,
+                    f"the block holds it flat, {tuple(getattr(flat, 'shape', ()))}, and the "
+                    f"layer's input in this forward has batch and sequence {shape}, which do "
+                    "not multiply to its tokens: it is viewed back only where they do (one "
+                    "invoke per trace, the batch the layer was given)",
+                )
+            )
+        return flat.view(*shape, *flat.shape[1:])
 
     def layer_envoy(self, layer: int) -> Any:
         """The Envoy of layer ``layer`` (``model.layers[i]`` rebuilds the list of the
