@@ -430,10 +430,14 @@ class Internals(Mapping[str, Place]):
 
     def unflatten(self, name: str, layer: int | None, flat: Any) -> Any:
         """``flat`` (tokens, ...) at a flat_tokens row of ``layer``, viewed as (batch,
-        seq, ...) with the batch and sequence of the layer's input in this forward."""
+        seq, ...) with the batch and sequence of the layer's input in this forward; a
+        tensor that already leads with them (a layer that does not flatten) as it is."""
         held = self._tokens.get(layer) if layer is not None else None
         shape = held[0].shape if held is not None else None
-        tokens = int(flat.shape[0]) if getattr(flat, "dim", lambda: 0)() >= 1 else -1
+        dims = tuple(getattr(flat, "shape", ()))
+        if shape is not None and len(dims) > len(shape) and dims[: len(shape)] == shape:
+            return flat  # this layer holds it unflattened (a dense layer beside MoE ones)
+        tokens = int(dims[0]) if dims else -1
         if shape is None or len(shape) != 2 or shape[0] * shape[1] != tokens:
             raise PlaceUnavailable(
                 self._refusal(
