@@ -8,6 +8,11 @@ with a timeout, so a hang or a crash never stops the sweep. A component is
 * ``refused`` the model says why it has no such place (a specific reason);
 * ``broken``  it resolved to a tensor that failed a check, a check crashed, or the
               reason is generic.
+
+An architecture that loads is ``certified`` when every component is ok or refused
+with a reason of the model, and ``unfinished`` when a component is refused only
+because no rule in registry/block_structures.yaml gives its block structure (the
+registry has not been told; a family's structure_unknown_reason is a reason).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import click
 
 from causalab_mini.generated import COMPONENTS, GATE_CALLS
-from causalab_mini.internals import boundary
+from causalab_mini.internals import NO_STRUCTURE_RULE, boundary
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
 
@@ -38,7 +43,7 @@ class Result:
     """One architecture's outcome, as the worker reports it."""
 
     model_type: str
-    outcome: str  # certified | unbuildable | unloadable | crashed | timeout
+    outcome: str  # certified | unfinished | unbuildable | unloadable | crashed | timeout
     reason: str | None = None
     model_class: str | None = None
     structure: str | None = None
@@ -789,8 +794,34 @@ def run_one(spec: str) -> Result:
         result.outcome = "crashed"
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.reason = " ".join(tb.split())[:500]
+    else:
+        judge_structure(result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def untold(components: dict[str, dict[str, Any]]) -> list[str]:
+    """The components refused (on every layer or some) only because no rule in
+    registry/block_structures.yaml gives the model's block structure."""
+    return sorted(
+        name
+        for name, item in components.items()
+        if NO_STRUCTURE_RULE in (item.get("reason") or "")
+        or NO_STRUCTURE_RULE in (item.get("refused_reason") or "")
+    )
+
+
+def judge_structure(result: Result) -> None:
+    """A certified architecture with a component refused for want of a block-structure
+    rule is ``unfinished``: the registry has not been told, the model lacks nothing."""
+    names = untold(result.components)
+    if result.outcome == "certified" and names:
+        result.outcome = "unfinished"
+        result.reason = (
+            f"{len(names)} components refused only because {NO_STRUCTURE_RULE} gives "
+            f"this model's block structure ({', '.join(names)}): add a rule naming its "
+            "structure (or a family's structure_unknown_reason saying why none applies)"
+        )
 
 
 # ---------------------------------------------------------------------- the sweep
@@ -876,6 +907,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     totals = {
         "architectures": len(results),
         "certified": 0,
+        "unfinished": 0,
         "unbuildable": 0,
         "unloadable": 0,
         "crashed": 0,
@@ -929,9 +961,9 @@ def _cell(text: str | None, limit: int = 240) -> str:
 
 def _why(result: dict[str, Any]) -> str:
     """An architecture's outcome in a cell: its counts where certified, else its reason."""
-    if result["outcome"] == "certified":
+    if result["outcome"] in ("certified", "unfinished"):
         states = list(_states(result).values())
-        return f"certified: {states.count('ok')} ok, {states.count('refused')} refused"
+        return f"{result['outcome']}: {states.count('ok')} ok, {states.count('refused')} refused"
     return f"{result['outcome']}: {_cell(result['reason'])}"
 
 
@@ -995,6 +1027,8 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
         "",
         f"{_versions_of(report)}: {s['architectures']} causal-LM architectures swept "
         f"in {report['seconds']} s. {s['certified']} loaded and certified component by component; "
+        f"{s.get('unfinished', 0)} load but are unfinished (a place refused only because no "
+        "block-structure rule gives their structure); "
         f"{s['unbuildable']} cannot be built tiny, {s['unloadable']} do not load, "
         f"{s['crashed']} crashed, {s['timeout']} timed out.",
         "",
@@ -1012,11 +1046,13 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
         for item in r["components"].values():
             counts[item["state"]] += 1
         note = r["reason"] or ""
-        if r["outcome"] == "certified":
+        if r["outcome"] in ("certified", "unfinished"):
             broken = [
                 f"{k}: {i['reason']}" for k, i in r["components"].items() if i["state"] == "broken"
             ]
             note = "; ".join(broken)[:300]
+            if r["outcome"] == "unfinished":
+                note = "; ".join(x for x in (r["reason"], note) if x)
         note = note.replace("|", "\\|").replace("\n", " ")[:300]
         lines.append(
             f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
