@@ -21,7 +21,6 @@ from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUC
 from .compat import alias_target, aliases_of, child_attribute, shared_path
 from .ops import find_op, op_path
 
-
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
 # fact of the model, so the sweep does not count such a model as certified.
@@ -185,7 +184,9 @@ class LayerTokens:
     def __call__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         first = args[0] if args else next(iter(kwargs.values()), None)
         shape = getattr(first, "shape", None)
-        self.shape = tuple(int(n) for n in shape[:-1]) if shape is not None and len(shape) >= 2 else None
+        self.shape = (
+            tuple(int(n) for n in shape[:-1]) if shape is not None and len(shape) >= 2 else None
+        )
 
 
 def _copied(address: Address) -> bool:
