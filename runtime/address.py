@@ -301,7 +301,12 @@ class StructuralEntry:
 @dataclass(frozen=True)
 class Interior:
     """A tensor inside a module's forward, reached through ``.source``; ``within`` is
-    the module row (``attentions``) whose forward holds the call."""
+    the module row (``attentions``) whose forward holds the call, or ``module`` (a
+    path below the layer) where a family's attention computes inside a child of it
+    (GPT-Neo's ``self_attn.attention``). ``layout`` replaces the component's stated
+    layout where a family holds the tensor otherwise (heads merged: ``bsf``);
+    ``note`` says what the tensor holds on a family where that differs from the
+    interior's doc (a query scaled before the call, ALiBi in the scores)."""
 
     name: str
     within: str
@@ -311,7 +316,27 @@ class Interior:
     returns: int | None = None
     eager_only: bool = False
     versions: tuple[tuple[str, str], ...] = ()
+    module: str | None = None
+    layout: str | None = None
+    note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor or number the attention computes with, which the sweep's interior
+    checks read beside the interiors (the values, the mask, the scaling, an additive
+    bias such as ALiBi). Taken from the call ``needle`` names in the attention's
+    forward (its positional ``arg``, else its keyword ``kwarg``; or what it
+    ``returns``), or from the attention module's keyword argument ``input``, or given
+    as a number (``value``)."""
+
+    needle: str | None = None
+    arg: int | None = None
+    kwarg: str | None = None
+    returns: int | None = None
+    input: str | None = None
+    value: float | None = None
 
 
 PerHead = Literal["q", "kv", "none"]

@@ -336,7 +336,6 @@ def _raw_outputs(
     one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
     the output projection; its kind under ("gate_kind", layer)), per layer, and the
     unembedding's input, from one more trace (in forward order)."""
-    from causalab_mini import plan as comp
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
@@ -344,7 +343,7 @@ def _raw_outputs(
     for layer in range(internals.num_layers):
         query = addresses.get(("attention_query", layer))
         if query is not None:
-            wanted.append(("scaling", layer, query))
+            wanted.append(("operands", layer, _operand_reads(model, layer, query)))
             _module(model, layer, query.module).source  # noqa: B018 - before the trace
         if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
             gates = _gate_calls(model, layer, addresses[("attention_z", layer)])
@@ -367,14 +366,25 @@ def _raw_outputs(
                 given = args[0] if args else next(iter(kwargs.values()))
                 saved.append((kind, layer, given.save()))
                 continue
-            if kind == "scaling":
-                args, kwargs = comp._interior_op(model, what).inputs
-                saved.append((kind, layer, kwargs.get("scaling")))
-                if len(args) > 3:
-                    saved.append(("value", layer, args[3].save()))
-                mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
-                if mask is not None:
-                    saved.append(("mask", layer, mask.save()))
+            if kind == "operands":
+                for envoy, side, taken in what:
+                    if side == "value":  # a number the row gives
+                        saved.extend((name, layer, number) for name, number in taken)
+                        continue
+                    if side == "inputs":
+                        args, kwargs = envoy.inputs
+                    else:
+                        got = envoy.output
+                    for name, operand in taken:
+                        if side == "inputs":
+                            found = _argument(args, kwargs, operand.arg, operand.kwarg)
+                        else:
+                            index = operand.returns or 0
+                            found = got[index] if isinstance(got, (tuple, list)) else got
+                        if found is not None:
+                            saved.append(
+                                (name, layer, found.save() if hasattr(found, "save") else found)
+                            )
             elif kind == "gate":
                 saved.append((kind, layer, what.output.save()))
             elif kind == "mlps":
@@ -410,6 +420,57 @@ def _raw_outputs(
     return out
 
 
+def _argument(args: Any, kwargs: Any, arg: int | None, kwarg: str | None) -> Any:
+    """The positional argument ``arg`` where the call has it, else keyword ``kwarg``."""
+    if arg is not None and len(args) > arg:
+        return args[arg]
+    return kwargs.get(kwarg) if kwarg is not None else None
+
+
+def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, list[Any]]]:
+    """How to read the attention's operands at ``layer`` (``operands_of``) in one
+    trace, in forward order: the attention module's inputs, then each call's inputs
+    or output in the order of the forward's source, each once. A number the row gives
+    is handed on as it is; a call the forward does not make is left out (the check
+    that needs the operand then says what it lacks)."""
+    from causalab_mini.compat import parsed_source
+    from causalab_mini.locate import operands_of
+    from causalab_mini.ops import OperationNotFound, find_op, op_path
+
+    envoy = _module(model, layer, query.module)
+    source = envoy.source
+    _, line_of = parsed_source(getattr(source, "accessor", source))
+    where = {"row": "operands", "module": f"layers.{layer}.{query.module}"}
+    where["model_class"] = model.internals.model_class
+    numbers: list[tuple[str, float]] = []
+    module_inputs: list[tuple[str, Any]] = []
+    calls: dict[tuple[str, str], tuple[int, Any, list[tuple[str, Any]]]] = {}
+    for name, operand in operands_of(model).items():
+        if operand.value is not None:
+            numbers.append((name, operand.value))
+        elif operand.input is not None:
+            module_inputs.append((name, type(operand)(kwarg=operand.input)))
+        elif operand.needle is not None:
+            try:
+                op = find_op(source, operand.needle, **where)
+            except OperationNotFound:
+                continue
+            side = "output" if operand.returns is not None else "inputs"
+            line = line_of.get(op_path(op).split(".")[-1], 0)
+            entry = calls.setdefault((operand.needle, side), (line, op, []))
+            entry[2].append((name, operand))
+    reads: list[tuple[Any, str, list[Any]]] = []
+    if numbers:
+        reads.append((None, "value", numbers))
+    if module_inputs:
+        reads.append((envoy, "inputs", module_inputs))
+    for (_, side), (_, op, taken) in sorted(
+        calls.items(), key=lambda kv: (kv[1][0], kv[0][1] == "output")
+    ):
+        reads.append((op, side, taken))
+    return reads
+
+
 def _inner_unembedding(model: Any) -> Any | None:
     """The Envoy of ``get_output_embeddings()`` where it sits strictly inside the
     lm_head module (a head that transforms its input before the unembedding, as on
@@ -433,7 +494,7 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
     from causalab_mini.ops import OperationNotFound, find_op, op_path
 
     internals = model.internals
-    path = internals["attentions"].address_at(layer).module
+    path = z_address.module  # the forward that holds the attention (a family's own)
     source = _module(model, layer, path).source
     _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
@@ -592,6 +653,7 @@ def _interior_checks(
         s = s.double()
         product = _qk_product(model, v, raw, layer, s.shape[1]).double()
         additive, seen = _mask(raw, layer, s.shape)
+        additive = additive + _bias(raw, layer, s.shape)
         # the scores are q·kᵀ·scaling plus the additive mask the attention function is
         # given: 0 where a query sees a key, unless the model biases the keys it sees
         # (Doge's dynamic mask)
@@ -601,7 +663,7 @@ def _interior_checks(
         worst = float(diff.abs().max()) if diff.numel() else float("nan")
         yield Outcome.of(
             ["attention_query", "attention_key"],
-            "attention_scores == q·kᵀ·scaling + the attention function's mask",
+            "attention_scores == q·kᵀ·scaling + the attention's mask (and bias)",
             ok,
             f"max error {worst:.3g}",
         )
@@ -612,6 +674,7 @@ def _interior_checks(
         p = v[key("attention_probs")].double()
         product = _qk_product(model, v, raw, layer, p.shape[1]).double()
         additive, seen = _mask(raw, layer, p.shape)
+        additive = additive + _bias(raw, layer, p.shape)
         visible = (p > 0) & seen
         diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
         mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
@@ -640,6 +703,21 @@ def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any,
     seen = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
     additive = torch.where(seen, mask.double().expand(shape), 0.0)
     return additive, seen
+
+
+def _bias(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> Any:
+    """The additive bias the attention puts in its scores at ``layer`` (the ``bias``
+    operand: ALiBi), as float64 broadcast to ``shape`` (batch, heads, queries, keys);
+    one held as (batch*heads, ...) is viewed as (batch, heads, ...). None: 0."""
+    import torch
+
+    bias = raw.get(("bias", layer))
+    if bias is None:
+        return torch.zeros(shape, dtype=torch.float64)
+    bias = bias.double()
+    if bias.dim() == 3 and bias.shape[0] == shape[0] * shape[1]:
+        bias = bias.view(shape[0], shape[1], *bias.shape[1:])
+    return bias[..., : shape[-1]].expand(shape)
 
 
 def _qk_product(
