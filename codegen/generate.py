@@ -355,7 +355,7 @@ DOCS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "families.md": (
         "families.md.j2",
-        ("places.yaml", "block_structures.yaml", "families/*.yaml"),
+        ("places.yaml", "block_structures.yaml", "interiors.yaml", "families/*.yaml"),
     ),
 }
 
