@@ -356,6 +356,12 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             )
         if write and row.read_only is not None:
             raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
+        if row.flat_tokens:
+            raise RemoteRefused(
+                f"{address.component} is held flat, (batch*seq, ...), and is viewed back with "
+                "the batch and sequence of the layer's input, which only the local forward "
+                "records: read it in a local trace, or read layers_output - layers_mid remotely"
+            )
         base = internals.layer_envoy(address.layer) if row.per_layer else model
         envoy = child(base, row.module)
         side = "input" if row.io is IOType.INPUT else "output"
