@@ -360,7 +360,7 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             raise RemoteRefused(
                 f"{address.component} is held flat, (batch*seq, ...), and is viewed back with "
                 "the batch and sequence of the layer's input, which only the local forward "
-                "records: read it in a local trace, or read layers_output - layers_mid remotely"
+                "records: read it in a local trace"
             )
         base = internals.layer_envoy(address.layer) if row.per_layer else model
         envoy = child(base, row.module)
