@@ -435,6 +435,14 @@ class Internals(Mapping[str, Place]):
             module.register_forward_pre_hook(hook, with_kwargs=True)
             self._tokens[layer] = (hook, module)
 
+    def layers_swapped(self) -> None:
+        """The model's modules were replaced (nnsight's dispatch loads the real ones
+        in place of the meta ones): the layer Envoys are fetched again and, where a
+        row is flat_tokens, the new layer modules hooked."""
+        self._layer_envoys = None
+        if self._tokens:
+            self._watch_tokens()
+
     def unflatten(self, name: str, layer: int | None, flat: Any) -> Any:
         """``flat`` (tokens, ...) at a flat_tokens row of ``layer``, viewed as (batch,
         seq, ...) with the batch and sequence of the layer's input in this forward; a

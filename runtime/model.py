@@ -209,6 +209,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             raise RuntimeError(why)
         with quiet(self.__dict__.get("_causalab_verbose", False)):
             super().dispatch()
+        internals = self.__dict__.get("internals")
+        if internals is not None:  # the loaded modules replace the meta ones: hook them
+            internals.layers_swapped()
 
     def _causalab_init(
         self,

@@ -103,3 +103,17 @@ def test_tokens_that_do_not_fit_the_layer_input_are_refused(tiny_model: Load) ->
     same = torch.zeros(2, 3, 4)
     assert model.internals.unflatten("layers_mid", 1, same) is same
     assert model.internals.unflatten("layers_mid", 1, torch.zeros(6, 4)).shape == (2, 3, 4)
+
+
+@pytest.mark.parametrize(("case", "row"), FLAT[:1])
+def test_the_first_trace_after_loading_views_a_flat_place(case: object, row: str) -> None:
+    # the real modules replace the meta ones when the first trace dispatches: the
+    # layers are hooked then, before the forward, even where an earlier place of the
+    # layer is read first
+    model = StandardizedTransformer(case.spec)  # type: ignore[attr-defined]
+    inputs = c.sample_inputs(model)
+    layer = _flat_layer(model, row)
+    with model.trace(inputs):
+        first = model.internals["layers_input"][layer].save()
+        flat = model.internals[row][layer].save()
+    assert flat.shape[:2] == first.shape[:2] == tuple(inputs["input_ids"].shape)
