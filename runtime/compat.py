@@ -289,6 +289,16 @@ def callee_after_inputs() -> bool:
     return is_08()
 
 
+def several_invokes(model: Any) -> bool | None:
+    """Whether the running trace batches several invokes' inputs into one forward (each
+    invoke then reads its own rows of a (batch, ...) tensor, narrowed by nnsight), or
+    None where this nnsight does not say. nnsight 0.7 and 0.8 keep it on the model's
+    interleaver (``batcher.needs_batching``)."""
+    batcher = getattr(getattr(model, "interleaver", None), "batcher", None)
+    answer = getattr(batcher, "needs_batching", None)
+    return answer if isinstance(answer, bool) else None
+
+
 __all__ = [
     "OVERLOAD_PREFIX",
     "alias_target",
@@ -300,6 +310,7 @@ __all__ = [
     "is_08",
     "nnsight_version",
     "parsed_source",
+    "several_invokes",
     "shared_path",
     "source_identity",
 ]

@@ -18,7 +18,7 @@ from packaging.version import Version
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
-from .compat import alias_target, aliases_of, child_attribute, shared_path
+from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
 from .ops import find_op, op_path
 
 # What every refusal says where the registry has not been told a model's block
@@ -450,6 +450,19 @@ class Internals(Mapping[str, Place]):
         held = self._tokens.get(layer) if layer is not None else None
         shape = held[0].shape if held is not None else None
         dims = tuple(getattr(flat, "shape", ()))
+        if several_invokes(self.model):
+            # nnsight narrows a (batch, ...) tensor to an invoke's rows; a flat one it
+            # hands every invoke whole, and does not take an invoke's write of it
+            raise PlaceUnavailable(
+                self._refusal(
+                    name,
+                    layer,
+                    "the block holds it flat, (batch*seq, ...), and this trace batches "
+                    "several invokes, whose rows nnsight cannot tell apart in a flat "
+                    "tensor: read or write it in a trace of one invoke (put the prompts "
+                    "in one input, a list)",
+                )
+            )
         if shape is not None and len(dims) > len(shape) and dims[: len(shape)] == shape:
             return flat  # this layer holds it unflattened (a dense layer beside MoE ones)
         tokens = int(dims[0]) if dims else -1

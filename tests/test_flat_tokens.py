@@ -117,3 +117,27 @@ def test_the_first_trace_after_loading_views_a_flat_place(case: object, row: str
         first = model.internals["layers_input"][layer].save()
         flat = model.internals[row][layer].save()
     assert flat.shape[:2] == first.shape[:2] == tuple(inputs["input_ids"].shape)
+
+
+@pytest.mark.parametrize(("case", "row"), FLAT[:1])
+def test_a_flat_place_is_refused_in_a_trace_of_several_invokes(
+    case: object, row: str, tiny_model: Load
+) -> None:
+    from causalab_mini import compat
+
+    model = tiny_model(case.spec)  # type: ignore[attr-defined]
+    layer = _flat_layer(model, row)
+    refused: list[Exception] = []
+    seen: list[bool | None] = []
+    with model.trace() as tracer:
+        with tracer.invoke("The quick brown fox"):
+            seen.append(compat.several_invokes(model))
+            try:
+                model.internals[row][layer].save()
+            except PlaceUnavailable as exc:
+                refused.append(exc)
+        with tracer.invoke("jumps over"):
+            model.internals["layers_output"][layer].save()
+    if seen == [None]:
+        pytest.skip("this nnsight does not say whether invokes are batched")
+    assert refused and "several invokes" in str(refused[0])
