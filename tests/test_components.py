@@ -200,13 +200,13 @@ def test_refusals_at_compile_time(tiny_model: Load) -> None:
 def test_a_family_without_the_shared_attention_function_refuses_its_interiors(
     tiny_model: Load,
 ) -> None:
-    mpt = tiny_model("tiny:mpt")
+    xglm = tiny_model("tiny:xglm")
     with pytest.raises(ComponentError) as info:
-        locate(mpt, "attention_query", 0)
+        locate(xglm, "attention_query", 0)
     text = str(info.value)
-    assert text.startswith("component 'attention_query': attention_query does not exist on MPT")
+    assert text.startswith("component 'attention_query': attention_query does not exist on XGLM")
     assert "without the shared attention function" in text
-    assert locate(mpt, "attention_premix", 0).module == "self_attn.out_proj"
+    assert locate(xglm, "attention_premix", 0).module == "self_attn.out_proj"
 
 
 def test_a_moved_op_names_row_module_version_class_and_lists_the_operations() -> None:

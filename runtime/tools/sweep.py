@@ -717,7 +717,7 @@ def _bias(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> Any:
     bias = bias.double()
     if bias.dim() == 3 and bias.shape[0] == shape[0] * shape[1]:
         bias = bias.view(shape[0], shape[1], *bias.shape[1:])
-    return bias[..., : shape[-1]].expand(shape)
+    return bias[..., -shape[-1] :].expand(shape)  # the last keys: the ones the scores have
 
 
 def _qk_product(
