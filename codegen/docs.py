@@ -199,6 +199,8 @@ def _operand_where(operand: Any) -> str:
         return f"{operand.value:g}"
     if operand.input is not None:
         return f"the attention module's argument `{operand.input}`"
+    if operand.attribute is not None:
+        return f"the attention module's `{operand.attribute}`"
     if operand.returns is not None:
         return f"`{operand.needle}` return {operand.returns}"
     parts = [f"argument {operand.arg}"] if operand.arg is not None else []

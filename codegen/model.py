@@ -280,6 +280,7 @@ def operand(raw: dict[str, Any]) -> Operand:
         kwarg=raw.get("kwarg"),
         returns=raw.get("return"),
         input=raw.get("input"),
+        attribute=raw.get("attribute"),
         value=float(raw["value"]) if "value" in raw else None,
     )
 

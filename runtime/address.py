@@ -328,14 +328,16 @@ class Operand:
     checks read beside the interiors (the values, the mask, the scaling, an additive
     bias such as ALiBi). Taken from the call ``needle`` names in the attention's
     forward (its positional ``arg``, else its keyword ``kwarg``; or what it
-    ``returns``), or from the attention module's keyword argument ``input``, or given
-    as a number (``value``)."""
+    ``returns``), from the attention module's keyword argument ``input`` (or its
+    positional ``arg``), from an attribute of the attention module such as a buffer
+    (``attribute``), or given as a number (``value``)."""
 
     needle: str | None = None
     arg: int | None = None
     kwarg: str | None = None
     returns: int | None = None
     input: str | None = None
+    attribute: str | None = None
     value: float | None = None
 
 

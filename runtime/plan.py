@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from causalab_mini.address import replace_part
+
 from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
@@ -46,7 +48,8 @@ def _whole(model: Any, address: ComponentAddress) -> Any:
     if what == "arg":
         return op.inputs[0][index]
     value = op.output
-    return value[index] if isinstance(value, tuple) else value
+    # a call may return a tuple or a list (GPT-1's _attn returns [z, ...])
+    return value[index] if isinstance(value, (tuple, list)) else value
 
 
 def _flat(address: ComponentAddress, native: Any) -> Any:
@@ -181,8 +184,8 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
         op.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
     else:
         out = op.output
-        if isinstance(out, tuple):
-            op.output = (*out[:index], value, *out[index + 1 :])
+        if isinstance(out, (tuple, list)):
+            op.output = replace_part(out, index, value)
         else:
             op.output = value
 
@@ -283,17 +286,21 @@ def _nested_sources_due(
     the step at ``address`` runs (each once; ``opened`` remembers).
 
     Opening a nested source waits for the operation to hand over the function it
-    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so every
-    nested source of a module opens before the first step at that module; nnsight 0.8
-    hands it over after the inputs (``run_op``: input, skip, fn, output), so it opens
-    just before the first step inside it, after the steps that read or write the
-    operation's arguments (which rank before it)."""
+    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so a nested
+    source opens before the first step at its operation (its arguments, or inside
+    it), after the steps at the module's earlier operations (GPT-1's split_heads
+    before its _attn); nnsight 0.8 hands it over after the inputs (``run_op``: input,
+    skip, fn, output), so it opens just before the first step inside it, after the
+    steps that read or write the operation's arguments (which rank before it)."""
     if not compat.callee_after_inputs():
-        key = (address.layer, address.module)
-        if key not in sources or key in opened:
-            return []
-        opened.add(key)
-        return sources[key]
+        due = [
+            a
+            for a in sources.get((address.layer, address.module), [])
+            if a.op == address.op and (a.layer, a.module, a.op) not in opened
+        ]
+        for a in due:
+            opened.add((a.layer, a.module, a.op))
+        return due[:1]
     if len(address.needles) < 2:
         return []
     op = (address.layer, address.module, address.op)

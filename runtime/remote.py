@@ -391,8 +391,8 @@ def lower(
 ) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
     """The plan's steps as plain data, in its order, and the addresses of its reads
     in the order the program returns them. Where an interior opens a nested
-    ``.source``, the step ``Plan.run`` opens it at opens it (the first step at its
-    module on nnsight 0.6/0.7, the first step inside it on 0.8: ``_nested_sources_due``;
+    ``.source``, the step ``Plan.run`` opens it at opens it (the first step at its outer
+    operation on nnsight 0.6/0.7, the first step inside it on 0.8: ``_nested_sources_due``;
     the server runs the client's nnsight, which ``check_versions`` holds it to)."""
     from .plan import _nested_sources_due
 

@@ -431,8 +431,9 @@ def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, l
     """How to read the attention's operands at ``layer`` (``operands_of``) in one
     trace, in forward order: the attention module's inputs, then each call's inputs
     or output in the order of the forward's source, each once. A number the row gives
-    is handed on as it is; a call the forward does not make is left out (the check
-    that needs the operand then says what it lacks)."""
+    is handed on as it is, and so is a module attribute (a buffer, read before the
+    trace); a call the forward does not make is left out (the check that needs the
+    operand then says what it lacks)."""
     from causalab_mini.compat import parsed_source
     from causalab_mini.locate import operands_of
     from causalab_mini.ops import OperationNotFound, find_op, op_path
@@ -442,14 +443,18 @@ def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, l
     _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "operands", "module": f"layers.{layer}.{query.module}"}
     where["model_class"] = model.internals.model_class
-    numbers: list[tuple[str, float]] = []
+    numbers: list[tuple[str, Any]] = []
     module_inputs: list[tuple[str, Any]] = []
     calls: dict[tuple[str, str], tuple[int, Any, list[tuple[str, Any]]]] = {}
     for name, operand in operands_of(model).items():
         if operand.value is not None:
             numbers.append((name, operand.value))
+        elif operand.attribute is not None:  # a buffer: the module's, not the forward's
+            held = getattr(envoy._module, operand.attribute, None)
+            if held is not None:
+                numbers.append((name, held.detach().clone()))
         elif operand.input is not None:
-            module_inputs.append((name, type(operand)(kwarg=operand.input)))
+            module_inputs.append((name, type(operand)(arg=operand.arg, kwarg=operand.input)))
         elif operand.needle is not None:
             try:
                 op = find_op(source, operand.needle, **where)
@@ -689,20 +694,25 @@ def _interior_checks(
 
 
 def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
-    """The attention function's mask at ``layer`` as (additive part, where a query
-    sees a key), both broadcast to ``shape`` (no mask: 0, everywhere)."""
+    """The attention's mask at ``layer`` as (additive part, where a query sees a key),
+    both broadcast to ``shape`` (no mask: 0, everywhere), with the ``seen`` operand
+    (a causal buffer) where the attention masks by one."""
     import torch
 
     mask = raw.get(("mask", layer))
+    seen = torch.ones(shape, dtype=torch.bool)
+    extra = raw.get(("seen", layer))
+    if extra is not None:  # a causal buffer (nonzero: seen), its last queries, first keys
+        keys, queries = shape[-1], shape[-2]
+        seen = (extra[..., keys - queries : keys, :keys] != 0).expand(shape)
     if mask is None:
-        return torch.zeros(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.bool)
+        return torch.zeros(shape, dtype=torch.float64), seen
     mask = mask[..., : shape[-1]]
     if mask.dtype == torch.bool:
-        seen = mask.expand(shape)
-        return torch.zeros(shape, dtype=torch.float64), seen
-    seen = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
-    additive = torch.where(seen, mask.double().expand(shape), 0.0)
-    return additive, seen
+        return torch.zeros(shape, dtype=torch.float64), seen & mask.expand(shape)
+    sees = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
+    additive = torch.where(sees, mask.double().expand(shape), 0.0)
+    return additive, seen & sees
 
 
 def _bias(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> Any:
