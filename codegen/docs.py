@@ -80,6 +80,11 @@ def _extras(row: Address) -> tuple[str, ...]:
         )
     if row.read_only:
         out.append(f"read-only: {row.read_only}")
+    if row.flat_tokens:
+        out.append(
+            "held flat by the block, (batch*seq, ...): read as (batch, seq, ...) with the "
+            "layer input's batch and sequence, written through the same view"
+        )
     for package, spec in row.versions:
         out.append(f"holds for {package} {spec}")
     return tuple(out)
