@@ -163,7 +163,7 @@ def _whole(model: Any, step: dict[str, Any]) -> Any:
         if what == "arg":
             return target.inputs[0][index]
         value = target.output
-        return value[index] if isinstance(value, tuple) else value
+        return value[index] if isinstance(value, (tuple, list)) else value
     value = _select_get(getattr(target, step["attr"]), step["select"])
     if step["copy"]:
         value = value.clone()
@@ -206,8 +206,8 @@ def _put(model: Any, step: dict[str, Any], value: Any) -> None:
             target.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
         else:
             out = target.output
-            if isinstance(out, tuple):
-                target.output = (*out[:index], value, *out[index + 1 :])
+            if isinstance(out, (tuple, list)):
+                target.output = _replace_part(out, index, value)
             else:
                 target.output = value
         return
