@@ -292,9 +292,11 @@ def callee_after_inputs() -> bool:
 def several_invokes(model: Any) -> bool | None:
     """Whether the running trace batches several invokes' inputs into one forward (each
     invoke then reads its own rows of a (batch, ...) tensor, narrowed by nnsight), or
-    None where this nnsight does not say. nnsight 0.7 and 0.8 keep it on the model's
-    interleaver's batcher: ``needs_batching`` on 0.7, ``batching`` on 0.8."""
-    batcher = getattr(getattr(model, "interleaver", None), "batcher", None)
+    None where this nnsight does not say. Every release keeps it on the model's
+    interleaver's batcher (``_interleaver`` on 0.6, ``interleaver`` since):
+    ``needs_batching`` on 0.6 and 0.7, ``batching`` on 0.8."""
+    interleaver = vars(model).get("_interleaver") or getattr(model, "interleaver", None)
+    batcher = getattr(interleaver, "batcher", None)
     answer = getattr(batcher, "batching" if is_08() else "needs_batching", None)
     return answer if isinstance(answer, bool) else None
 
