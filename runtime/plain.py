@@ -249,7 +249,10 @@ def _write(model: Any, step: dict[str, Any]) -> None:
         whole = flat.clone()
         whole[_head(step)] = value
         value = whole
-    _put(model, step, _native(step["layout"], value, native))
+    value = _native(step["layout"], value, native)
+    if native.is_contiguous() and not value.is_contiguous():
+        value = value.contiguous()  # laid out as the model's own (a forward may .view it)
+    _put(model, step, value)
 
 
 def _open_sources(step: dict[str, Any]) -> None:

@@ -172,6 +172,10 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
         whole[_head_slice(address)] = value
         value = whole
     value = _native(address, value, native)
+    if native.is_contiguous() and not value.is_contiguous():
+        # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
+        # Japanese's _attn views the query it is given)
+        value = value.contiguous()
     if address.kind == "boundary":
         model.internals[address.accessor].set(address.layer, value)
         return

@@ -103,3 +103,24 @@ def test_a_stated_operand_left_out_fails_the_check(
     assert (operand, 1) in raw
     without = {k: v for k, v in raw.items() if k != (operand, 1)}
     assert _qk_ok(model, values, without, 1) == [False]
+
+
+@pytest.mark.parametrize("case", INLINE)
+@pytest.mark.parametrize("name", INTERIOR_NAMES)
+def test_a_write_at_an_inline_interior_reads_back_and_reaches_the_output(
+    case: object, name: str, tiny_model: Callable[..., StandardizedTransformer]
+) -> None:
+    # a write goes through the family's own call site (an argument, or a tuple or list
+    # the call returns) and changes what the block hands on
+    import torch
+
+    from causalab_mini.components import Plan, locate
+
+    model = tiny_model(case.spec, probs=True)  # type: ignore[attr-defined]
+    inputs = c.sample_inputs(model)
+    here, out = locate(model, name, 1), locate(model, "block_output", 1)
+    before = Plan.of(reads=[here, out]).run(model, inputs)
+    value = before[here] * 0.5
+    after = Plan.of(reads=[here, out], writes=[(here, value)]).run(model, inputs)
+    assert torch.equal(after[here], value)
+    assert not torch.allclose(after[out], before[out])
