@@ -148,7 +148,9 @@ class Address:
     ``flat_tokens`` marks a per-layer tensor the block holds with batch and sequence
     flattened into one axis (tokens, ...): a read views it as (batch, seq, ...) with
     the batch and sequence of the layer's input, and a write goes back through the
-    same view.
+    same view. ``merged_heads`` marks a per-layer tensor held with batch and heads
+    merged into one axis, (batch*heads, ...): a read views it as (batch, heads, ...)
+    with the layer's attention head count, a write goes back through the same view.
     """
 
     module: str
@@ -162,6 +164,7 @@ class Address:
     snapshot: bool = False
     read_only: str | None = None
     flat_tokens: bool = False
+    merged_heads: bool = False
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     doc: str = field(default="", compare=False)
@@ -306,7 +309,9 @@ class Interior:
     (GPT-Neo's ``self_attn.attention``). ``layout`` replaces the component's stated
     layout where a family holds the tensor otherwise (heads merged: ``bsf``);
     ``note`` says what the tensor holds on a family where that differs from the
-    interior's doc (a query scaled before the call, ALiBi in the scores)."""
+    interior's doc (a query scaled before the call, ALiBi in the scores);
+    ``merged_heads`` that the call holds it with batch and heads merged into one axis,
+    (batch*heads, ...), which a read views apart (XGLM's torch.bmm operands)."""
 
     name: str
     within: str
@@ -318,6 +323,7 @@ class Interior:
     versions: tuple[tuple[str, str], ...] = ()
     module: str | None = None
     layout: str | None = None
+    merged_heads: bool = False
     note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
 

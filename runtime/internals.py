@@ -332,6 +332,7 @@ class Place:
                 and not _copied(address)
                 and address.scale is None
                 and not address.flat_tokens
+                and not address.merged_heads
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
         return self._finish(address, getattr(envoy, attr), layer)
@@ -341,6 +342,8 @@ class Place:
             value = address.select.get(value)
         if address.flat_tokens:
             value = self._internals.unflatten(self.name, layer, value)
+        if address.merged_heads:
+            value = self._internals.unmerge_heads(self.name, layer, value)
         if _copied(address):
             # the tensor here changes later in place (the forward's own in-place add,
             # or a write at this in_place place): a read is what it was when read
@@ -376,9 +379,14 @@ class Place:
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         whole = getattr(envoy, attr)
         current = address.select.get(whole) if address.select is not None else whole
-        if address.flat_tokens:
+        if address.flat_tokens or address.merged_heads:
             # checked against the place as a read hands it on, written through the view
-            check_value(where, value, self._internals.unflatten(self.name, at, current))
+            seen = current
+            if address.flat_tokens:
+                seen = self._internals.unflatten(self.name, at, seen)
+            if address.merged_heads:
+                seen = self._internals.unmerge_heads(self.name, at, seen)
+            check_value(where, value, seen)
             value = value.reshape(current.shape)
         else:
             check_value(where, value, current)
@@ -442,6 +450,24 @@ class Internals(Mapping[str, Place]):
         self._layer_envoys = None
         if self._tokens:
             self._watch_tokens()
+
+    def unmerge_heads(self, name: str, layer: int | None, merged: Any) -> Any:
+        """``merged`` (batch*heads, ...) at a merged_heads row of ``layer``, viewed as
+        (batch, heads, ...) with the layer's attention head count."""
+        from .geometry import num_heads
+
+        heads = num_heads(self.model, layer)
+        dims = tuple(getattr(merged, "shape", ()))
+        if not dims or dims[0] % heads:
+            raise PlaceUnavailable(
+                self._refusal(
+                    name,
+                    layer,
+                    f"the block holds it with batch and heads merged, {dims}, and its "
+                    f"first axis is no multiple of the layer's {heads} heads",
+                )
+            )
+        return merged.view(dims[0] // heads, heads, *dims[1:])
 
     def unflatten(self, name: str, layer: int | None, flat: Any) -> Any:
         """``flat`` (tokens, ...) at a flat_tokens row of ``layer``, viewed as (batch,

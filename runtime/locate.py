@@ -55,6 +55,8 @@ class ComponentAddress:
     take: tuple[str, int] | None = field(default=None, compare=False)
     per_head: str = field(default="none", compare=False)
     layout: str | None = field(default=None, compare=False)
+    # the call holds it (batch*heads, ...): read and written through (batch, heads, ...)
+    merged_heads: bool = field(default=False, compare=False)
     head_dim: int | None = field(default=None, compare=False)
     heads: int | None = field(default=None, compare=False)
     width: int | None = field(default=None, compare=False)
@@ -326,6 +328,7 @@ def _interior(
         io="inside",
         needles=interior.needles,
         take=(take[0], int(take[1])),
+        merged_heads=interior.merged_heads,
         **policy,
     )
 

@@ -46,10 +46,26 @@ def _whole(model: Any, address: ComponentAddress) -> Any:
     assert address.take is not None
     what, index = address.take
     if what == "arg":
-        return op.inputs[0][index]
-    value = op.output
-    # a call may return a tuple or a list (GPT-1's _attn returns [z, ...])
-    return value[index] if isinstance(value, (tuple, list)) else value
+        value = op.inputs[0][index]
+    else:
+        value = op.output
+        # a call may return a tuple or a list (GPT-1's _attn returns [z, ...])
+        value = value[index] if isinstance(value, (tuple, list)) else value
+    return _unmerged(address, value)
+
+
+def _unmerged(address: ComponentAddress, value: Any) -> Any:
+    """An interior the call holds (batch*heads, ...) viewed as (batch, heads, ...)."""
+    if not address.merged_heads:
+        return value
+    heads = address.heads
+    if heads is None or value.shape[0] % heads:
+        raise _refuse(
+            address.component,
+            f"it is held with batch and heads merged, {tuple(value.shape)}, and its first "
+            f"axis is no multiple of the {heads} heads stated",
+        )
+    return value.view(value.shape[0] // heads, heads, *value.shape[1:])
 
 
 def _flat(address: ComponentAddress, native: Any) -> Any:
@@ -176,6 +192,8 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
         # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
         # Japanese's _attn views the query it is given)
         value = value.contiguous()
+    if address.merged_heads:  # back through the view: (batch*heads, ...)
+        value = value.reshape(-1, *value.shape[2:])
     if address.kind == "boundary":
         model.internals[address.accessor].set(address.layer, value)
         return

@@ -356,6 +356,11 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             )
         if write and row.read_only is not None:
             raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
+        if row.merged_heads or address.merged_heads:
+            raise RemoteRefused(
+                f"{address.component} is held with batch and heads merged, (batch*heads, "
+                "...), which plain remote steps do not view apart: read it in a local trace"
+            )
         if row.flat_tokens:
             raise RemoteRefused(
                 f"{address.component} is held flat, (batch*seq, ...), and is viewed back with "
@@ -381,6 +386,11 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             in_place=row.write == "in_place",
         )
         return step
+    if address.merged_heads:
+        raise RemoteRefused(
+            f"{address.component} is held with batch and heads merged, (batch*heads, ...), "
+            "which plain remote steps do not view apart: read it in a local trace"
+        )
     envoy = child(internals.layer_envoy(address.layer), address.module)
     step.update(envoy=envoy, ops=tuple(address.needles), take=tuple(address.take))
     return step

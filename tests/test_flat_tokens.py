@@ -140,3 +140,41 @@ def test_a_flat_place_is_refused_in_a_trace_of_several_invokes(
             model.internals["layers_output"][layer].save()
     assert seen == [True], "every supported nnsight (0.6-0.8) says the invokes are batched"
     assert refused and "several invokes" in str(refused[0])
+
+
+# (family case, row) for every family row marked merged_heads: (batch*heads, ...) held
+MERGED = [
+    case.param(case, row, id=f"{family}-{row}")
+    for family, case in family_cases()
+    for match, rows in FAMILY_ADDRESSES
+    if match.model_types and case.model_type in match.model_types
+    for row, address in rows.items()
+    if address.merged_heads
+]
+
+
+def test_every_merged_row_is_covered() -> None:
+    assert {p.values[1] for p in MERGED} >= {"attention_probabilities"}
+
+
+@pytest.mark.parametrize(("case", "row"), MERGED)
+def test_a_merged_heads_place_reads_per_head_and_writes_through_the_view(
+    case: object, row: str, tiny_model: Load
+) -> None:
+    from causalab_mini.geometry import num_heads
+
+    model = tiny_model(case.spec, probs=True)  # type: ignore[attr-defined]
+    inputs = c.sample_inputs(model)
+    layer = _flat_layer(model, row)
+    batch = inputs["input_ids"].shape[0]
+    with model.trace(inputs):
+        before = model.internals[row][layer].save()
+        out = model.internals["layers_output"][layer].save()
+    with model.trace(inputs):
+        value = model.internals[row][layer]
+        model.internals[row][layer] = value * 0 + 0.25
+        after = model.internals[row][layer].save()
+        written = model.internals["layers_output"][layer].save()
+    assert before.shape[:2] == (batch, num_heads(model, layer))
+    assert torch.all(after == 0.25)
+    assert not torch.allclose(written, out), "the write reaches the block's output"

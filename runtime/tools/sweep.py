@@ -632,6 +632,8 @@ def _interior_checks(
         )
     if key("attention_z") in v and key("attention_probs") in v and ("value", layer) in raw:
         probs, values = v[key("attention_probs")], raw[("value", layer)]
+        if values.dim() == 3:  # held (batch*heads, keys, head size): XGLM's bmm operand
+            values = values.view(probs.shape[0], -1, *values.shape[1:])
         values = values.repeat_interleave(probs.shape[1] // values.shape[1], dim=1)
         mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
         ok, d = close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
