@@ -349,8 +349,9 @@ class Operand:
 
 PerHead = Literal["q", "kv", "none"]
 # How a per-head place's tensor is held: b batch, h head, s sequence, d head_dim,
-# k keys, f heads x head_dim concatenated.
-Layout = Literal["bhsd", "bshd", "bsf", "bhsk"]
+# k keys, f heads x head_dim concatenated (bhds: a key transposed for q·kᵀ, as a
+# family's own matmul takes it).
+Layout = Literal["bhsd", "bshd", "bsf", "bhsk", "bhds"]
 Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "z_width", "vocab_size"]
 
 

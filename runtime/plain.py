@@ -175,6 +175,8 @@ def _whole(model: Any, step: dict[str, Any]) -> Any:
 def _flat(layout: Any, native: Any) -> Any:
     if layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
+    if layout == "bhds":  # a key transposed for the product
+        return native.permute(0, 3, 1, 2).flatten(2)
     if layout == "bshd":
         return native.flatten(2)
     return native
@@ -184,6 +186,9 @@ def _native(layout: Any, flat: Any, like: Any) -> Any:
     if layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)
+    if layout == "bhds":
+        b, h, d, s = like.shape
+        return flat.reshape(b, s, h, d).permute(0, 2, 3, 1)
     if layout == "bshd":
         return flat.reshape(like.shape)
     return flat

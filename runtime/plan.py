@@ -69,9 +69,11 @@ def _unmerged(address: ComponentAddress, value: Any) -> Any:
 
 
 def _flat(address: ComponentAddress, native: Any) -> Any:
-    """The tensor as handed on: a place held per head (bhsd, bshd) becomes b s f."""
+    """The tensor as handed on: a place held per head (bhsd, bhds, bshd) becomes b s f."""
     if address.layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
+    if address.layout == "bhds":  # a key transposed for the product
+        return native.permute(0, 3, 1, 2).flatten(2)
     if address.layout == "bshd":
         return native.flatten(2)
     return native
@@ -82,6 +84,9 @@ def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
     if address.layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)
+    if address.layout == "bhds":
+        b, h, d, s = like.shape
+        return flat.reshape(b, s, h, d).permute(0, 2, 3, 1)
     if address.layout == "bshd":
         return flat.reshape(like.shape)
     return flat
@@ -90,14 +95,14 @@ def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
 def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | None:
     """Why the tensor the model holds at a per-head ``address`` (shape ``held``, before
     it is handed on flat) does not have the heads and head size the address states
-    (None where it does, or where the place is not per head). bhsd and bshd hold the
+    (None where it does, or where the place is not per head). bhsd, bhds and bshd hold the
     head axis and the head size themselves, bsf heads x head size on its last axis,
     bhsk the heads on axis 1."""
     if address.per_head == "none" or address.layout is None:
         return None
     shape = tuple(int(n) for n in held)
     where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
-    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhsk": (1, None)}
+    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhds": (1, 2), "bhsk": (1, None)}
     if address.layout in axes:
         if len(shape) != 4:
             return f"{where} is held as {shape}, which has not the 4 axes of {address.layout}"
