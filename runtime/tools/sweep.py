@@ -350,15 +350,18 @@ def _raw_outputs(
             if internals[row].unavailable_on(layer) is None:
                 wanted.append((row, layer, internals[row].address_at(layer).module))
     if ("lm_head", None) in addresses:
-        wanted.append(("lm_head_input", -1, None))
-        inner = _inner_unembedding(model)
+        # the module the lm_head row reads (nnterp's lm_head, or the family's own
+        # unembedding where nnterp's container is a head before it)
+        head_envoy = _whole_model_module(model, addresses[("lm_head", None)].module)
+        wanted.append(("lm_head_input", -1, head_envoy))
+        inner = _inner_unembedding(model, head_envoy)
         if inner is not None:
             wanted.append(("unembedding_input", -1, inner))
     saved: list[tuple[str, int, Any]] = []  # bound before the trace
     with model.trace(inputs):
         for kind, layer, what in wanted:
             if kind in ("lm_head_input", "unembedding_input"):
-                args, kwargs = (model.lm_head if what is None else what).inputs
+                args, kwargs = what.inputs
                 given = args[0] if args else next(iter(kwargs.values()))
                 saved.append((kind, layer, given.save()))
                 continue
@@ -405,18 +408,27 @@ def _raw_outputs(
     return out
 
 
-def _inner_unembedding(model: Any) -> Any | None:
+def _whole_model_module(model: Any, path: str) -> Any:
+    """The Envoy at a whole-model row's ``path`` (standardized names; "" is the
+    model), nnterp's lm_head where the path does not resolve."""
+    from causalab_mini.internals import child
+
+    found = child(model, path) if path else None
+    return model.lm_head if found is None else found
+
+
+def _inner_unembedding(model: Any, lm_head_envoy: Any) -> Any | None:
     """The Envoy of ``get_output_embeddings()`` where it sits strictly inside the
-    lm_head module (a head that transforms its input before the unembedding, as on
-    the RoBERTa kin: dense, gelu, layer_norm, decoder), else None."""
+    module the lm_head row reads (a head that transforms its input before the
+    unembedding, as on the RoBERTa kin: dense, gelu, layer_norm, decoder), else None."""
     from causalab_mini.internals import child
 
     head = model._model.get_output_embeddings()
-    lm_head = getattr(model.lm_head, "_module", None)
+    lm_head = getattr(lm_head_envoy, "_module", None)
     if head is None or lm_head is None or head is lm_head:
         return None
     path = next((name for name, m in lm_head.named_modules() if m is head and name), None)
-    return None if path is None else child(model.lm_head, path)
+    return None if path is None else child(lm_head_envoy, path)
 
 
 def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]:
