@@ -225,6 +225,10 @@ class RenameConfig:
     ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
     for the model has no entry for the embeddings: entry i is block i's output, the
     last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
+    ``oracles_from_last_calls`` says those outputs (and ``output_attentions``) hold
+    an entry per call of the layer class, other calls first (a second stack of the
+    same class, earlier cycles), so the oracles are the last entries and none is the
+    first layer's input;
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``addresses`` replaces where an existing accessor reads
@@ -244,6 +248,7 @@ class RenameConfig:
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
     hidden_states_are_block_outputs: bool | None = None
+    oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 

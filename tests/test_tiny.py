@@ -109,8 +109,10 @@ def test_tiny_config_is_consistent_and_has_the_registrys_sizes(model_type: str) 
     # the sizes of registry/tiny.yaml, unless the model type's row overrides them
     assert text.hidden_size == overridden.get("hidden_size", TINY_SIZES["hidden"])
     # a few configs derive their depth (a hybrid's layer pattern; LongCat-Flash counts
-    # two sublayers a layer in num_hidden_layers and keeps its depth in num_layers)
-    depth = getattr(text, "num_layers", text.num_hidden_layers)
+    # two sublayers a layer in num_hidden_layers and keeps its depth in num_layers; a
+    # cycled stack, HRM-Text, counts layer calls there and keeps its depth per stack)
+    depth = getattr(text, "num_layers", getattr(text, "num_layers_per_stack", None))
+    depth = text.num_hidden_layers if depth is None else depth
     assert depth <= max(overridden.get("num_hidden_layers", 0), TINY_SIZES["layers"] + 1)
     assert text.vocab_size == TINY_SIZES["vocab"]
     # and what a model needs of them

@@ -178,6 +178,26 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
     return out
 
 
+def oracle_hidden_states(model: Any, hidden: Any) -> Any:
+    """transformers' ``output_hidden_states`` as the oracles read it: as given, or
+    where the family says they count every call of the layer class with the layers'
+    own calls last (``oracles_from_last_calls``), the last n + 1 entries with the first
+    None (the entry before the layers' first output is another call's output, not the
+    first layer's input)."""
+    if not getattr(model, "oracles_from_last_calls", False) or hidden is None:
+        return hidden
+    n = model.internals.num_layers
+    return (None, *tuple(hidden)[len(hidden) - n :])
+
+
+def oracle_attentions(model: Any, attentions: Any) -> Any:
+    """transformers' ``output_attentions`` as the oracles read it: the last n entries
+    where they count every call of the layer class (``oracles_from_last_calls``)."""
+    if not getattr(model, "oracles_from_last_calls", False) or attentions is None:
+        return attentions
+    return tuple(attentions)[len(attentions) - model.internals.num_layers :]
+
+
 def hidden_state_oracle(
     model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]
 ) -> list[Check]:
@@ -188,7 +208,7 @@ def hidden_state_oracle(
 
     with torch.no_grad():
         out = model._model(**forward_inputs(model, inputs), output_hidden_states=True)
-    hidden = out.hidden_states
+    hidden = oracle_hidden_states(model, out.hidden_states)
     checks = []
     n = model.internals.num_layers
     # entry i is layer i's input; or its output, where the family says so
@@ -198,7 +218,7 @@ def hidden_state_oracle(
         else "layers_input"
     )
     for layer in range(n):
-        if (row, layer) in values:
+        if (row, layer) in values and hidden[layer] is not None:
             checks.append(
                 compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
             )
@@ -229,7 +249,7 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
             "output_attentions == attention_probabilities",
             layer,
             values[("attention_probabilities", layer)],
-            out.attentions[layer],
+            oracle_attentions(model, out.attentions)[layer],
         )
         for layer in range(model.internals.num_layers)
         if ("attention_probabilities", layer) in values

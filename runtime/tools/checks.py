@@ -62,7 +62,7 @@ class Context:
 
     @property
     def hidden(self) -> Any:
-        return self.hf.hidden_states
+        return cert.oracle_hidden_states(self.model, self.hf.hidden_states)
 
     @property
     def stream_ends_at_block(self) -> bool:
@@ -138,7 +138,7 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
                 )
         else:
-            if ctx.have("block_input", layer=layer):
+            if ctx.have("block_input", layer=layer) and hidden[layer] is not None:
                 ok, d = close(v[("block_input", layer)], hidden[layer])
                 yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
             if layer < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
@@ -151,7 +151,7 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
 def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
     """transformers' output_attentions (eager) == attention_probs, per layer; hybrid
     stacks return attentions only for their attention layers."""
-    attentions = getattr(ctx.hf, "attentions", None)
+    attentions = cert.oracle_attentions(ctx.model, getattr(ctx.hf, "attentions", None))
     if attentions is None:
         return
     layers = [layer for layer in range(ctx.n) if ("attention_probs", layer) in ctx.v]
