@@ -71,6 +71,13 @@ def _extras(row: Address) -> tuple[str, ...]:
         out.append("operations inside the forward: " + " → ".join(f"`{n}`" for n in row.source))
     if row.scale:
         out.append(f"multiplied by config.{row.scale}")
+    if row.leading_positions is not None:
+        lead = row.leading_positions
+        axes = ", ".join(str(a) for a in lead.axes)
+        out.append(
+            f"the config.{lead.config} positions the forward puts before the tokens "
+            f"(axes {axes}) are left out of reads and kept by writes"
+        )
     if row.snapshot:
         out.append("read as a copy (the forward modifies it in place later)")
     if row.write == "in_place":

@@ -19,6 +19,7 @@ from causalab_mini.address import (
     Interior,
     IOType,
     LayerKind,
+    LeadingPositions,
     Select,
     StructuralEntry,
     StructureRule,
@@ -197,6 +198,8 @@ def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(Unavailable(condition(u["when"]), u["reason"].strip()) for u in value)
         elif key == "versions":
             out[key] = tuple(sorted(value.items()))
+        elif key == "leading_positions":
+            out[key] = LeadingPositions(value["config"], tuple(value.get("axes", (1,))))
         elif key in ("doc", "read_only"):
             out[key] = value.strip() if isinstance(value, str) else value
         elif key in NOT_ADDRESS_FIELDS:

@@ -134,6 +134,25 @@ WriteMode = Literal["replace", "in_place"]
 
 
 @dataclass(frozen=True)
+class LeadingPositions:
+    """Positions a forward puts before the tokens on the sequence axes of a place (a
+    prompt of its own, as CPM-Ant prepends prompt_length learned prompt tokens): their
+    count is the config attribute ``config``, ``axes`` the value's sequence axes. A
+    read leaves them out, so position i is token i as on every other model; a write
+    replaces the tokens' positions and keeps the model's own leading ones."""
+
+    config: str
+    axes: tuple[int, ...] = (1,)
+
+    def tokens(self, value: Any, count: int) -> Any:
+        """``value`` without its first ``count`` positions on each sequence axis (a
+        view: writing into it writes the tokens' positions of ``value``)."""
+        for axis in self.axes:
+            value = value.narrow(axis, count, value.shape[axis] - count)
+        return value
+
+
+@dataclass(frozen=True)
 class Address:
     """One place: a module path in standardized names and which side of it.
 
@@ -143,7 +162,8 @@ class Address:
     call-shaped needles descended through nnsight's ``.source``; ``select`` is where
     the tensor is inside the value there. ``snapshot`` marks a tensor the forward
     modifies in place after the place, so a read takes a copy (and a write hands the
-    model a copy of the value). ``read_only`` is the reason a write there is refused
+    model a copy of the value). ``leading_positions`` names positions the forward puts
+    before the tokens there, which reads leave out and writes keep. ``read_only`` is the reason a write there is refused
     (token ids, the model's own output), None where a place takes writes.
     """
 
@@ -155,6 +175,7 @@ class Address:
     per_layer: bool = True
     write: WriteMode = "replace"
     scale: str | None = None
+    leading_positions: LeadingPositions | None = None
     snapshot: bool = False
     read_only: str | None = None
     unavailable: tuple[Unavailable, ...] = ()

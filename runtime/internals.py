@@ -303,13 +303,21 @@ class Place:
             return envoy
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
-            plain = address.select is None and not _copied(address) and address.scale is None
+            plain = (
+                address.select is None
+                and not _copied(address)
+                and address.scale is None
+                and address.leading_positions is None
+            )
             self._reads[layer] = (envoy, attr, None if plain else address)
         return self._finish(address, getattr(envoy, attr))
 
     def _finish(self, address: Address, value: Any) -> Any:
         if address.select is not None:
             value = address.select.get(value)
+        if address.leading_positions is not None:
+            lead = address.leading_positions
+            value = lead.tokens(value, self._internals.count(lead.config))
         if _copied(address):
             # the tensor here changes later in place (the forward's own in-place add,
             # or a write at this in_place place): a read is what it was when read
@@ -345,12 +353,21 @@ class Place:
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         whole = getattr(envoy, attr)
         current = address.select.get(whole) if address.select is not None else whole
+        full = current
+        lead = address.leading_positions
+        if lead is not None:  # the tokens' positions of the value there (a view)
+            current = lead.tokens(full, self._internals.count(lead.config))
         check_value(where, value, current)
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
         if address.write == "in_place":
             current[...] = value
             return
+        if lead is not None:
+            # the model's own leading positions, the tokens' ones replaced
+            merged = full.clone()
+            lead.tokens(merged, self._internals.count(lead.config))[...] = value
+            value = merged
         if address.snapshot:
             # the forward modifies this tensor in place after the place: hand it a copy,
             # so the user's own tensor (perhaps a saved read) is not changed under them
@@ -488,6 +505,13 @@ class Internals(Mapping[str, Place]):
         if not -n <= layer < n:
             raise IndexError(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
         return layer % n
+
+    def count(self, attribute: str) -> int:
+        """The config's ``attribute`` as a count of positions (a leading_positions row)."""
+        value = getattr(self.model.text_config, attribute, None)
+        if value is None:
+            raise PlaceUnavailable(f"the config has no {attribute!r} to count positions by")
+        return int(value)
 
     def scale(self, attribute: str) -> float:
         config = self.model.text_config

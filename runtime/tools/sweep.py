@@ -401,6 +401,13 @@ def _raw_outputs(
                     )
                 )
     out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for (kind, layer), value in list(out.items()):
+        # a module's own output holds the positions its row leaves out (CPM-Ant's
+        # prompt): compared with the row's reads, it leaves them out too
+        if kind in ("attentions", "mlps"):
+            lead = internals[kind].address_at(layer).leading_positions
+            if lead is not None:
+                out[(kind, layer)] = lead.tokens(value, internals.count(lead.config))
     for layer, kind in gate_kinds.items():
         out[("gate_kind", layer)] = kind
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
@@ -726,11 +733,12 @@ def _mlp_checks(
         act, x = v[key("mlp_activation")], v[key("mlp_input")]
         ok, _ = close(neurons, act)
         if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears, or
-            # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj)
+            # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj); the
+            # linears inside the MLP at any depth (CPM-Ant's w_in holds w_0 and w_1)
             mlp_module = _module(model, layer, mlp.address_at(layer).module)
             width = act.shape[-1]
             with torch.no_grad():
-                for child in mlp_module._module.children():
+                for child in mlp_module._module.modules():
                     if not isinstance(child, torch.nn.Linear):
                         continue
                     if child.out_features == width:
