@@ -78,6 +78,13 @@ def _extras(row: Address) -> tuple[str, ...]:
             f"the config.{lead.config} positions the forward puts before the tokens "
             f"(axes {axes}) are left out of reads and kept by writes"
         )
+    if row.trailing_streams is not None:
+        streams = row.trailing_streams
+        axes = ", ".join(str(a) for a in streams.axes)
+        out.append(
+            f"the config.{streams.config} streams after the tokens' own (axes {axes}) are "
+            "left out of reads and kept by writes"
+        )
     if row.snapshot:
         out.append("read as a copy (the forward modifies it in place later)")
     if row.write == "in_place":

@@ -22,6 +22,7 @@ from causalab_mini.address import (
     LeadingPositions,
     Select,
     StructuralEntry,
+    TrailingStreams,
     StructureRule,
     Unavailable,
 )
@@ -200,6 +201,8 @@ def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(sorted(value.items()))
         elif key == "leading_positions":
             out[key] = LeadingPositions(value["config"], tuple(value.get("axes", (1,))))
+        elif key == "trailing_streams":
+            out[key] = TrailingStreams(value["config"], tuple(value.get("axes", (1,))))
         elif key in ("doc", "read_only"):
             out[key] = value.strip() if isinstance(value, str) else value
         elif key in NOT_ADDRESS_FIELDS:

@@ -153,6 +153,24 @@ class LeadingPositions:
 
 
 @dataclass(frozen=True)
+class TrailingStreams:
+    """More streams of the tokens' length after the tokens' own on the sequence axes of
+    a place (ProphetNet's predicting streams, one per n-gram, concatenated after the
+    main stream): their number is the config attribute ``config``, ``axes`` the value's
+    sequence axes. A read keeps the first stream, the tokens' own; a write replaces it
+    and keeps the others."""
+
+    config: str
+    axes: tuple[int, ...] = (1,)
+
+    def tokens(self, value: Any, count: int) -> Any:
+        """The first of the ``1 + count`` equal blocks of each sequence axis (a view)."""
+        for axis in self.axes:
+            value = value.narrow(axis, 0, value.shape[axis] // (1 + count))
+        return value
+
+
+@dataclass(frozen=True)
 class Address:
     """One place: a module path in standardized names and which side of it.
 
@@ -163,7 +181,8 @@ class Address:
     the tensor is inside the value there. ``snapshot`` marks a tensor the forward
     modifies in place after the place, so a read takes a copy (and a write hands the
     model a copy of the value). ``leading_positions`` names positions the forward puts
-    before the tokens there, which reads leave out and writes keep. ``read_only`` is the reason a write there is refused
+    before the tokens there, which reads leave out and writes keep;
+    ``trailing_streams`` other streams after the tokens' own, likewise. ``read_only`` is the reason a write there is refused
     (token ids, the model's own output), None where a place takes writes.
     """
 
@@ -176,11 +195,25 @@ class Address:
     write: WriteMode = "replace"
     scale: str | None = None
     leading_positions: LeadingPositions | None = None
+    trailing_streams: TrailingStreams | None = None
     snapshot: bool = False
     read_only: str | None = None
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     doc: str = field(default="", compare=False)
+
+    @property
+    def views_tokens(self) -> bool:
+        """Whether the value here holds positions besides the tokens' own."""
+        return self.leading_positions is not None or self.trailing_streams is not None
+
+    def token_positions(self, value: Any, count: Any) -> Any:
+        """The tokens' own positions of ``value`` (a view; ``count`` gives a config
+        attribute's value as a count)."""
+        for view in (self.leading_positions, self.trailing_streams):
+            if view is not None:
+                value = view.tokens(value, count(view.config))
+        return value
 
     @property
     def is_structural(self) -> bool:

@@ -307,7 +307,7 @@ class Place:
                 address.select is None
                 and not _copied(address)
                 and address.scale is None
-                and address.leading_positions is None
+                and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
         return self._finish(address, getattr(envoy, attr))
@@ -315,9 +315,8 @@ class Place:
     def _finish(self, address: Address, value: Any) -> Any:
         if address.select is not None:
             value = address.select.get(value)
-        if address.leading_positions is not None:
-            lead = address.leading_positions
-            value = lead.tokens(value, self._internals.count(lead.config))
+        if address.views_tokens:
+            value = address.token_positions(value, self._internals.count)
         if _copied(address):
             # the tensor here changes later in place (the forward's own in-place add,
             # or a write at this in_place place): a read is what it was when read
@@ -354,19 +353,18 @@ class Place:
         whole = getattr(envoy, attr)
         current = address.select.get(whole) if address.select is not None else whole
         full = current
-        lead = address.leading_positions
-        if lead is not None:  # the tokens' positions of the value there (a view)
-            current = lead.tokens(full, self._internals.count(lead.config))
+        if address.views_tokens:  # the tokens' positions of the value there (a view)
+            current = address.token_positions(full, self._internals.count)
         check_value(where, value, current)
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
         if address.write == "in_place":
             current[...] = value
             return
-        if lead is not None:
-            # the model's own leading positions, the tokens' ones replaced
+        if address.views_tokens:
+            # the model's own other positions, the tokens' ones replaced
             merged = full.clone()
-            lead.tokens(merged, self._internals.count(lead.config))[...] = value
+            address.token_positions(merged, self._internals.count)[...] = value
             value = merged
         if address.snapshot:
             # the forward modifies this tensor in place after the place: hand it a copy,
@@ -507,7 +505,8 @@ class Internals(Mapping[str, Place]):
         return layer % n
 
     def count(self, attribute: str) -> int:
-        """The config's ``attribute`` as a count of positions (a leading_positions row)."""
+        """The config's ``attribute`` as a count (of a row's leading positions or
+        trailing streams)."""
         value = getattr(self.model.text_config, attribute, None)
         if value is None:
             raise PlaceUnavailable(f"the config has no {attribute!r} to count positions by")

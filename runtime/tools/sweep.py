@@ -403,11 +403,12 @@ def _raw_outputs(
     out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
     for (kind, layer), value in list(out.items()):
         # a module's own output holds the positions its row leaves out (CPM-Ant's
-        # prompt): compared with the row's reads, it leaves them out too
+        # prompt, ProphetNet's predicting streams): compared with the row's reads, it
+        # leaves them out too
         if kind in ("attentions", "mlps"):
-            lead = internals[kind].address_at(layer).leading_positions
-            if lead is not None:
-                out[(kind, layer)] = lead.tokens(value, internals.count(lead.config))
+            address = internals[kind].address_at(layer)
+            if address.views_tokens:
+                out[(kind, layer)] = address.token_positions(value, internals.count)
     for layer, kind in gate_kinds.items():
         out[("gate_kind", layer)] = kind
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
