@@ -22,8 +22,8 @@ from causalab_mini.address import (
     LeadingPositions,
     Select,
     StructuralEntry,
-    TrailingStreams,
     StructureRule,
+    TrailingStreams,
     Unavailable,
 )
 
