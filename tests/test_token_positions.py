@@ -1,8 +1,10 @@
-"""Rows whose tensors carry positions the forward puts before the tokens
-(``leading_positions``, CPM-Ant's prompt): a read leaves them out, so it lines up with
-the input tokens and transformers' own outputs; a write replaces the tokens'
-positions and keeps the model's own leading ones. The models come from the registry:
-every family with such a row, on its first model type."""
+"""Rows whose tensors carry positions besides the tokens' own on the sequence axis:
+positions the forward puts before the tokens (``leading_positions``, CPM-Ant's
+prompt) or streams after them (``trailing_streams``, ProphetNet's predicting
+streams). A read leaves them out, so it lines up with the input tokens and
+transformers' own hidden states; a write replaces the tokens' positions and keeps
+the model's own others. The models come from the registry: every family with such a
+row on layers_input, on its first model type."""
 
 from __future__ import annotations
 
@@ -20,21 +22,19 @@ pytestmark = pytest.mark.slow
 def _cases() -> list[str]:
     out = []
     for match, rows in FAMILY_ADDRESSES:
-        if any(row.leading_positions is not None for row in rows.values()):
+        row = rows.get("layers_input")
+        if row is not None and row.views_tokens:
             out.append(f"tiny:{match.model_types[0]}")
     return sorted(set(out))
 
 
 @pytest.mark.parametrize("spec", _cases())
-def test_reads_leave_the_leading_positions_out_and_writes_keep_them(
+def test_reads_leave_the_other_positions_out_and_writes_keep_them(
     spec: str, tiny_model: Callable[..., StandardizedTransformer]
 ) -> None:
     model = tiny_model(spec)
     place = model.internals["layers_input"]
-    lead = place.address_at(1).leading_positions
-    assert lead is not None, "the case's family marks layers_input"
-    count = model.internals.count(lead.config)
-    assert count > 0
+    address = place.address_at(1)
     ids = model.tokenizer("The quick brown fox", return_tensors="pt")["input_ids"]
     with model.trace(ids):
         read = place[1].save()
@@ -42,16 +42,18 @@ def test_reads_leave_the_leading_positions_out_and_writes_keep_them(
     # the read is the tokens' positions of what the layer was given, and lines up
     # with the input (and transformers' own hidden states)
     assert read.shape[1] == ids.shape[1]
-    assert whole.shape[1] == ids.shape[1] + count
-    assert torch.equal(read, whole[:, count:])
+    assert whole.shape[1] > ids.shape[1]
+    others = torch.ones(whole.shape[:2], dtype=torch.bool)
+    address.token_positions(others, model.internals.count)[...] = False
+    assert torch.equal(read, address.token_positions(whole, model.internals.count))
     with torch.no_grad():
         hidden = model._model(ids, output_hidden_states=True).hidden_states
     assert torch.allclose(read, hidden[1], atol=1e-5)
-    # a write reaches the tokens' positions only; the prompt's stay the model's
+    # a write reaches the tokens' positions only; the others stay the model's
     with model.trace(ids):
         model.internals["layers_input"][1] = torch.zeros_like(read)
         after = model.layers[1].inputs[0][0].clone().save()
         back = place[1].save()
-    assert torch.equal(after[:, :count], whole[:, :count])
-    assert bool((after[:, count:] == 0).all())
+    assert torch.equal(after[others], whole[others])
+    assert bool((address.token_positions(after, model.internals.count) == 0).all())
     assert bool((back == 0).all())
