@@ -281,8 +281,8 @@ class RenameConfig:
     last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
     ``oracles_from_last_calls`` says those outputs (and ``output_attentions``) hold
     an entry per call of the layer class, other calls first (a second stack of the
-    same class, earlier cycles), so the oracles are the last entries and none is the
-    first layer's input;
+    same class, earlier cycles), so the oracles are the last entries, each a layer's
+    output (none is a layer's input: something may run between two layers);
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``addresses`` replaces where an existing accessor reads

@@ -184,7 +184,14 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
     if name is None:
         return None
     if name == "hidden_size":
-        return int(model.hidden_size)
+        if model.hidden_size is not None:
+            return int(model.hidden_size)
+        # a config that keeps its widths per stack (BLT): nnterp finds none at the top;
+        # the unembedding reads the stream, so its input width is the stream's
+        measured = _in_features(model.lm_head._module)
+        if measured is None:
+            raise ComponentError("the model states no hidden size, and lm_head has no in_features")
+        return measured
     if name == "vocab_size":
         head = model.lm_head._module
         out = getattr(head, "out_features", None)

@@ -138,7 +138,10 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
                 )
         else:
-            if ctx.have("block_input", layer=layer) and hidden[layer] is not None:
+            # where the entries are every layer call's outputs, the layers' last, an
+            # entry is a layer's output, not the next one's input (BLT adds a
+            # cross-attention between its layers): only outputs are compared
+            if ctx.have("block_input", layer=layer) and not ctx.model.oracles_from_last_calls:
                 ok, d = close(v[("block_input", layer)], hidden[layer])
                 yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
             if layer < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
