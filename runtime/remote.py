@@ -356,6 +356,13 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             )
         if write and row.read_only is not None:
             raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
+        if row.views_tokens:
+            raise RemoteRefused(
+                f"{address.component}'s row leaves positions out of the tensor there "
+                "(leading_positions or trailing_streams), which a plan sent as plain code "
+                "does not do: read it in a trace of the model (remote=True sends the model's "
+                "own places) or locally"
+            )
         base = internals.layer_envoy(address.layer) if row.per_layer else model
         envoy = child(base, row.module)
         side = "input" if row.io is IOType.INPUT else "output"
