@@ -181,7 +181,10 @@ class Address:
     the tensor is inside the value there. ``snapshot`` marks a tensor the forward
     modifies in place after the place, so a read takes a copy (and a write hands the
     model a copy of the value). ``leading_positions`` names positions the forward puts
-    before the tokens there, which reads leave out and writes keep;
+    before the tokens there, which reads leave out and writes keep; ``layer_list``
+    (a per-layer row) names a ModuleList of the model, in standardized names, whose
+    entry at the layer's index the module is relative to, instead of ``layers[i]``
+    (a model that keeps each sublayer in a list of its own: XLM);
     ``trailing_streams`` other streams after the tokens' own, likewise. ``read_only`` is the reason a write there is refused
     (token ids, the model's own output), None where a place takes writes.
     """
@@ -194,6 +197,7 @@ class Address:
     per_layer: bool = True
     write: WriteMode = "replace"
     scale: str | None = None
+    layer_list: str | None = None
     leading_positions: LeadingPositions | None = None
     trailing_streams: TrailingStreams | None = None
     snapshot: bool = False

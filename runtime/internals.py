@@ -256,8 +256,8 @@ class Place:
         if hit is not None:
             return hit
         address = self.address_at(layer)
-        base = internals.layer_envoy(layer) if address.per_layer else internals.model
-        envoy = child(base, address.module)
+        base = internals.row_base(address, layer)
+        envoy = None if base is None else child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
             raise PlaceUnavailable(
                 internals._refusal(
@@ -397,6 +397,22 @@ class Internals(Mapping[str, Place]):
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
+
+    def row_base(self, row: Address, layer: int | None) -> Any | None:
+        """The Envoy a row's module path is relative to: the model for a whole-model
+        row, ``layers[layer]``, or the entry at ``layer`` of the row's ``layer_list``
+        (None where the list or that entry is missing)."""
+        if not row.per_layer or layer is None:
+            return self.model
+        if row.layer_list is None:
+            return self.layer_envoy(layer)
+        entries = child(self.model, row.layer_list)
+        if entries is None:
+            return None
+        try:
+            return entries[layer]
+        except (IndexError, TypeError):
+            return None
 
     def layer_envoy(self, layer: int) -> Any:
         """The Envoy of layer ``layer`` (``model.layers[i]`` rebuilds the list of the
@@ -587,9 +603,15 @@ class Internals(Mapping[str, Place]):
         key = (name, -1 if layer is None else layer)
         if key in self._resolved:
             return self._resolved[key]
-        base = self.layer_envoy(layer) if row.per_layer else self.model
+        base = self.row_base(row, layer)
         result: tuple[Address | None, str | None]
-        if row.is_structural:
+        if base is None:
+            result = (
+                None,
+                f"{name} reads the list {row.layer_list!r}, which the model does not have "
+                "(or not at this layer's index)",
+            )
+        elif row.is_structural:
             result = self._structural(name, row, base)
         elif row.module and child(base, row.module) is None:
             where = "the layer" if row.per_layer else "the model"
@@ -603,7 +625,7 @@ class Internals(Mapping[str, Place]):
             )
         else:
             result = (row, None)
-        if result[0] is not None and result[0].module:
+        if base is not None and result[0] is not None and result[0].module:
             shared = _shared_on(base, result[0].module)
             if shared is not None:
                 result = (None, _shared_reason(name, result[0].module, shared))

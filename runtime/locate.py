@@ -198,8 +198,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
     address = place.address_at(at)
     op = None
     if address.source:
-        base = internals.layer_envoy(at) if address.per_layer else model
-        envoy = child(base, address.module)
+        envoy = child(internals.row_base(address, at), address.module)
         try:
             op = op_name(
                 envoy,
@@ -264,8 +263,9 @@ def _interior(
                 "`registry model --eager`)"
             ),
         )
-    module = within.address_at(at).module
-    envoy = child(internals.layer_envoy(at), module)
+    within_row = within.address_at(at)
+    module = within_row.module
+    envoy = child(internals.row_base(within_row, at), module)
     try:
         op = op_name(
             envoy,

@@ -363,8 +363,7 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
                 "does not do: read it in a trace of the model (remote=True sends the model's "
                 "own places) or locally"
             )
-        base = internals.layer_envoy(address.layer) if row.per_layer else model
-        envoy = child(base, row.module)
+        envoy = child(internals.row_base(row, address.layer), row.module)
         side = "input" if row.io is IOType.INPUT else "output"
         step.update(
             envoy=None if envoy is model else envoy,

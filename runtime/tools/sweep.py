@@ -323,6 +323,15 @@ def _module(model: Any, layer: int, path: str) -> Any:
     return child(model.layers[layer], path)
 
 
+def _row_module(model: Any, layer: int, row: str) -> Any:
+    """The Envoy of the module the internals row ``row`` reads at ``layer`` (relative to
+    layers[layer], or to its entry of the row's layer_list)."""
+    from causalab_mini.internals import child
+
+    address = model.internals[row].address_at(layer)
+    return child(model.internals.row_base(address, layer), address.module)
+
+
 def _raw_outputs(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
@@ -348,7 +357,7 @@ def _raw_outputs(
                 wanted.append(("gate", layer, gates[0][1]))
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
-                wanted.append((row, layer, internals[row].address_at(layer).module))
+                wanted.append((row, layer, _row_module(model, layer, row)))
     if ("lm_head", None) in addresses:
         # the module the lm_head row reads (nnterp's lm_head, or the family's own
         # unembedding where nnterp's container is a head before it)
@@ -376,7 +385,7 @@ def _raw_outputs(
             elif kind == "gate":
                 saved.append((kind, layer, what.output.save()))
             elif kind == "mlps":
-                envoy = _module(model, layer, what)
+                envoy = what
                 args, kwargs = envoy.inputs
                 # the arguments besides the first (Zaya's router state, MPT's residual)
                 rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
@@ -390,7 +399,7 @@ def _raw_outputs(
                     )
                 )
             else:
-                module = _module(model, layer, what)
+                module = what
                 out = getattr(module, boundary("output", module))
                 # a copy: a layer may change a module's output in place afterwards (Falcon)
                 saved.append(
@@ -449,7 +458,7 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
 
     internals = model.internals
     path = internals["attentions"].address_at(layer).module
-    source = _module(model, layer, path).source
+    source = _row_module(model, layer, "attentions").source
     _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
     where["model_class"] = internals.model_class
@@ -523,7 +532,7 @@ def _consistency_checks(
             plain = not (mid.source or norm.source or mid.scale or norm.scale)
             sides = (mid.io.value, norm.io.value)
             if plain and mid.module == norm.module and sides == ("input", "output"):
-                normed = _module(model, layer, mid.module)._module(v[key("block_mid")])
+                normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
                 if isinstance(normed, tuple):
                     normed = normed[0]
                 ok, d = close(normed, v[key("mlp_input_norm")])
@@ -531,7 +540,7 @@ def _consistency_checks(
                     ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
                 )
         if key("attention_premix") in v:
-            proj = _module(model, layer, internals["attentions_premix"].address_at(layer).module)
+            proj = _row_module(model, layer, "attentions_premix")
             projected = proj._module(v[key("attention_premix")])
             targets = [
                 t
@@ -546,7 +555,7 @@ def _consistency_checks(
                 covered, "output projection(attention_premix) == attention's output", ok
             )
         if key("mlp_input") in v and ("mlps", layer) in raw:
-            mlp = _module(model, layer, internals["mlps"].address_at(layer).module)._module
+            mlp = _row_module(model, layer, "mlps")._module
             args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
             try:
                 # with the other arguments it was given (Zaya's router state from the
@@ -720,8 +729,7 @@ def _mlp_checks(
     if key("mlp_neuron_output") not in v:
         return
     neurons = v[key("mlp_neuron_output")]
-    module = _module(model, layer, model.internals["mlps_neurons"].address_at(layer).module)
-    mlp = model.internals["mlps"]
+    module = _row_module(model, layer, "mlps_neurons")
     with torch.no_grad():
         projected = module._module(neurons)
     targets = [t for t in (v.get(key("mlp_output")), raw.get(("mlps", layer))) if t is not None]
@@ -736,7 +744,7 @@ def _mlp_checks(
         if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears, or
             # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj); the
             # linears inside the MLP at any depth (CPM-Ant's w_in holds w_0 and w_1)
-            mlp_module = _module(model, layer, mlp.address_at(layer).module)
+            mlp_module = _row_module(model, layer, "mlps")
             width = act.shape[-1]
             with torch.no_grad():
                 for child in mlp_module._module.modules():
