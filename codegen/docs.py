@@ -71,6 +71,8 @@ def _extras(row: Address) -> tuple[str, ...]:
         out.append("operations inside the forward: " + " → ".join(f"`{n}`" for n in row.source))
     if row.scale:
         out.append(f"multiplied by config.{row.scale}")
+    if row.seq_first:
+        out.append("held (seq, batch, ...) by the model: read and written as (batch, seq, ...)")
     if row.leading_positions is not None:
         lead = row.leading_positions
         axes = ", ".join(str(a) for a in lead.axes)

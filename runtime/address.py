@@ -184,7 +184,9 @@ class Address:
     before the tokens there, which reads leave out and writes keep; ``layer_list``
     (a per-layer row) names a ModuleList of the model, in standardized names, whose
     entry at the layer's index the module is relative to, instead of ``layers[i]``
-    (a model that keeps each sublayer in a list of its own: XLM);
+    (a model that keeps each sublayer in a list of its own: XLM); ``seq_first`` says
+    the tensor there is (seq, batch, ...) (XLNet), read and written as (batch, seq,
+    ...) through a transposed view;
     ``trailing_streams`` other streams after the tokens' own, likewise. ``read_only`` is the reason a write there is refused
     (token ids, the model's own output), None where a place takes writes.
     """
@@ -198,6 +200,7 @@ class Address:
     write: WriteMode = "replace"
     scale: str | None = None
     layer_list: str | None = None
+    seq_first: bool = False
     leading_positions: LeadingPositions | None = None
     trailing_streams: TrailingStreams | None = None
     snapshot: bool = False
@@ -208,12 +211,19 @@ class Address:
 
     @property
     def views_tokens(self) -> bool:
-        """Whether the value here holds positions besides the tokens' own."""
-        return self.leading_positions is not None or self.trailing_streams is not None
+        """Whether the place is a view of the value there: sequence first, or with
+        positions besides the tokens' own."""
+        return (
+            self.seq_first
+            or self.leading_positions is not None
+            or self.trailing_streams is not None
+        )
 
     def token_positions(self, value: Any, count: Any) -> Any:
-        """The tokens' own positions of ``value`` (a view; ``count`` gives a config
-        attribute's value as a count)."""
+        """The place as a view of ``value``: batch first, with the tokens' own positions
+        only (``count`` gives a config attribute's value as a count)."""
+        if self.seq_first:
+            value = value.transpose(0, 1)
         for view in (self.leading_positions, self.trailing_streams):
             if view is not None:
                 value = view.tokens(value, count(view.config))

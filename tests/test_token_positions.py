@@ -1,9 +1,9 @@
-"""Rows whose tensors carry positions besides the tokens' own on the sequence axis:
-positions the forward puts before the tokens (``leading_positions``, CPM-Ant's
-prompt) or streams after them (``trailing_streams``, ProphetNet's predicting
-streams). A read leaves them out, so it lines up with the input tokens and
-transformers' own hidden states; a write replaces the tokens' positions and keeps
-the model's own others. The models come from the registry: every family with such a
+"""Rows whose place is a view of the tensor there: positions the forward puts before
+the tokens (``leading_positions``, CPM-Ant's prompt), streams after them
+(``trailing_streams``, ProphetNet's predicting streams), a time-major tensor
+(``seq_first``, XLNet). A read is batch first and leaves the others out, so it lines
+up with the input tokens and transformers' own hidden states; a write replaces the
+tokens' positions and keeps the model's own others. The models come from the registry: every family with such a
 row on layers_input, on its first model type."""
 
 from __future__ import annotations
@@ -41,8 +41,7 @@ def test_reads_leave_the_other_positions_out_and_writes_keep_them(
         whole = model.layers[1].inputs[0][0].clone().save()
     # the read is the tokens' positions of what the layer was given, and lines up
     # with the input (and transformers' own hidden states)
-    assert read.shape[1] == ids.shape[1]
-    assert whole.shape[1] > ids.shape[1]
+    assert tuple(read.shape[:2]) == tuple(ids.shape)
     others = torch.ones(whole.shape[:2], dtype=torch.bool)
     address.token_positions(others, model.internals.count)[...] = False
     assert torch.equal(read, address.token_positions(whole, model.internals.count))
