@@ -76,6 +76,7 @@ class TinyTables:
     keep_off: tuple[str, ...] = ()
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     not_buildable: tuple[tuple[str, str], ...] = ()
+    build_from: tuple[tuple[str, str], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -99,6 +100,7 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
         keep_off=tuple(raw["keep_off"]),
         overrides=tuple((t, table(o)) for t, o in raw["overrides"].items()),
         not_buildable=tuple((t, " ".join(r.split())) for t, r in raw["not_buildable"].items()),
+        build_from=tuple(raw.get("build_from", {}).items()),
         vision_extra=table(raw["vision_extra"]),
     )
 

@@ -25,7 +25,7 @@ from causalab_mini.tools.tiny import (
     tiny_tokenizer,
 )
 
-from .registry_cases import model_types
+from .registry_cases import language_config, model_types
 
 # Every model type the registry names (block-structure rules and family files): the
 # first of each structure in the README's test command, the rest in CI (marker `wide`).
@@ -106,15 +106,16 @@ def test_tiny_config_is_consistent_and_has_the_registrys_sizes(model_type: str) 
 
     config = tiny_config(model_type)
     overridden = dict(TINY_OVERRIDES.get(model_type, {}))
-    for text in _stack_configs(config):
+    for text in _stack_configs(model_type, config):
         _check_sizes(text, overridden, TINY_SIZES)
 
 
-def _stack_configs(config: Any) -> list[Any]:
-    """The configs that size the language model's stacks: its text config, or, where
-    that states no width (BLT keeps one config per stack: encoder, global, decoder),
-    each of its sub-configs that does."""
-    text = config.get_text_config()
+def _stack_configs(model_type: str, config: Any) -> list[Any]:
+    """The configs that size the language model's stacks: its text config (or the
+    sub-config its causal LM is built from), or, where that states no width (BLT keeps
+    one config per stack: encoder, global, decoder), each of its sub-configs that
+    does."""
+    text = language_config(model_type, config)
     if hasattr(text, "hidden_size"):
         return [text]
     subs = [getattr(text, name) for name in getattr(text, "sub_configs", {})]
@@ -159,11 +160,13 @@ def test_every_generic_key_the_class_knows_reaches_the_config(model_type: str) -
     # the language model's config: a composite one (a vision-language checkpoint's)
     # holds it as its text config, which the table shrinks (or one config per stack)
     checked = 0
-    stacks = _stack_configs(config)
+    stacks = _stack_configs(model_type, config)
     for text in stacks:
         # a per-stack config may be handed a kept-off key by its parent (BLT's
         # sliding_window): only the text config's own defaults are held to "off"
-        checked += _generic_keys_checked(text, model_type, own=stacks == [config.get_text_config()])
+        checked += _generic_keys_checked(
+            text, model_type, own=stacks == [language_config(model_type, config)]
+        )
     assert checked >= 5
     assert isinstance(config, AutoConfig.for_model(model_type).__class__)
 

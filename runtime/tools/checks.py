@@ -210,10 +210,26 @@ def model_outputs(ctx: Context) -> Iterator[Outcome]:
         ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
         yield Outcome(("input_ids",), "input_ids == the ids given", ok)
     if ctx.have("embeddings"):
+        table = _single(ctx.model._model.get_input_embeddings(), ctx, "embeddings")
         with torch.no_grad():
-            embedded = ctx.model._model.get_input_embeddings()(ctx.inputs["input_ids"])
+            embedded = table(ctx.inputs["input_ids"])
         ok, d = close(ctx.v[("embeddings", None)], embedded)
         yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
+
+
+def _single(module: Any, ctx: Context, component: str) -> Any:
+    """``get_input_embeddings()`` / ``get_output_embeddings()`` as one module: where a
+    model has a list of them (MusicGen: one embedding and one head per codebook), the
+    one the component's row reads (its family refuses the place where that one is
+    not the model's only one)."""
+    import torch
+
+    if not isinstance(module, torch.nn.ModuleList):
+        return module
+    from causalab_mini.internals import child
+
+    address = ctx.addresses[(component, None)]
+    return child(ctx.model, address.module)._module
 
 
 def unembedding(ctx: Context) -> Iterator[Outcome]:
@@ -227,6 +243,7 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
     head = ctx.model._model.get_output_embeddings()
     if not ctx.have("lm_head") or head is None:
         return
+    head = _single(head, ctx, "lm_head")
     v, raw = ctx.v, ctx.raw
     with torch.no_grad():
         given = raw.get(("lm_head_input", -1))
