@@ -53,12 +53,23 @@ def structure_identities(model: Any) -> tuple[str, ...]:
 def mid_write_target(model: Any) -> str | None:
     """The row that must carry a write to layers_mid on: the left side of the
     structure's identity ``X == layers_mid + mlps_output`` (layers_output on a
-    pre-norm block, layers_output_prenorm where a norm follows the add)."""
+    pre-norm block, layers_output_prenorm where a norm follows the add), or, where
+    the MLP's contribution is added to another stream (a reversible block:
+    ``layers_output == layers_input + mlps_output``, ``mlps_input == layers_mid``),
+    the left side of that identity."""
+    addend = _mlp_addend(model)
+    return None if addend is None else addend[0]
+
+
+def _mlp_addend(model: Any) -> tuple[str, str] | None:
+    """(X, A) of the structure's identity ``X == A + mlps_output``, layers_mid's first."""
+    found = []
     for text in structure_identities(model):
         left, right = parse_identity(text)
-        if sorted(right) == ["layers_mid", "mlps_output"]:
-            return left
-    return None
+        if len(right) == 2 and "mlps_output" in right:
+            other = next(r for r in right if r != "mlps_output")
+            found.append((other != "layers_mid", left, other))
+    return (min(found)[1], min(found)[2]) if found else None
 
 
 def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -281,26 +292,41 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
 
     internals = model.internals
     torch.manual_seed(0)
-    target = mid_write_target(model) or "layers_output"
+    target, addend = _mlp_addend(model) or ("layers_output", "layers_mid")
+    # where the MLP adds to another stream than layers_mid (a reversible block), the
+    # write reaches the block through the MLP's input: mlps_input == the written value
+    via_input = addend != "layers_mid"
+    needed = [target, addend, *(["mlps_input"] if via_input else [])]
     if (
         internals["layers_mid"].unavailable_on(layer) is None
         and internals["mlps_output"].unavailable_on(layer) is None
-        and internals[target].unavailable_on(layer) is None
+        and all(internals[name].unavailable_on(layer) is None for name in needed)
     ):
         box: dict[str, Any] = {}
         with model.trace(inputs):
+            if via_input:
+                box["addend"] = internals[addend][layer].clone().save()
             mid = internals["layers_mid"][layer]
             delta = torch.randn_like(mid) * 0.5
             box["written"] = (mid + delta).clone().save()
             internals["layers_mid"][layer] = mid + delta
+            if via_input:
+                box["read"] = internals["mlps_input"][layer].clone().save()
             box["mlp"] = internals["mlps_output"][layer].save()
             box["out"] = internals[target][layer].save()
-        got = _value(box["out"])
+        written = _value(box["written"])
+        if not via_input:
+            return compare(
+                f"{target} == written layers_mid + mlps_output",
+                layer,
+                _value(box["out"]),
+                written + _value(box["mlp"]),
+            )
         return compare(
-            f"{target} == written layers_mid + mlps_output",
+            f"mlps_input == written layers_mid, {target} == {addend} + mlps_output",
             layer,
-            got,
-            _value(box["written"]) + _value(box["mlp"]),
+            torch.cat([_value(box["read"]), _value(box["out"])], dim=-1),
+            torch.cat([written, _value(box["addend"]) + _value(box["mlp"])], dim=-1),
         )
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is not None and structure.parallel:

@@ -323,6 +323,12 @@ def _module(model: Any, layer: int, path: str) -> Any:
     return child(model.layers[layer], path)
 
 
+def _structure_identities(model: Any) -> list[str]:
+    from causalab_mini.tools import certify as cert
+
+    return list(cert.structure_identities(model))
+
+
 def _row_module(model: Any, layer: int, row: str) -> Any:
     """The Envoy of the module the internals row ``row`` reads at ``layer`` (relative to
     layers[layer], or to its entry of the row's layer_list)."""
@@ -521,6 +527,33 @@ def _consistency_checks(
     key = lambda n: (n, layer)  # noqa: E731
     internals = model.internals
     with torch.no_grad():
+        if (
+            key("block_mid") in v
+            and key("mlp_input_norm") in v
+            and not any("mlps_norm_output" in i for i in _structure_identities(model))
+        ):
+            # a structure whose MLP module normalizes its own input (a reversible
+            # block): no identity names the norm's output, which is the norm of
+            # layers_mid where both are read at the norm
+            mid = internals["layers_mid"].address_at(layer)
+            norm = internals["mlps_norm_output"].address_at(layer)
+            plain = not (mid.source or norm.source or mid.scale or norm.scale)
+            if (
+                plain
+                and mid.module == norm.module
+                and (mid.io.value, norm.io.value)
+                == (
+                    "input",
+                    "output",
+                )
+            ):
+                normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
+                if isinstance(normed, tuple):
+                    normed = normed[0]
+                ok, d = close(normed, v[key("mlp_input_norm")])
+                yield Outcome.of(
+                    ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
+                )
         if (
             key("block_mid") in v
             and key("mlp_input_norm") in v
