@@ -38,6 +38,7 @@ CODES: dict[str, str] = {
     "X016": "a family says why no block structure applies, and a block-structure rule covers it",
     "X017": "a family row that names no default place without 'add: true', or 'add: true' on a default place",
     "X018": "tiny.yaml sizes that do not fit together (head_dim x heads, kv_heads, experts, reserved ids)",
+    "X019": "an identity outside the grammar, or naming a row no block of its structure has",
 }
 
 

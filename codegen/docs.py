@@ -70,7 +70,8 @@ def _extras(row: Address) -> tuple[str, ...]:
     if row.source:
         out.append("operations inside the forward: " + " → ".join(f"`{n}`" for n in row.source))
     if row.scale:
-        out.append(f"multiplied by config.{row.scale}")
+        factor = row.scale if isinstance(row.scale, (int, float)) else f"config.{row.scale}"
+        out.append(f"multiplied by {factor}")
     if row.seq_first:
         out.append("held (seq, batch, ...) by the model: read and written as (batch, seq, ...)")
     if row.leading_positions is not None:

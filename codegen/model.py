@@ -21,6 +21,7 @@ from causalab_mini.address import (
     LayerKind,
     LeadingPositions,
     Select,
+    Streams,
     StructuralEntry,
     StructureRule,
     TrailingStreams,
@@ -169,7 +170,7 @@ def condition(raw: Any) -> Condition:
         return Condition("layer_kind", layer_kind=raw["layer_kind"])
     return Condition(
         "config",
-        config=tuple(raw["config"].items()),
+        config=tuple(raw.get("config", {}).items()),
         config_not=tuple(raw.get("config_not", {}).items()),
     )
 
@@ -205,6 +206,8 @@ def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = LeadingPositions(value["config"], tuple(value.get("axes", (1,))))
         elif key == "trailing_streams":
             out[key] = TrailingStreams(value["config"], tuple(value.get("axes", (1,))))
+        elif key == "streams":
+            out[key] = None if value is None else Streams(value["layout"], value["count"])
         elif key in ("doc", "read_only"):
             out[key] = value.strip() if isinstance(value, str) else value
         elif key in NOT_ADDRESS_FIELDS:

@@ -18,6 +18,7 @@ _LAZY: dict[str, str] = {
     "FirstIfTuple": "causalab_mini.address",
     "Index": "causalab_mini.address",
     "RenameConfig": "causalab_mini.address",
+    "Streams": "causalab_mini.address",
     "StandardizedTransformer": "causalab_mini.model",
     "PlaceUnavailable": "causalab_mini.internals",
     "RenameError": "causalab_mini.internals",

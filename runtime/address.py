@@ -6,6 +6,7 @@ this module must stay importable without torch, nnsight or transformers.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -132,6 +133,49 @@ class Unavailable:
 
 WriteMode = Literal["replace", "in_place"]
 
+# How a place that carries several residual streams holds them: b batch, s sequence,
+# n stream, h hidden; f the n streams' hidden vectors concatenated on the last axis.
+StreamLayout = Literal["bsnh", "bsf", "nbsh"]
+
+
+@dataclass(frozen=True)
+class Streams:
+    """A place that carries ``n`` residual streams side by side (hyper-connections,
+    AltUp), not one: how the model holds them (``layout``) and the config attribute
+    that says how many there are (``count``).
+
+    Components hand such a place on flat, like heads: (batch, seq, n x hidden), stream
+    i the slice i*hidden .. (i+1)*hidden of the last axis; ``canonical`` gives the
+    (batch, seq, n, hidden) view the identities are stated on."""
+
+    layout: StreamLayout
+    count: str
+
+    def canonical(self, value: Any, n: int) -> Any:
+        """``value`` as held -> (batch, seq, n, hidden)."""
+        if self.layout == "bsnh":
+            return value
+        if self.layout == "nbsh":
+            return value.permute(1, 2, 0, 3)
+        return value.unflatten(-1, (n, value.shape[-1] // n))
+
+    def flat(self, value: Any) -> Any:
+        """``value`` as held -> (batch, seq, n x hidden), as components hand it on."""
+        if self.layout == "bsnh":
+            return value.flatten(2)
+        if self.layout == "nbsh":
+            return value.permute(1, 2, 0, 3).flatten(2)
+        return value
+
+    def held(self, flat: Any, like: Any) -> Any:
+        """The inverse of ``flat``: back to how the model holds it, shaped like ``like``."""
+        if self.layout == "bsnh":
+            return flat.reshape(like.shape)
+        if self.layout == "nbsh":
+            n, b, s, h = like.shape
+            return flat.reshape(b, s, n, h).permute(2, 0, 1, 3)
+        return flat
+
 
 @dataclass(frozen=True)
 class LeadingPositions:
@@ -180,25 +224,26 @@ class Address:
     call-shaped needles descended through nnsight's ``.source``; ``select`` is where
     the tensor is inside the value there. ``snapshot`` marks a tensor the forward
     modifies in place after the place, so a read takes a copy (and a write hands the
-    model a copy of the value). ``leading_positions`` names positions the forward puts
-    before the tokens there, which reads leave out and writes keep; ``layer_list``
-    (a per-layer row) names a ModuleList of the model, in standardized names, whose
-    entry at the layer's index the module is relative to, instead of ``layers[i]``
-    (a model that keeps each sublayer in a list of its own: XLM); ``seq_first`` says
-    the tensor there is (seq, batch, ...) (XLNet), read and written as (batch, seq,
-    ...) through a transposed view;
-    ``trailing_streams`` other streams after the tokens' own, likewise. ``read_only`` is the reason a write there is refused
-    (token ids, the model's own output), None where a place takes writes.
+    model a copy of the value). ``read_only`` is the reason a write there is refused
+    (token ids, the model's own output), None where a place takes writes. ``streams``
+    marks a place that carries several residual streams side by side (``Streams``).
+    ``leading_positions`` names positions the forward puts before the tokens there,
+    which reads leave out and writes keep; ``trailing_streams`` other streams after the
+    tokens' own, likewise; ``layer_list`` (a per-layer row) names a ModuleList of the
+    model, in standardized names, whose entry at the layer's index the module is
+    relative to, instead of ``layers[i]`` (a model that keeps each sublayer in a list
+    of its own: XLM); ``seq_first`` says the tensor there is (seq, batch, ...) (XLNet),
+    read and written as (batch, seq, ...) through a transposed view.
     """
 
     module: str
     io: IOType = IOType.OUTPUT
     source: tuple[str, ...] = ()
     select: Select | None = None
-    order: int = 0
+    order: int | float = 0
     per_layer: bool = True
     write: WriteMode = "replace"
-    scale: str | None = None
+    scale: str | float | None = None
     layer_list: str | None = None
     seq_first: bool = False
     leading_positions: LeadingPositions | None = None
@@ -207,6 +252,7 @@ class Address:
     read_only: str | None = None
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
+    streams: Streams | None = None
     doc: str = field(default="", compare=False)
 
     @property
@@ -406,3 +452,51 @@ class Component:
     writable: bool
     why_read_only: str | None = None
     doc: str = field(default="", compare=False)
+
+
+# ------------------------------------------------------------------ identities
+# The grammar of block_structures.yaml's identities: "left == term + term ...", each
+# term a row, "w * a" (per-stream weights times a one-stream tensor, one copy per
+# stream), "m @ x" (streams x mixed by m), "k * a" (a number times a row), or, alone,
+# "module(b)" (the left side's module fed b).
+
+IdentityTerm = tuple[
+    str, ...
+]  # ("row", a) | ("*", w, a) | ("@", m, x) | ("k", c, a) | ("module", b)
+_TERM = re.compile(r"^(?:(\w+|\d*\.\d+)\s*([*@])\s*(\w+)|module\((\w+)\)|(\w+))$")
+_NUMBER = re.compile(r"\d*\.?\d+")
+
+
+def parse_identity_terms(text: str) -> tuple[str, tuple[IdentityTerm, ...]]:
+    """``"a == m @ x + w * b"`` -> ``("a", (("@", "m", "x"), ("*", "w", "b")))``;
+    ValueError on text outside the grammar."""
+    left, sep, right = text.partition("==")
+    if not sep or not re.fullmatch(r"\s*\w+\s*", left):
+        raise ValueError(f"identity {text!r} is not of the form 'a == b + c'")
+    terms: list[IdentityTerm] = []
+    for part in right.split("+"):
+        match = _TERM.match(part.strip())
+        if match is None:
+            raise ValueError(
+                f"identity {text!r}: {part.strip()!r} is not a row, 'w * a', 'm @ x', "
+                "'k * a' (k a number) or 'module(b)'"
+            )
+        weights, op, other, fed, row = match.groups()
+        if weights is not None and _NUMBER.fullmatch(weights):
+            if op != "*":
+                raise ValueError(f"identity {text!r}: a number only multiplies ({part.strip()!r})")
+            terms.append(("k", weights, other))
+        elif row is not None:
+            terms.append(("row", row))
+        elif fed is not None:
+            terms.append(("module", fed))
+        else:
+            terms.append((op, weights, other))
+    if any(t[0] == "module" for t in terms) and len(terms) != 1:
+        raise ValueError(f"identity {text!r}: 'module(b)' stands alone on the right side")
+    return left.strip(), tuple(terms)
+
+
+def identity_term_rows(term: IdentityTerm) -> tuple[str, ...]:
+    """The rows a term names (a number is none)."""
+    return term[2:] if term[0] == "k" else term[1:]

@@ -528,7 +528,11 @@ class Internals(Mapping[str, Place]):
             raise PlaceUnavailable(f"the config has no {attribute!r} to count positions by")
         return int(value)
 
-    def scale(self, attribute: str) -> float:
+    def scale(self, attribute: str | float) -> float:
+        """The factor a row's scale names: a config attribute, or a number the block's
+        arithmetic fixes (AltUp's 1/sqrt(2) on the mid-stream)."""
+        if isinstance(attribute, (int, float)):
+            return float(attribute)
         config = self.model.text_config
         value = getattr(config, attribute, None)
         if value is None:

@@ -58,11 +58,18 @@ class ComponentAddress:
     # why head_dim is None on a per-head place with a width (its head size is not
     # stated unambiguously): the whole tensor reads, one head is refused
     head_size_unknown: str | None = field(default=None, compare=False)
+    # a place that carries several residual streams (hyper-connections, AltUp): one
+    # stream (``stream``) or all, handed on flat like heads, (batch, seq, n x hidden)
+    stream: int | None = None
+    streams: int | None = field(default=None, compare=False)
+    stream_layout: str | None = field(default=None, compare=False)
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
         if self.head is not None:
             where += f".head[{self.head}]"
+        if self.stream is not None:
+            where += f".stream[{self.stream}]"
         detail = self.module or ("layer" if self.layer is not None else "model")
         if self.op:
             detail += f" op={self.op}"
@@ -70,12 +77,23 @@ class ComponentAddress:
 
 
 def locate(
-    model: Any, component: str, layer: int | None = None, head: int | None = None
+    model: Any,
+    component: str,
+    layer: int | None = None,
+    head: int | None = None,
+    *,
+    stream: int | None = None,
 ) -> ComponentAddress:
-    """Compile ``component`` at ``layer`` (and ``head``) on ``model`` into an address,
-    or refuse with the reason the model gives."""
+    """Compile ``component`` at ``layer`` (and ``head``, or ``stream`` where the place
+    carries several residual streams) on ``model`` into an address, or refuse with the
+    reason the model gives."""
     internals = model.internals
     spec = COMPONENTS.get(component)
+    if stream is not None and (spec is None or spec.kind != "boundary"):
+        raise ComponentError(
+            f"component {component!r} carries one stream: give no stream (places of several "
+            "residual streams are boundary components, such as block_input)"
+        )
     if spec is None:
         if component in internals:
             return _user_row(model, component, layer, head)
@@ -88,7 +106,7 @@ def locate(
         )
     if spec.kind == "interior":
         return _interior(model, spec, INTERIORS[spec.target], layer, head)
-    return _boundary(model, spec, layer, head)
+    return _boundary(model, spec, layer, head, stream)
 
 
 def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None) -> int | None:
@@ -180,7 +198,43 @@ def _policy(
     }
 
 
-def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) -> ComponentAddress:
+def _streams(
+    model: Any, spec: Component, address: Any, stream: int | None, width: int | None
+) -> dict[str, Any]:
+    """The stream fields of a boundary address: how many streams the place carries, how
+    the model holds them, the one selected, and the width as handed on (all streams
+    concatenated, or one stream's)."""
+    if address.streams is None:
+        if stream is not None:
+            raise ComponentError(
+                f"component {spec.name!r} carries one residual stream on this model: give no stream"
+            )
+        return {"width": width}
+    count = getattr(model.text_config, address.streams.count, None)
+    if not isinstance(count, int) or count < 1:
+        raise _refuse(
+            spec.name,
+            f"its row carries several streams counted by config attribute "
+            f"{address.streams.count!r}, which this model's config does not give",
+        )
+    if stream is not None and (
+        isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < count
+    ):
+        raise IndexError(
+            f"stream {stream!r} is out of range for {spec.name}: this model carries {count} "
+            f"residual streams (0..{count - 1})"
+        )
+    return {
+        "stream": stream,
+        "streams": count,
+        "stream_layout": address.streams.layout,
+        "width": width if stream is not None or width is None else width * count,
+    }
+
+
+def _boundary(
+    model: Any, spec: Component, layer: int | None, head: int | None, stream: int | None = None
+) -> ComponentAddress:
     internals = model.internals
     place = internals[spec.target]
     if place.per_layer != spec.per_layer:
@@ -210,6 +264,8 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
         except OperationNotFound as exc:
             raise _refuse(spec.name, str(exc)) from None
     width = _widths(model, spec, at, head, heads, hd)
+    policy = _policy(spec, heads, hd, width, unknown)
+    policy.update(_streams(model, spec, address, stream, width))
     return ComponentAddress(
         rank=internals.rank(spec.target, at),
         component=spec.name,
@@ -221,7 +277,7 @@ def _boundary(model: Any, spec: Component, layer: int | None, head: int | None) 
         module=address.module,
         io=address.io.value,
         needles=address.source,
-        **_policy(spec, heads, hd, width, unknown),
+        **policy,
     )
 
 

@@ -173,6 +173,11 @@ def _whole(model: Any, step: dict[str, Any]) -> Any:
 
 
 def _flat(layout: Any, native: Any) -> Any:
+    # several residual streams (streams_<layout>): handed on (batch, seq, n x hidden)
+    if layout == "streams_bsnh":
+        return native.flatten(2)
+    if layout == "streams_nbsh":
+        return native.permute(1, 2, 0, 3).flatten(2)
     if layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
     if layout == "bshd":
@@ -181,6 +186,11 @@ def _flat(layout: Any, native: Any) -> Any:
 
 
 def _native(layout: Any, flat: Any, like: Any) -> Any:
+    if layout == "streams_bsnh":
+        return flat.reshape(like.shape)
+    if layout == "streams_nbsh":
+        n, b, s, h = like.shape
+        return flat.reshape(b, s, n, h).permute(2, 0, 1, 3)
     if layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)

@@ -49,8 +49,17 @@ def _whole(model: Any, address: ComponentAddress) -> Any:
     return value[index] if isinstance(value, tuple) else value
 
 
+def _stream_layout(address: ComponentAddress) -> Any:
+    from causalab_mini.address import Streams
+
+    return Streams(address.stream_layout, "")  # type: ignore[arg-type]
+
+
 def _flat(address: ComponentAddress, native: Any) -> Any:
-    """The tensor as handed on: a place held per head (bhsd, bshd) becomes b s f."""
+    """The tensor as handed on: a place held per head (bhsd, bshd) becomes b s f, and a
+    place of several residual streams (batch, seq, n x hidden)."""
+    if address.stream_layout is not None:
+        return _stream_layout(address).flat(native)
     if address.layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
     if address.layout == "bshd":
@@ -60,6 +69,8 @@ def _flat(address: ComponentAddress, native: Any) -> Any:
 
 def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
     """Back to how the model holds it (the inverse of ``_flat``), shaped like ``like``."""
+    if address.stream_layout is not None:
+        return _stream_layout(address).held(flat, like)
     if address.layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)
@@ -112,6 +123,28 @@ def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | Non
     return None
 
 
+def _stream_slice(address: ComponentAddress, flat: Any) -> tuple[Any, ...]:
+    """Stream ``address.stream`` of a tensor handed on flat: its hidden-wide slice."""
+    assert address.stream is not None and address.streams is not None
+    size = flat.shape[-1] // address.streams
+    start = address.stream * size
+    return (..., slice(start, start + size))
+
+
+def _streams_checked(address: ComponentAddress, flat: Any) -> None:
+    """Refuse one stream of a tensor whose last axis is not n streams of equal width."""
+    assert address.streams is not None
+    width = int(flat.shape[-1])
+    if width % address.streams or (
+        address.width is not None and address.width * address.streams != width
+    ):
+        raise _refuse(
+            address.component,
+            f"stream {address.stream} is not sliced out: {width} wide as handed on, which is "
+            f"not {address.streams} streams of width {address.width}",
+        )
+
+
 def _head_slice(address: ComponentAddress) -> tuple[Any, ...]:
     assert address.head is not None
     if address.layout == "bhsk":
@@ -138,6 +171,9 @@ def read(model: Any, address: ComponentAddress) -> Any:
     if address.head is not None:
         _checked(address, native)
         value = value[_head_slice(address)]
+    if address.stream is not None:
+        _streams_checked(address, value)
+        value = value[_stream_slice(address, value)]
     return value
 
 
@@ -151,6 +187,9 @@ def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
     if address.head is not None:
         where = f"head {address.head} of {where}"
         current = current[_head_slice(address)]
+    if address.stream is not None:
+        where = f"stream {address.stream} of {where}"
+        current = current[_stream_slice(address, current)]
     check_value(where, value, current)
 
 
@@ -163,10 +202,16 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
     flat = _flat(address, native)
     if address.head is not None:
         _checked(address, native)
+    if address.stream is not None:
+        _streams_checked(address, flat)
     check_write(address, value, flat)
     if address.head is not None:
         whole = flat.clone()
         whole[_head_slice(address)] = value
+        value = whole
+    if address.stream is not None:
+        whole = flat.clone()
+        whole[_stream_slice(address, flat)] = value
         value = whole
     value = _native(address, value, native)
     if address.kind == "boundary":

@@ -315,7 +315,8 @@ def _select(select: Any) -> tuple[Any, ...] | None:
 
 def _where(address: Any) -> str:
     where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
-    return where + (f".head[{address.head}]" if address.head is not None else "")
+    where += f".head[{address.head}]" if address.head is not None else ""
+    return where + (f".stream[{address.stream}]" if address.stream is not None else "")
 
 
 def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool) -> dict[str, Any]:
@@ -340,6 +341,11 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
         "in_place": False,
         "snapshot": False,
     }
+    if address.stream_layout is not None:
+        step["layout"] = f"streams_{address.stream_layout}"
+        if address.stream is not None:
+            size = address.width
+            step["head"] = ("last", address.stream * size, size)
     if address.head is not None:
         if address.layout == "bhsk":
             step["head"] = ("axis1", address.head, None)

@@ -149,7 +149,7 @@ def _scaled_by() -> dict[str, Config]:
     SCALE_VALUE (a scale of 1 would let an unscaled row pass)."""
     out: dict[str, Config] = {}
     for match, rows in FAMILY_ADDRESSES:
-        attributes = sorted({row.scale for row in rows.values() if row.scale})
+        attributes = sorted({row.scale for row in rows.values() if isinstance(row.scale, str)})
         for model_type in match.model_types:
             if attributes and model_type not in out:
                 out[model_type] = tuple((a, SCALE_VALUE) for a in attributes)

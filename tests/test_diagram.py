@@ -123,3 +123,43 @@ def test_text_from_rows_is_escaped() -> None:
     root = ET.fromstring(render_svg(scene))
     assert not list(root.iter(f"{SVG}script"))
     assert hostile in _texts(root)
+
+
+# blocks of several residual streams (docs/multi-stream.md): structure -> the model and
+# layer docs/diagrams/<structure>.svg is drawn from (Qwen4-exp's layer 0 is linear attention)
+MULTI_STREAM = {
+    "hyper_connections": ("tiny:hy_v4", 0),
+    "mixed_hyper_connections": ("tiny:deepseek_v4", 0),
+    "gated_hyper_connections": ("tiny:qwen4_exp_text", 1),
+    "altup": ("tiny:gemma3n_text", 0),
+}
+
+
+@pytest.mark.parametrize("structure", sorted(MULTI_STREAM))
+def test_a_multi_stream_block_draws_its_collapse_and_is_fresh(
+    structure: str, load: Callable[[str], Any]
+) -> None:
+    spec, layer = MULTI_STREAM[structure]
+    model = load(spec)
+    assert model.block_structure == structure
+    svg = diagram(model, layer, spec)
+    root = ET.fromstring(svg)
+    text = _texts(root)
+    boxes = {
+        "".join(g.find(f"{SVG}text").itertext())  # type: ignore[union-attr]
+        for g in root.iter(f"{SVG}g")
+        if (g.get("class") or "").startswith("box")
+    }
+    assert {"self_attn", "mlp"} <= boxes
+    if "attentions_streams_in" in model.internals:  # hyper-connections
+        collapse = {
+            model.internals[f"{s}_streams_in"].address_at(layer).module
+            for s in ("attentions", "mlps")
+        }
+        assert collapse <= boxes and "collapses the n streams" in text
+        assert "attentions_sublayer_output" in text and "mlps_sublayer_output" in text
+        assert "is not one tensor on this model" in " ".join(text.split())
+    path = REPO / "docs" / "diagrams" / f"{structure}.svg"
+    assert path.read_text() == svg, (
+        f"run `registry diagram {spec} docs/diagrams/{structure}.svg --layer {layer}`"
+    )

@@ -72,7 +72,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S001": (
         [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
         [
-            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, layer_list, leading_positions, module, name, order, per_layer, read_only, scale, select, seq_first, snapshot, source, trailing_streams, unavailable, versions, write",
+            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, layer_list, leading_positions, module, name, order, per_layer, read_only, scale, select, seq_first, snapshot, source, streams, trailing_streams, unavailable, versions, write",
         ],
     ),
     "S002": (
@@ -84,7 +84,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S003": (
         [("places.yaml", "    order: 0\n", "    order: zero\n")],
         [
-            "places.yaml:55:12: S003 [layers_input] order must be an integer, not str ('zero')",
+            "places.yaml:55:12: S003 [layers_input] order must be a number, not str ('zero')",
         ],
     ),
     "S004": (
@@ -279,6 +279,20 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "tiny.yaml:2:41: X018 [sizes] heads (4) is not a multiple of kv_heads (3): grouped-query attention shares each key/value head among a whole number of query heads; pick a divisor of heads",
         ],
     ),
+    "X019": (
+        [
+            (
+                "block_structures.yaml",
+                "      - layers_output == layers_input + attentions_output + mlps_output\n",
+                "      - layers_output == layers_input + attention_output + mlps_output\n"
+                "      - layers_output - layers_input == mlps_output\n",
+            )
+        ],
+        [
+            "block_structures.yaml:58:9: X019 [parallel] identity 'layers_output == layers_input + attention_output + mlps_output' names 'attention_output', which no parallel block has (a default row of places.yaml or a row under parallel's places): fix the name, or declare the row",
+            "block_structures.yaml:59:9: X019 [parallel] identity 'layers_output - layers_input == mlps_output' is not of the form 'a == b + c'; see the file's header",
+        ],
+    ),
     "X016": (
         [
             (
@@ -402,6 +416,29 @@ _PARALLEL_ENTRY = (
     "    residual_inside: *down\n\n  parallel_sum:\n    parallel: {candidates: [mlp.fc_out]}\n",
 )
 
+_RESIDUAL_INSIDE_ROW = (
+    "      family file says (and the identities hold it to that).\n"
+    "    identities:\n"
+    "      - layers_mid == layers_input + attentions_output\n"
+    "      - layers_output == layers_mid + mlps_output\n"
+    "      - mlps_norm_output == mlps_input\n",
+    "      family file says (and the identities hold it to that).\n"
+    "    identities:\n"
+    "      - layers_mid == layers_input + attentions_output\n"
+    "      - layers_output == layers_mid + mlps_output\n"
+    "      - mlps_norm_output == mlps_input\n"
+    "    places:\n"
+    "      - name: parallel_sum\n"
+    "        doc: The sum of both sublayers' outputs before it is added.\n"
+    '        module: "{name}"\n'
+    "        io: input\n"
+    "        order: 52\n",
+)
+_TWO_STRUCTURES_ENTRY = (
+    _PARALLEL_ENTRY[0],
+    _PARALLEL_ENTRY[1] + "    residual_inside: {candidates: [mlp.fc_out]}\n",
+)
+
 STRUCTURE_ROW_CASES: dict[
     str, tuple[list[tuple[str, str | None, str | bytes | None]], list[str]]
 ] = {
@@ -432,6 +469,30 @@ STRUCTURE_ROW_CASES: dict[
         ],
         [
             "block_structures.yaml:64:16: X002 [parallel_sum] order 50 is already taken by 'mlps_output' (inside a layer); a structure's row goes in a gap the default rows leave",
+        ],
+    ),
+    # a row several structures have: declared alike under each (a YAML alias does it)
+    "clean, one row of two structures": (
+        [
+            ("block_structures.yaml", *_PARALLEL_ROW),
+            ("block_structures.yaml", *_RESIDUAL_INSIDE_ROW),
+            ("structural.yaml", *_TWO_STRUCTURES_ENTRY),
+        ],
+        [],
+    ),
+    "X001 one row declared unlike by two structures": (
+        [
+            ("block_structures.yaml", *_PARALLEL_ROW),
+            (
+                "block_structures.yaml",
+                _RESIDUAL_INSIDE_ROW[0],
+                _RESIDUAL_INSIDE_ROW[1].replace("order: 52", "order: 53"),
+            ),
+            ("structural.yaml", *_TWO_STRUCTURES_ENTRY),
+        ],
+        [
+            "block_structures.yaml:76:15: X001 [parallel_sum] a row named 'parallel_sum' is already declared by structure 'parallel' with other fields; a row several structures have is declared alike by each (a YAML alias), so make them equal or rename one",
+            "structural.yaml:75:5: X012 [parallel_sum] parallel_sum is a row of parallel only (block_structures.yaml declares it under parallel's places), so a residual_inside block never has it; drop the residual_inside entry",
         ],
     ),
     "X012 entry for another structure": (
@@ -476,6 +537,14 @@ def test_a_structures_rows(case: str, registry_copy: Path) -> None:
     _apply(registry_copy, edits)
     registry, diags = lint(registry_copy)
     assert [str(d).replace(f"{registry_copy}/", "") for d in diags] == expected
+    if case == "clean, one row of two structures":
+        both = [
+            registry.structure_places[s]["parallel_sum"] for s in ("parallel", "residual_inside")
+        ]
+        assert both[0] == both[1] and set(registry.structural["parallel_sum"]) == {
+            "parallel",
+            "residual_inside",
+        }
     if case == "clean":
         row = registry.structure_places["parallel"]["parallel_sum"]
         assert (row.order, row.module) == (52, "{name}")

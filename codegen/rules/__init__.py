@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import components, coverage, families, interiors, places, structural, structures, tiny
+from . import (
+    components,
+    coverage,
+    families,
+    identities,
+    interiors,
+    places,
+    structural,
+    structures,
+    tiny,
+)
 from .context import Context
 
 Rule = Callable[[Context], None]
@@ -17,6 +27,7 @@ RULES: tuple[Rule, ...] = (
     structures.structures,
     places.default_rows,
     structures.structure_places,
+    identities.identities,
     structural.candidates,
     structures.required_rows_exist,
     interiors.interiors,

@@ -42,6 +42,8 @@ class Context:
     rows_raw: dict[str, dict[str, Any]] = field(default_factory=dict)
     # the rows structures declare, as written: name -> (structure, index, row)
     structure_rows_raw: dict[str, tuple[str, int, dict[str, Any]]] = field(default_factory=dict)
+    # every structure that declares a row, where more than one does (alike)
+    structure_row_scopes: dict[str, list[str]] = field(default_factory=dict)
 
     def file(self, name: str) -> Loaded | None:
         return self.loaded.get(name)

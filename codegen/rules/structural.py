@@ -46,7 +46,11 @@ def candidates(ctx: Context) -> None:
             )
             continue
         # the structures the row exists on: all, or the one that declares it
-        scope = list(reg.structures) if declared_by is None else [declared_by]
+        scope = (
+            list(reg.structures)
+            if declared_by is None
+            else ctx.structure_row_scopes.get(place, [declared_by])
+        )
         entries: dict[str, StructuralEntry] = {}
         for structure, entry in per_structure.items():
             if reg.structures and structure not in reg.structures:
@@ -68,7 +72,7 @@ def candidates(ctx: Context) -> None:
                     ("places", place, structure),
                     "X012",
                     place,
-                    f"{place} is a row of {declared_by} only (block_structures.yaml "
+                    f"{place} is a row of {', '.join(scope)} only (block_structures.yaml "
                     f"declares it under {declared_by}'s places), so a {structure} block "
                     f"never has it; drop the {structure} entry",
                     key=True,

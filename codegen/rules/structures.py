@@ -83,6 +83,14 @@ def structure_places(ctx: Context) -> None:
                     "in a family file",
                 )
                 continue
+            first = ctx.structure_rows_raw.get(name)
+            if first is not None and name not in declared and first[2] == raw:
+                # the same row, declared alike by another structure (a YAML alias): one
+                # place that blocks of both structures have
+                declared[name] = raw
+                ctx.structure_row_scopes.setdefault(name, [first[0]]).append(structure)
+                ctx.reg.structure_places.setdefault(structure, {})[name] = model.address(raw)
+                continue
             if name in ctx.structure_rows_raw or name in declared:
                 other = (
                     ctx.structure_rows_raw[name][0] if name in ctx.structure_rows_raw else structure
@@ -93,8 +101,9 @@ def structure_places(ctx: Context) -> None:
                     (*path, "name"),
                     "X001",
                     name,
-                    f"a row named {name!r} is already declared by structure {other!r}; a "
-                    "row belongs to one structure, so rename one",
+                    f"a row named {name!r} is already declared by structure {other!r} "
+                    "with other fields; a row several structures have is declared alike "
+                    "by each (a YAML alias), so make them equal or rename one",
                 )
                 continue
             ctx.row_fields(bs, d, path, name, raw)

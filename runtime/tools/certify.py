@@ -8,15 +8,14 @@ oracles are written by others: transformers' ``output_hidden_states`` and
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from causalab_mini.address import IdentityTerm, identity_term_rows, parse_identity_terms
 from causalab_mini.generated import BLOCK_STRUCTURES
 
 ATOL = 1e-4
 RTOL = 1e-4
-_IDENTITY = re.compile(r"^\s*(\w+)\s*==\s*(\w+(?:\s*\+\s*\w+)*)\s*$")
 
 
 @dataclass(frozen=True)
@@ -30,12 +29,22 @@ class Check:
     detail: str = ""
 
 
+Term = IdentityTerm
+
+
+def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
+    """block_structures.yaml's identity grammar (``causalab_mini.address``)."""
+    return parse_identity_terms(text)
+
+
 def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
-    """``"a == b + c"`` -> ``("a", ("b", "c"))``."""
-    match = _IDENTITY.match(text)
-    if match is None:
-        raise ValueError(f"identity {text!r} is not of the form 'a == b + c'")
-    return match.group(1), tuple(p.strip() for p in match.group(2).split("+"))
+    """``"a == b + c"`` -> ``("a", ("b", "c"))``: the left side and every row the right
+    side names, in order (a weighted or mixed term names two, a number none)."""
+    left, terms = parse_terms(text)
+    return left, tuple(name for term in terms for name in identity_term_rows(term))
+
+
+_rows_of = identity_term_rows
 
 
 def identity_rows(text: str) -> tuple[str, ...]:
@@ -63,12 +72,16 @@ def mid_write_target(model: Any) -> str | None:
 
 def _mlp_addend(model: Any) -> tuple[str, str] | None:
     """(X, A) of the structure's identity ``X == A + mlps_output``, layers_mid's first."""
+    texts = list(structure_identities(model))
+    # the MLP reads layers_mid itself where it adds to another stream
+    reads_mid = any(parse_identity(t) == ("mlps_input", ("layers_mid",)) for t in texts)
     found = []
-    for text in structure_identities(model):
+    for text in texts:
         left, right = parse_identity(text)
         if len(right) == 2 and "mlps_output" in right:
             other = next(r for r in right if r != "mlps_output")
-            found.append((other != "layers_mid", left, other))
+            if other == "layers_mid" or reads_mid:
+                found.append((other != "layers_mid", left, other))
     return (min(found)[1], min(found)[2]) if found else None
 
 
@@ -170,6 +183,95 @@ def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
     return Check(name, layer, ok, worst, detail)
 
 
+def stream_count(model: Any, row: Any) -> int | None:
+    """How many streams a row carries (None for one stream)."""
+    if row.streams is None:
+        return None
+    count = getattr(model.text_config, row.streams.count, None)
+    if not isinstance(count, int):
+        raise ValueError(
+            f"the row's streams count names config attribute {row.streams.count!r}, which "
+            "this model's config does not give as an int"
+        )
+    return count
+
+
+def canonical(model: Any, name: str, value: Any) -> Any:
+    """A row's value with its streams as (batch, seq, n, hidden); a value handed on flat
+    by a component (batch, seq, n x hidden) is taken the same way. Other rows as given."""
+    row = model.internals[name].row
+    n = stream_count(model, row)
+    if n is None:
+        return value
+    if value.dim() == 3:  # handed on flat, or held flat (bsf)
+        return value.unflatten(-1, (n, value.shape[-1] // n))
+    return row.streams.canonical(value, n)
+
+
+def _term(model: Any, term: Any, values: dict[str, Any], layer: int, left: str) -> Any:
+    """The value of one term of an identity at ``layer`` (``values`` by row name)."""
+    kind = term[0]
+    if kind == "row":
+        return canonical(model, term[1], values[term[1]])
+    if kind == "k":
+        return float(term[1]) * canonical(model, term[2], values[term[2]])
+    if kind == "*":
+        weights, one = values[term[1]], values[term[2]]
+        return weights.to(one.dtype).unsqueeze(-1) * one.unsqueeze(-2)
+    if kind == "@":
+        streams = canonical(model, term[2], values[term[2]])
+        mix = values.get(term[1])
+        if mix is None:  # the model has no mixing row: the streams pass unmixed
+            return streams
+        return torch_einsum("bsjk,bsjh->bskh", mix.to(streams.dtype), streams)
+    module = model.internals[left].address_at(layer).module
+    from causalab_mini.internals import child
+
+    envoy = child(model.internals.layer_envoy(layer), module)
+    import torch
+
+    with torch.no_grad():
+        out = envoy._module(values[term[1]])
+    return out[0] if isinstance(out, tuple) else out
+
+
+def torch_einsum(spec: str, *operands: Any) -> Any:
+    import torch
+
+    return torch.einsum(spec, *operands)
+
+
+def evaluate_identity(
+    model: Any, text: str, values: dict[tuple[str, int | None], Any], layer: int
+) -> tuple[Any, Any] | None:
+    """(left, right) of ``text`` at ``layer`` as tensors, the streams as (batch, seq, n,
+    hidden); None where a row it names is not in ``values`` (refused on the model or
+    not read). A mixing row (``m @ x``) the model refuses means no mixing."""
+    left, terms = parse_terms(text)
+    needed = [left]
+    for term in terms:
+        if term[0] == "@":
+            needed.append(term[2])
+        else:
+            needed.extend(_rows_of(term))
+    if not all((name, layer) in values for name in needed):
+        return None
+    for term in terms:
+        if term[0] == "@" and (term[1], layer) not in values:
+            if model.internals[term[1]].unavailable_on(layer) is None:
+                return None  # the row exists but was not read: nothing to say
+    here = {
+        name: values[(name, layer)]
+        for name in {*needed, *(n for t in terms for n in _rows_of(t))}
+        if (name, layer) in values
+    }
+    parts = [_term(model, term, here, layer, left) for term in terms]
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return canonical(model, left, here[left]), total
+
+
 def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
     """Every identity of the model's block structure, on every layer where all its
     places are available."""
@@ -178,14 +280,11 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
         return []
     out = []
     for text in structure.identities:
-        left, right = parse_identity(text)
         for layer in range(model.internals.num_layers):
-            keys = [(n, layer) for n in (left, *right)]
-            if not all(k in values for k in keys):
+            sides = evaluate_identity(model, text, values, layer)
+            if sides is None:
                 continue
-            total = sum(values[(n, layer)] for n in right[1:])
-            total = values[(right[0], layer)] + total if right[1:] else values[(right[0], layer)]
-            out.append(compare(text, layer, values[(left, layer)], total))
+            out.append(compare(text, layer, sides[0], sides[1]))
     return out
 
 
@@ -247,7 +346,13 @@ def hidden_state_oracle(
             checks.append(
                 compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
             )
-    if ("ln_final_output", None) in values and len(hidden) == n + 1:
+    last = values.get(("layers_output", n - 1))
+    streams = model.internals["layers_output"].row.streams is not None
+    if last is not None and len(hidden) == n + 1 and streams and hidden[n].shape == last.shape:
+        # the last entry holds several streams (the shape of the block's output), so it is
+        # not the final norm's output (one stream) but the last block's (Gemma-3n's copies)
+        checks.append(compare("hidden_states[-1] == layers_output[-1]", n - 1, last, hidden[n]))
+    elif ("ln_final_output", None) in values and len(hidden) == n + 1:
         checks.append(
             compare(
                 "hidden_states[-1] == ln_final_output",
@@ -328,6 +433,9 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             torch.cat([_value(box["read"]), _value(box["out"])], dim=-1),
             torch.cat([written, _value(box["addend"]) + _value(box["mlp"])], dim=-1),
         )
+    carried = _stream_write_target(model, layer)
+    if carried is not None:
+        return _write_through_identity(model, inputs, layer, carried)
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is not None and structure.parallel:
         box = {}
@@ -344,6 +452,54 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             _value(box["clean"]) + 0.25,
         )
     return None
+
+
+def _stream_write_target(model: Any, layer: int) -> str | None:
+    """An identity of the structure whose right side carries layers_mid on (as a row or
+    as the streams a mixing term mixes) and whose rows all exist at ``layer``: where
+    no contribution row is one tensor (several residual streams), the write to
+    layers_mid is checked through it."""
+    internals = model.internals
+    for text in structure_identities(model):
+        left, terms = parse_terms(text)
+        if not any(t[0] in ("row", "@") and t[-1] == "layers_mid" for t in terms):
+            continue
+        rows = [left, *(n for t in terms for n in _rows_of(t) if t[0] != "@" or n != t[1])]
+        if all(internals[r].unavailable_on(layer) is None for r in rows):
+            return text
+    return None
+
+
+def _write_through_identity(model: Any, inputs: dict[str, Any], layer: int, text: str) -> Check:
+    """Write layers_mid + delta at ``layer``, read the identity's other rows after the
+    write in the same trace, and hold its left side to the right side evaluated with
+    the written layers_mid."""
+    import torch
+
+    internals = model.internals
+    left, terms = parse_terms(text)
+    rows = sorted(
+        {n for t in terms for n in _rows_of(t) if n != "layers_mid"} | {left},
+        key=lambda n: internals.rank(n, layer),
+    )
+    rows = [r for r in rows if internals[r].unavailable_on(layer) is None]
+    torch.manual_seed(0)
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        mid = internals["layers_mid"][layer]
+        delta = torch.randn_like(mid) * 0.5
+        box["layers_mid"] = (mid + delta).clone().save()
+        internals["layers_mid"][layer] = mid + delta
+        for row in rows:
+            if internals.rank(row, layer) > internals.rank("layers_mid", layer):
+                box[row] = internals[row][layer].save()
+    early = [r for r in rows if r not in box]
+    if early:  # rows before layers_mid (none on these blocks): a clean read
+        box.update({k[0]: v for k, v in read_places(model, inputs, early).items()})
+    values = {(name, layer): _value(v) for name, v in box.items()}
+    sides = evaluate_identity(model, text, values, layer)
+    assert sides is not None
+    return compare(f"{text}, with a written layers_mid", layer, sides[0], sides[1])
 
 
 def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | None:

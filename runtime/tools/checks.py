@@ -73,11 +73,26 @@ class Context:
         return (
             len(hidden) == n + 1
             and self.have("block_output", layer=n - 1)
-            and close(self.v[("block_output", n - 1)], hidden[n])[0]
+            and close(
+                self.v[("block_output", n - 1)], handed(self, "block_output", n - 1, hidden[n])
+            )[0]
         )
 
 
 Check = Callable[[Context], Iterator[Outcome]]
+
+
+def handed(ctx: Context, component: str, layer: int | None, held: Any) -> Any:
+    """An oracle's tensor as the component hands it on: where its place carries several
+    residual streams, flat (batch, seq, n x hidden) like the component's value; else
+    as given."""
+    from causalab_mini.address import Streams
+
+    address = ctx.addresses.get((component, layer))
+    layout = getattr(address, "stream_layout", None)
+    if layout is None:
+        return held
+    return Streams(layout, "").flat(held)
 
 
 def row_components() -> dict[str, str]:
@@ -128,12 +143,16 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
     for layer in range(n):
         if ctx.model.hidden_states_are_block_outputs:
             if layer > 0 and ctx.have("block_input", layer=layer) and len(hidden) == n + 1:
-                ok, d = close(v[("block_input", layer)], hidden[layer - 1])
+                ok, d = close(
+                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer - 1])
+                )
                 yield Outcome(
                     ("block_input",), "output_hidden_states[i-1] == block_input[i]", ok, d
                 )
             if ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
-                ok, d = close(v[("block_output", layer)], hidden[layer])
+                ok, d = close(
+                    v[("block_output", layer)], handed(ctx, "block_output", layer, hidden[layer])
+                )
                 yield Outcome(
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
                 )
@@ -142,10 +161,15 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
             # entry is a layer's output, not the next one's input (BLT adds a
             # cross-attention between its layers): only outputs are compared
             if ctx.have("block_input", layer=layer) and not ctx.model.oracles_from_last_calls:
-                ok, d = close(v[("block_input", layer)], hidden[layer])
+                ok, d = close(
+                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer])
+                )
                 yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
             if layer < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
-                ok, d = close(v[("block_output", layer)], hidden[layer + 1])
+                ok, d = close(
+                    v[("block_output", layer)],
+                    handed(ctx, "block_output", layer, hidden[layer + 1]),
+                )
                 yield Outcome(
                     ("block_output",), "output_hidden_states[i+1] == block_output[i]", ok, d
                 )

@@ -135,12 +135,13 @@ class _Block:
     attn_class: str
     mlp_class: str
     mlp_norm_guess: str | None  # a parallel block's other norm (reads the block input)
+    calls: dict[str, str] = field(default_factory=dict)  # place -> the calls it is read in
 
 
 def _block(model: Any, layer: int) -> _Block:
     internals = model.internals
     status = internals.status(layer)
-    where, module, scale = {}, {}, {}
+    where, module, scale, calls = {}, {}, {}, {}
     for name, reason in status.items():
         place = internals[name]
         if reason is not None:
@@ -148,6 +149,8 @@ def _block(model: Any, layer: int) -> _Block:
         address = place.address_at(layer if place.per_layer else None)
         where[name] = address.describe()
         module[name] = address.module
+        if address.source:
+            calls[name] = " → ".join(n.rstrip("(").removeprefix("self.") for n in address.source)
         if address.scale:
             scale[name] = address.scale
             where[name] += f" × {address.scale}"
@@ -178,6 +181,7 @@ def _block(model: Any, layer: int) -> _Block:
         attn_class=kind("self_attn"),
         mlp_class=kind("mlp"),
         mlp_norm_guess=guess,
+        calls=calls,
     )
 
 
@@ -267,6 +271,20 @@ class _Layout:
         input_place = f"{sub}_input"
         output_place = f"{sub}_output"
         module_place = sub
+        # on a block of several residual streams, what collapses them into the
+        # sublayer's input comes first: hyper-connections' {sub}_streams_in, or the
+        # active copy AltUp predicts (layers_active_input, read before attention)
+        wanted = [f"{sub}_streams_in"] + (["layers_active_input"] if sub == "attentions" else [])
+        collapse = next((p for p in wanted if self.ok(p) and p in b.module), wanted[0])
+        if self.ok(collapse) and collapse in b.module:
+            title = b.module[collapse] or b.calls.get(collapse, "")
+            box = Box(x0, y, BOX_W, NORM_H, title, (), "norm", "collapses the n streams")
+            self.s.boxes.append(box)
+            y = box.bottom + GAP
+            self.s.paths.append(Path(((cx, box.bottom), (cx, y))))
+            beside = cx + BOX_W / 2 + 20
+            self.tap(cx, box.bottom + GAP / 2, [collapse], beside, self.room)
+            self.tap(cx, box.y + NORM_H / 2, [f"{sub}_stream_weights"], beside, self.room)
         if pre is not None:
             box = Box(x0, y, BOX_W, NORM_H, pre, (), "norm", pre_note)
             self.s.boxes.append(box)
@@ -340,6 +358,16 @@ class _Layout:
         return out
 
 
+def _output_names(b: _Block, sub: str) -> list[str]:
+    """The place drawn where a sublayer's output leaves its column: its contribution, or,
+    on a block of several streams where the contribution is not one tensor, the
+    sublayer's own output (the refused contribution is listed under the picture)."""
+    own = f"{sub}_sublayer_output"
+    if b.status.get(f"{sub}_output") is not None and b.status.get(own, "") is None:
+        return [own]
+    return [f"{sub}_output"]
+
+
 def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
     """The picture of ``model``'s block at ``layer``, as shapes."""
     b = _block(model, layer)
@@ -396,7 +424,9 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
         add1 = a_end + 4
         scene.paths.append(Path(((STREAM_X, branch), (COLUMN_X, branch), (COLUMN_X, branch + GAP))))
         scene.paths.append(Path(((COLUMN_X, a_end - GAP), (COLUMN_X, add1), (STREAM_X + 12, add1))))
-        lay.tap(COLUMN_X, a_end - GAP / 2 + 2, ["attentions_output"], COLUMN_X + BOX_W / 2 + 20)
+        lay.tap(
+            COLUMN_X, a_end - GAP / 2 + 2, _output_names(b, "attentions"), COLUMN_X + BOX_W / 2 + 20
+        )
         _scale(scene, b, "attentions_output", COLUMN_X, a_end - GAP / 2 + 6)
         scene.adds.append((STREAM_X, add1))
         # where a norm follows each add (post_ln), the sum before it is a place too
@@ -414,7 +444,7 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
             Path(((STREAM_X, branch2), (COLUMN_X, branch2), (COLUMN_X, branch2 + GAP)))
         )
         scene.paths.append(Path(((COLUMN_X, m_end - GAP), (COLUMN_X, add2), (STREAM_X + 12, add2))))
-        lay.tap(COLUMN_X, m_end - GAP / 2 + 2, ["mlps_output"], COLUMN_X + BOX_W / 2 + 20)
+        lay.tap(COLUMN_X, m_end - GAP / 2 + 2, _output_names(b, "mlps"), COLUMN_X + BOX_W / 2 + 20)
         _scale(scene, b, "mlps_output", COLUMN_X, m_end - GAP / 2 + 6)
         scene.adds.append((STREAM_X, add2))
         if post_ln:

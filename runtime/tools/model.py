@@ -121,6 +121,7 @@ def model_command(
                     "ok": reason is None,
                     "reason": reason,
                     "width": address.width if address else None,
+                    "streams": address.streams if address else None,
                     "op": address.op if address and address.kind == "interior" else None,
                     "where": address.module if address else None,
                     "rank": list(address.rank) if address else None,
@@ -175,6 +176,9 @@ def _detail(row: dict[str, object], places: bool) -> str:
     if places:
         return str(row["where"])
     parts = [] if row["width"] is None else [f"width={row['width']}"]
+    streams = row.get("streams")
+    if streams and isinstance(row["width"], int):  # several residual streams, handed on flat
+        parts[-1] += f" ({streams} streams x {row['width'] // int(str(streams))})"
     if row["op"]:
         parts.append(f"op={row['op']}")
     return "  ".join(parts)
