@@ -72,6 +72,22 @@ def _extras(row: Address) -> tuple[str, ...]:
     if row.scale:
         factor = row.scale if isinstance(row.scale, (int, float)) else f"config.{row.scale}"
         out.append(f"multiplied by {factor}")
+    if row.seq_first:
+        out.append("held (seq, batch, ...) by the model: read and written as (batch, seq, ...)")
+    if row.leading_positions is not None:
+        lead = row.leading_positions
+        axes = ", ".join(str(a) for a in lead.axes)
+        out.append(
+            f"the config.{lead.config} positions the forward puts before the tokens "
+            f"(axes {axes}) are left out of reads and kept by writes"
+        )
+    if row.trailing_streams is not None:
+        streams = row.trailing_streams
+        axes = ", ".join(str(a) for a in streams.axes)
+        out.append(
+            f"the config.{streams.config} streams after the tokens' own (axes {axes}) are "
+            "left out of reads and kept by writes"
+        )
     if row.snapshot:
         out.append("read as a copy (the forward modifies it in place later)")
     if row.write == "in_place":

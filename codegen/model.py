@@ -19,11 +19,13 @@ from causalab_mini.address import (
     Interior,
     IOType,
     LayerKind,
+    LeadingPositions,
     Operand,
     Select,
     Streams,
     StructuralEntry,
     StructureRule,
+    TrailingStreams,
     Unavailable,
 )
 
@@ -81,6 +83,7 @@ class TinyTables:
     keep_off: tuple[str, ...] = ()
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     not_buildable: tuple[tuple[str, str], ...] = ()
+    build_from: tuple[tuple[str, str], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -104,6 +107,7 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
         keep_off=tuple(raw["keep_off"]),
         overrides=tuple((t, table(o)) for t, o in raw["overrides"].items()),
         not_buildable=tuple((t, " ".join(r.split())) for t, r in raw["not_buildable"].items()),
+        build_from=tuple(raw.get("build_from", {}).items()),
         vision_extra=table(raw["vision_extra"]),
     )
 
@@ -206,6 +210,10 @@ def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(Unavailable(condition(u["when"]), u["reason"].strip()) for u in value)
         elif key == "versions":
             out[key] = tuple(sorted(value.items()))
+        elif key == "leading_positions":
+            out[key] = LeadingPositions(value["config"], tuple(value.get("axes", (1,))))
+        elif key == "trailing_streams":
+            out[key] = TrailingStreams(value["config"], tuple(value.get("axes", (1,))))
         elif key == "streams":
             out[key] = None if value is None else Streams(value["layout"], value["count"])
         elif key in ("doc", "read_only"):

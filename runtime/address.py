@@ -178,6 +178,43 @@ class Streams:
 
 
 @dataclass(frozen=True)
+class LeadingPositions:
+    """Positions a forward puts before the tokens on the sequence axes of a place (a
+    prompt of its own, as CPM-Ant prepends prompt_length learned prompt tokens): their
+    count is the config attribute ``config``, ``axes`` the value's sequence axes. A
+    read leaves them out, so position i is token i as on every other model; a write
+    replaces the tokens' positions and keeps the model's own leading ones."""
+
+    config: str
+    axes: tuple[int, ...] = (1,)
+
+    def tokens(self, value: Any, count: int) -> Any:
+        """``value`` without its first ``count`` positions on each sequence axis (a
+        view: writing into it writes the tokens' positions of ``value``)."""
+        for axis in self.axes:
+            value = value.narrow(axis, count, value.shape[axis] - count)
+        return value
+
+
+@dataclass(frozen=True)
+class TrailingStreams:
+    """More streams of the tokens' length after the tokens' own on the sequence axes of
+    a place (ProphetNet's predicting streams, one per n-gram, concatenated after the
+    main stream): their number is the config attribute ``config``, ``axes`` the value's
+    sequence axes. A read keeps the first stream, the tokens' own; a write replaces it
+    and keeps the others."""
+
+    config: str
+    axes: tuple[int, ...] = (1,)
+
+    def tokens(self, value: Any, count: int) -> Any:
+        """The first of the ``1 + count`` equal blocks of each sequence axis (a view)."""
+        for axis in self.axes:
+            value = value.narrow(axis, 0, value.shape[axis] // (1 + count))
+        return value
+
+
+@dataclass(frozen=True)
 class Address:
     """One place: a module path in standardized names and which side of it.
 
@@ -196,6 +233,13 @@ class Address:
     same view. ``merged_heads`` marks a per-layer tensor held with batch and heads
     merged into one axis, (batch*heads, ...): a read views it as (batch, heads, ...)
     with the layer's attention head count, a write goes back through the same view.
+    ``leading_positions`` names positions the forward puts before the tokens there,
+    which reads leave out and writes keep; ``trailing_streams`` other streams after the
+    tokens' own, likewise; ``layer_list`` (a per-layer row) names a ModuleList of the
+    model, in standardized names, whose entry at the layer's index the module is
+    relative to, instead of ``layers[i]`` (a model that keeps each sublayer in a list
+    of its own: XLM); ``seq_first`` says the tensor there is (seq, batch, ...) (XLNet),
+    read and written as (batch, seq, ...) through a transposed view.
     """
 
     module: str
@@ -206,6 +250,10 @@ class Address:
     per_layer: bool = True
     write: WriteMode = "replace"
     scale: str | float | None = None
+    layer_list: str | None = None
+    seq_first: bool = False
+    leading_positions: LeadingPositions | None = None
+    trailing_streams: TrailingStreams | None = None
     snapshot: bool = False
     read_only: str | None = None
     flat_tokens: bool = False
@@ -214,6 +262,26 @@ class Address:
     versions: tuple[tuple[str, str], ...] = ()
     streams: Streams | None = None
     doc: str = field(default="", compare=False)
+
+    @property
+    def views_tokens(self) -> bool:
+        """Whether the place is a view of the value there: sequence first, or with
+        positions besides the tokens' own."""
+        return (
+            self.seq_first
+            or self.leading_positions is not None
+            or self.trailing_streams is not None
+        )
+
+    def token_positions(self, value: Any, count: Any) -> Any:
+        """The place as a view of ``value``: batch first, with the tokens' own positions
+        only (``count`` gives a config attribute's value as a count)."""
+        if self.seq_first:
+            value = value.transpose(0, 1)
+        for view in (self.leading_positions, self.trailing_streams):
+            if view is not None:
+                value = view.tokens(value, count(view.config))
+        return value
 
     @property
     def is_structural(self) -> bool:
@@ -279,6 +347,10 @@ class RenameConfig:
     ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
     for the model has no entry for the embeddings: entry i is block i's output, the
     last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
+    ``oracles_from_last_calls`` says those outputs (and ``output_attentions``) hold
+    an entry per call of the layer class, other calls first (a second stack of the
+    same class, earlier cycles), so the oracles are the last entries, each a layer's
+    output (none is a layer's input: something may run between two layers);
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``addresses`` replaces where an existing accessor reads
@@ -298,6 +370,7 @@ class RenameConfig:
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
     hidden_states_are_block_outputs: bool | None = None
+    oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 

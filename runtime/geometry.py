@@ -28,7 +28,9 @@ def _attention_module(model: Any, layer: int | None) -> Any | None:
     place = model.internals["attentions"]
     if place.unavailable_on(layer) is not None:
         return None
-    envoy = child(model.internals.layer_envoy(layer), place.address_at(layer).module)
+    row = place.address_at(layer)
+    base = model.internals.row_base(row, layer)
+    envoy = None if base is None else child(base, row.module)
     return None if envoy is None else envoy._module
 
 
@@ -184,7 +186,14 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
     if name is None:
         return None
     if name == "hidden_size":
-        return int(model.hidden_size)
+        if model.hidden_size is not None:
+            return int(model.hidden_size)
+        # a config that keeps its widths per stack (BLT): nnterp finds none at the top;
+        # the unembedding reads the stream, so its input width is the stream's
+        measured = _in_features(model.lm_head._module)
+        if measured is None:
+            raise ComponentError("the model states no hidden size, and lm_head has no in_features")
+        return measured
     if name == "vocab_size":
         head = model.lm_head._module
         out = getattr(head, "out_features", None)
@@ -197,7 +206,9 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
         place = model.internals["mlps_neurons"]
         at = 0 if layer is None else layer
         if place.unavailable_on(at) is None:
-            module = child(model.internals.layer_envoy(at), place.address_at(at).module)
+            row = place.address_at(at)
+            base = model.internals.row_base(row, at)
+            module = None if base is None else child(base, row.module)
             measured = _in_features(module._module) if module is not None else None
             if measured is not None:
                 return measured

@@ -280,8 +280,8 @@ class Place:
         address = self.address_at(layer)
         if address.flat_tokens:
             internals._watch_tokens()  # a layer module swapped since construction
-        base = internals.layer_envoy(layer) if address.per_layer else internals.model
-        envoy = child(base, address.module)
+        base = internals.row_base(address, layer)
+        envoy = None if base is None else child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
             raise PlaceUnavailable(
                 internals._refusal(
@@ -333,6 +333,7 @@ class Place:
                 and address.scale is None
                 and not address.flat_tokens
                 and not address.merged_heads
+                and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
         return self._finish(address, getattr(envoy, attr), layer)
@@ -344,6 +345,8 @@ class Place:
             value = self._internals.unflatten(self.name, layer, value)
         if address.merged_heads:
             value = self._internals.unmerge_heads(self.name, layer, value)
+        if address.views_tokens:
+            value = address.token_positions(value, self._internals.count)
         if _copied(address):
             # the tensor here changes later in place (the forward's own in-place add,
             # or a write at this in_place place): a read is what it was when read
@@ -379,6 +382,7 @@ class Place:
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         whole = getattr(envoy, attr)
         current = address.select.get(whole) if address.select is not None else whole
+        full = current
         if address.flat_tokens or address.merged_heads:
             # checked against the place as a read hands it on, written through the view
             seen = current
@@ -389,12 +393,19 @@ class Place:
             check_value(where, value, seen)
             value = value.reshape(current.shape)
         else:
+            if address.views_tokens:  # the tokens' positions of the value there (a view)
+                current = address.token_positions(full, self._internals.count)
             check_value(where, value, current)
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
         if address.write == "in_place":
             current[...] = value
             return
+        if address.views_tokens:
+            # the model's own other positions, the tokens' ones replaced
+            merged = full.clone()
+            address.token_positions(merged, self._internals.count)[...] = value
+            value = merged
         if address.snapshot:
             # the forward modifies this tensor in place after the place: hand it a copy,
             # so the user's own tensor (perhaps a saved read) is not changed under them
@@ -505,6 +516,22 @@ class Internals(Mapping[str, Place]):
             )
         return flat.view(*shape, *flat.shape[1:])
 
+    def row_base(self, row: Address, layer: int | None) -> Any | None:
+        """The Envoy a row's module path is relative to: the model for a whole-model
+        row, ``layers[layer]``, or the entry at ``layer`` of the row's ``layer_list``
+        (None where the list or that entry is missing)."""
+        if not row.per_layer or layer is None:
+            return self.model
+        if row.layer_list is None:
+            return self.layer_envoy(layer)
+        entries = child(self.model, row.layer_list)
+        if entries is None:
+            return None
+        try:
+            return entries[layer]
+        except (IndexError, TypeError):
+            return None
+
     def layer_envoy(self, layer: int) -> Any:
         """The Envoy of layer ``layer`` (``model.layers[i]`` rebuilds the list of the
         ModuleList's children on every index; the Envoys themselves never change)."""
@@ -611,6 +638,14 @@ class Internals(Mapping[str, Place]):
             raise IndexError(f"layer {layer} is out of range: this model has layers 0..{n - 1}")
         return layer % n
 
+    def count(self, attribute: str) -> int:
+        """The config's ``attribute`` as a count (of a row's leading positions or
+        trailing streams)."""
+        value = getattr(self.model.text_config, attribute, None)
+        if value is None:
+            raise PlaceUnavailable(f"the config has no {attribute!r} to count positions by")
+        return int(value)
+
     def scale(self, attribute: str | float) -> float:
         """The factor a row's scale names: a config attribute, or a number the block's
         arithmetic fixes (AltUp's 1/sqrt(2) on the mid-stream)."""
@@ -690,9 +725,15 @@ class Internals(Mapping[str, Place]):
         key = (name, -1 if layer is None else layer)
         if key in self._resolved:
             return self._resolved[key]
-        base = self.layer_envoy(layer) if row.per_layer else self.model
+        base = self.row_base(row, layer)
         result: tuple[Address | None, str | None]
-        if row.is_structural:
+        if base is None:
+            result = (
+                None,
+                f"{name} reads the list {row.layer_list!r}, which the model does not have "
+                "(or not at this layer's index)",
+            )
+        elif row.is_structural:
             result = self._structural(name, row, base)
         elif row.module and child(base, row.module) is None:
             where = "the layer" if row.per_layer else "the model"
@@ -706,7 +747,7 @@ class Internals(Mapping[str, Place]):
             )
         else:
             result = (row, None)
-        if result[0] is not None and result[0].module:
+        if base is not None and result[0] is not None and result[0].module:
             shared = _shared_on(base, result[0].module)
             if shared is not None:
                 result = (None, _shared_reason(name, result[0].module, shared))

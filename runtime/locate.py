@@ -280,8 +280,7 @@ def _boundary(
     address = place.address_at(at)
     op = None
     if address.source:
-        base = internals.layer_envoy(at) if address.per_layer else model
-        envoy = child(base, address.module)
+        envoy = child(internals.row_base(address, at), address.module)
         try:
             op = op_name(
                 envoy,
@@ -348,8 +347,14 @@ def _interior(
                 "`registry model --eager`)"
             ),
         )
-    module = interior.module if interior.module is not None else within.address_at(at).module
-    envoy = child(internals.layer_envoy(at), module)
+    within_row = within.address_at(at)
+    if interior.module is not None:  # a family's own forward, relative to the layer
+        module = interior.module
+        base = internals.layer_envoy(at)
+    else:  # the attention row's module, relative to the row's base (its layer_list)
+        module = within_row.module
+        base = internals.row_base(within_row, at)
+    envoy = None if base is None else child(base, module)
     if envoy is None:
         raise _refuse(
             spec.name,

@@ -60,6 +60,7 @@ CONTAINERS = (
     "ignore_ln_final",
     "skip_nnterp_checks",
     "hidden_states_are_block_outputs",
+    "oracles_from_last_calls",
     "mixed_layers",
 )
 
@@ -318,6 +319,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
         self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
+        # ... and where they (and output_attentions) count every call of the layer
+        # class, the layers' own calls last
+        self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         self.families: tuple[str, ...] = tuple(_families(names, self.model_type, self.text_config))

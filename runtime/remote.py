@@ -373,8 +373,14 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
                 "the batch and sequence of the layer's input, which only the local forward "
                 "records: read it in a local trace"
             )
-        base = internals.layer_envoy(address.layer) if row.per_layer else model
-        envoy = child(base, row.module)
+        if row.views_tokens:
+            raise RemoteRefused(
+                f"{address.component}'s row leaves positions out of the tensor there "
+                "(leading_positions or trailing_streams), which a plan sent as plain code "
+                "does not do: read it in a trace of the model (remote=True sends the model's "
+                "own places) or locally"
+            )
+        envoy = child(internals.row_base(row, address.layer), row.module)
         side = "input" if row.io is IOType.INPUT else "output"
         step.update(
             envoy=None if envoy is model else envoy,

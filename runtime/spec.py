@@ -115,10 +115,49 @@ def prepare_model_spec(
     if spec.startswith(TINY_PREFIX):
         from causalab_mini.tools.tiny import resolve_model_spec
 
-        return resolve_model_spec(spec), {}
+        path = resolve_model_spec(spec)
+        return path, _load_class(path, kwargs)
     if _path_like(spec) or Path(spec).expanduser().exists():
-        return _local(spec), {}
+        path = _local(spec)
+        return path, _load_class(path, kwargs)
     return spec, _hub(spec, kwargs)
+
+
+def _load_class(path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Make AutoModelForCausalLM load a checkpoint whose config class it does not map
+    (a decoder saved from its own sub-config, as MusicGen's: transformers maps
+    MusicgenForCausalLM only from the composite MusicgenConfig, not from the
+    MusicgenDecoderConfig the decoder is built from and saves), where its config.json
+    names a transformers class that is a causal LM: that class is registered for the
+    config's class (a mapping transformers lacks; nnsight loads through
+    AutoModelForCausalLM's from_config and from_pretrained). Never where the caller
+    chose the class (``automodel``). Returns keyword arguments to add (none)."""
+    import json
+
+    if "automodel" in kwargs:
+        return {}
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return {}
+    names = config.get("architectures") or []
+    causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    chosen = next((n for n in names if isinstance(n, str) and n in causal), None)
+    if chosen is None:
+        return {}
+    import transformers
+
+    config_class = type(AutoConfig.for_model(model_type))
+    # exist_ok: transformers skips a mapping for its own config classes without it
+    # (the config's model type maps to no causal LM here, checked above)
+    AutoModelForCausalLM.register(config_class, getattr(transformers, chosen), exist_ok=True)
+    return {}
 
 
 __all__ = ["TINY_PREFIX", "ModelSpecError", "prepare_model_spec"]

@@ -27,11 +27,46 @@ SCALE_VALUE = 0.37
 
 
 def tiny_spec(model_type: str, config: Config = ()) -> str:
-    """tiny:<model_type>, with ``config`` as overrides (true/false as the spec parses them)."""
+    """tiny:<model_type>, with ``config`` as overrides (true/false as the spec parses them).
+    A model type that is a sub-config's (MusicGen's musicgen_decoder) is built as the
+    model type whose causal LM registry/tiny.yaml builds from it (build_from)."""
+    model_type = buildable(model_type)
     if not config:
         return f"tiny:{model_type}"
     values = "&".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in config)
     return f"tiny:{model_type}?{values}"
+
+
+def buildable(model_type: str) -> str:
+    """The model type tiny builds ``model_type`` as (itself, or the composite model
+    type whose causal LM is built from the sub-config of that model type)."""
+    return _built_as().get(model_type, model_type)
+
+
+def names_of(model_type: str) -> set[str]:
+    """The model types rules and family files may name a tiny ``model_type`` by: its
+    own, and the model types of the sub-config it is built from."""
+    return {model_type, *(t for t, parent in _built_as().items() if parent == model_type)}
+
+
+@cache
+def _built_as() -> dict[str, str]:
+    """The model type of each sub-config a causal LM is built from (registry/tiny.yaml
+    build_from) -> the model type tiny builds it as (the loaded model reports the
+    sub-config's model type, which family files and rules name)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from causalab_mini.generated.tiny import TINY_BUILD_FROM
+
+    out: dict[str, str] = {}
+    for parent, sub in TINY_BUILD_FROM.items():
+        if parent not in CONFIG_MAPPING:
+            continue
+        sub_cls = (getattr(CONFIG_MAPPING[parent], "sub_configs", None) or {}).get(sub)
+        sub_type = getattr(sub_cls, "model_type", None)
+        if isinstance(sub_type, str) and sub_type:
+            out[sub_type] = parent
+    return out
 
 
 @dataclass(frozen=True)
@@ -46,10 +81,9 @@ class Case:
     @property
     def structures(self) -> frozenset[str]:
         """Every structure a rule naming this model type gives (whatever the config)."""
+        names = names_of(self.model_type)
         return frozenset(
-            rule.structure
-            for rule in BLOCK_STRUCTURE_RULES
-            if self.model_type in rule.match.model_types
+            rule.structure for rule in BLOCK_STRUCTURE_RULES if names & set(rule.match.model_types)
         )
 
     def expected_structure(self) -> str | None:
@@ -87,16 +121,27 @@ def structure_of(model_type: str, config: Config = ()) -> str | None:
     set (evaluated on the tiny config, as a loaded model's text config would be)."""
     from causalab_mini.tools.tiny import tiny_config
 
-    text = tiny_config(model_type).get_text_config()
+    text = language_config(model_type, tiny_config(model_type))
     for key, value in config:
         setattr(text, key, value)
     missing = object()
+    names = names_of(model_type)
     for rule in BLOCK_STRUCTURE_RULES:
-        if rule.match.model_types and model_type not in rule.match.model_types:
+        if rule.match.model_types and not names & set(rule.match.model_types):
             continue
         if all(getattr(text, key, missing) == value for key, value in rule.match.config):
             return rule.structure
     return None
+
+
+def language_config(model_type: str, config: Any) -> Any:
+    """The config the causal LM of a tiny ``model_type`` is built from: the text config,
+    or the sub-config registry/tiny.yaml builds it from."""
+    from causalab_mini.generated.tiny import TINY_BUILD_FROM
+
+    if model_type in TINY_BUILD_FROM:
+        return getattr(config, TINY_BUILD_FROM[model_type])
+    return config.get_text_config()
 
 
 def _scaled_by() -> dict[str, Config]:
@@ -137,7 +182,7 @@ def rule_cases() -> tuple[Case, ...]:
         wanted[(model_type, config)] = attributes not in scales_seen
         scales_seen.add(attributes)
     cases = (
-        Case(tiny_spec(model_type, config), model_type, config, representative)
+        Case(tiny_spec(model_type, config), buildable(model_type), config, representative)
         for (model_type, config), representative in wanted.items()
     )
     return tuple(sorted(cases, key=lambda case: case.spec))
@@ -152,7 +197,8 @@ def family_cases() -> tuple[tuple[str, Case], ...]:
     for family, match in FAMILY_MATCH.items():
         for i, model_type in enumerate(match.model_types):
             config = tuple(match.config)
-            out.append((family, Case(tiny_spec(model_type, config), model_type, config, i == 0)))
+            case = Case(tiny_spec(model_type, config), buildable(model_type), config, i == 0)
+            out.append((family, case))
     return tuple(sorted(set(out), key=lambda pair: (pair[0], pair[1].spec)))
 
 
@@ -171,4 +217,8 @@ def model_types() -> tuple[Case, ...]:
             representative[model_type] = representative.get(model_type, False) or first
     for _, case in family_cases():
         representative.setdefault(case.model_type, False)
-    return tuple(Case(tiny_spec(t), t, (), representative[t]) for t in sorted(representative))
+    out = {
+        buildable(t): Case(tiny_spec(t), buildable(t), (), representative[t])
+        for t in representative
+    }
+    return tuple(out[t] for t in sorted(out))

@@ -72,7 +72,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S001": (
         [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
         [
-            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, flat_tokens, io, merged_heads, module, name, order, per_layer, read_only, scale, select, snapshot, source, streams, unavailable, versions, write",
+            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, flat_tokens, io, layer_list, leading_positions, merged_heads, module, name, order, per_layer, read_only, scale, select, seq_first, snapshot, source, streams, trailing_streams, unavailable, versions, write",
         ],
     ),
     "S002": (
@@ -658,3 +658,20 @@ def test_a_familys_interiors_replace_the_defaults_fields(package_registry_copy: 
 
     text = render(registry)["families.py"]
     assert 'INTERIORS["attention_z"]' in text
+
+
+def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
+    # XLNet's attention calls post_attention three times, each with h first: the
+    # needle names the arguments up to the one that tells them apart
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import _calls
+
+    assert NEEDLE.match("self.post_attention(h, attn_vec")
+    assert NEEDLE.match("attention_interface(")
+    assert not NEEDLE.match("self.post_attention(h,attn_vec")
+    assert not NEEDLE.match("self.post_attention(h, 1")
+    line = "            output_h = self.post_attention(h, attn_vec)"
+    assert _calls(line, "self.post_attention(h, attn_vec")
+    assert not _calls(
+        "output_h = self.post_attention(h, attn_vec_h)", "self.post_attention(h, attn_vec"
+    )

@@ -164,6 +164,26 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     assert result["block_output"]["state"] == "broken"
 
 
+def test_oracles_that_count_every_layer_call_are_read_from_the_end(
+    certified: Callable[[str], Result],
+) -> None:
+    # HRM-Text (hrm_text.yaml) runs its L stack's layers, of the same class, before its
+    # H stack's (the registry's layers): output_hidden_states and output_attentions
+    # hold every call, the H stack's last, and the oracles read those
+    spec = "tiny:hrm_text?H_cycles=1"
+    components = certified(spec).components
+    assert components["block_output"]["state"] == "ok"
+    assert "output_hidden_states[i+1] == block_output[i]" in components["block_output"]["checks"]
+    assert components["attention_probs"]["state"] == "ok"
+    assert "output_attentions == attention_probs" in components["attention_probs"]["checks"]
+    # without the declaration the first entries (the L stack's calls) are compared
+    undeclared = StandardizedTransformer(
+        spec, rename_config=RenameConfig(oracles_from_last_calls=False)
+    )
+    result = certify(undeclared, c.sample_inputs(undeclared))
+    assert result["block_input"]["state"] == "broken"
+
+
 def test_a_head_that_transforms_ln_final_is_checked_on_its_unembedding(
     certified: Callable[[str], Result],
 ) -> None:

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from causalab_mini.tools.tiny import (
     tiny_tokenizer,
 )
 
-from .registry_cases import model_types
+from .registry_cases import language_config, model_types
 
 # Every model type the registry names (block-structure rules and family files): the
 # first of each structure in the README's test command, the rest in CI (marker `wide`).
@@ -104,15 +105,36 @@ def test_tiny_config_is_consistent_and_has_the_registrys_sizes(model_type: str) 
     from causalab_mini.generated.tiny import TINY_OVERRIDES, TINY_SIZES
 
     config = tiny_config(model_type)
-    text = config.get_text_config()
     overridden = dict(TINY_OVERRIDES.get(model_type, {}))
+    for text in _stack_configs(model_type, config):
+        _check_sizes(text, overridden, TINY_SIZES)
+
+
+def _stack_configs(model_type: str, config: Any) -> list[Any]:
+    """The configs that size the language model's stacks: its text config (or the
+    sub-config its causal LM is built from), or, where that states no width (BLT keeps
+    one config per stack: encoder, global, decoder), each of its sub-configs that
+    does."""
+    text = language_config(model_type, config)
+    if hasattr(text, "hidden_size"):
+        return [text]
+    subs = [getattr(text, name) for name in getattr(text, "sub_configs", {})]
+    return [sub for sub in subs if hasattr(sub, "hidden_size")]
+
+
+def _check_sizes(text: Any, overridden: dict[str, Any], sizes: Any) -> None:
     # the sizes of registry/tiny.yaml, unless the model type's row overrides them
-    assert text.hidden_size == overridden.get("hidden_size", TINY_SIZES["hidden"])
+    assert text.hidden_size == overridden.get("hidden_size", sizes["hidden"])
     # a few configs derive their depth (a hybrid's layer pattern; LongCat-Flash counts
-    # two sublayers a layer in num_hidden_layers and keeps its depth in num_layers)
-    depth = getattr(text, "num_layers", text.num_hidden_layers)
-    assert depth <= max(overridden.get("num_hidden_layers", 0), TINY_SIZES["layers"] + 1)
-    assert text.vocab_size == TINY_SIZES["vocab"]
+    # two sublayers a layer in num_hidden_layers and keeps its depth in num_layers; a
+    # cycled stack, HRM-Text, counts layer calls there and keeps its depth per stack)
+    depth = getattr(text, "num_layers", getattr(text, "num_layers_per_stack", None))
+    depth = text.num_hidden_layers if depth is None else depth
+    assert depth <= max(overridden.get("num_hidden_layers", 0), sizes["layers"] + 1)
+    vocab = getattr(text, "vocab_size", None)  # none on a stack that reads no tokens
+    if vocab is not None:
+        assert vocab == sizes["vocab"]
+        assert vocab >= len(tiny_tokenizer())
     # and what a model needs of them
     heads = getattr(text, "num_attention_heads", None)  # none on an attention-free model
     if heads is not None:
@@ -120,11 +142,10 @@ def test_tiny_config_is_consistent_and_has_the_registrys_sizes(model_type: str) 
         kv = getattr(text, "num_key_value_heads", None)
         if isinstance(kv, int):
             assert heads % kv == 0
-    assert text.vocab_size >= len(tiny_tokenizer())
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(text, key, None)
-        if isinstance(value, int):
-            assert 0 <= value < text.vocab_size, key
+        if isinstance(value, int) and vocab is not None:
+            assert 0 <= value < vocab, key
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -135,12 +156,25 @@ def test_every_generic_key_the_class_knows_reaches_the_config(model_type: str) -
     it to the class (latent attention), or the class derives it itself."""
     from transformers import AutoConfig
 
-    from causalab_mini.generated.tiny import TINY_GENERIC, TINY_KEEP_OFF, TINY_OVERRIDES
-
     config = tiny_config(model_type)
     # the language model's config: a composite one (a vision-language checkpoint's)
-    # holds it as its text config, which the table shrinks
-    text = config.get_text_config()
+    # holds it as its text config, which the table shrinks (or one config per stack)
+    checked = 0
+    stacks = _stack_configs(model_type, config)
+    for text in stacks:
+        # a per-stack config may be handed a kept-off key by its parent (BLT's
+        # sliding_window): only the text config's own defaults are held to "off"
+        checked += _generic_keys_checked(
+            text, model_type, own=stacks == [language_config(model_type, config)]
+        )
+    assert checked >= 5
+    assert isinstance(config, AutoConfig.for_model(model_type).__class__)
+
+
+def _generic_keys_checked(text: Any, model_type: str, own: bool = True) -> int:
+    """How many generic keys the config class of ``text`` keeps, each checked."""
+    from causalab_mini.generated.tiny import TINY_GENERIC, TINY_KEEP_OFF, TINY_OVERRIDES
+
     config_cls = type(text)
     defaults = tiny._field_defaults(config_cls)
     skipped = set(dict(TINY_OVERRIDES.get(model_type, {})))
@@ -151,7 +185,7 @@ def test_every_generic_key_the_class_knows_reaches_the_config(model_type: str) -
         if key not in defaults or key in skipped or key.endswith("_token_id"):
             continue
         if key in TINY_KEEP_OFF and defaults[key] in (None, 0):
-            if getattr(config_cls(), key) == defaults[key]:  # not derived by the class
+            if own and getattr(config_cls(), key) == defaults[key]:  # not derived by the class
                 assert getattr(text, key) == defaults[key], key
             continue
         try:  # a class that derives the field itself (Qwen2's sliding_window) is skipped
@@ -161,8 +195,7 @@ def test_every_generic_key_the_class_knows_reaches_the_config(model_type: str) -
         if kept:
             assert getattr(text, key) == tiny._thaw(value), key
             checked += 1
-    assert checked >= 5
-    assert isinstance(config, AutoConfig.for_model(model_type).__class__)
+    return checked
 
 
 @pytest.mark.parametrize(

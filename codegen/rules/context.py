@@ -15,8 +15,12 @@ from ..model import Registry
 
 # a call site: the callable as written, "(", and optionally the start of the first
 # argument where one forward calls the same callable twice
+# a callable as called, ending in "(", then optionally the first argument, or the
+# arguments up to the one that tells two calls apart ("self.post_attention(h, attn_vec",
+# where XLNet's calls all start with h)
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 NEEDLE = re.compile(
-    r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\(([A-Za-z_][A-Za-z0-9_.]*)?$"
+    rf"^{_IDENT}(\.{_IDENT})*\(({_IDENT}[A-Za-z0-9_.]*(, {_IDENT}[A-Za-z0-9_.]*)*)?$"
 )
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 ALLOWED_PLACEHOLDERS = {"place"}

@@ -62,12 +62,27 @@ def structure_identities(model: Any) -> tuple[str, ...]:
 def mid_write_target(model: Any) -> str | None:
     """The row that must carry a write to layers_mid on: the left side of the
     structure's identity ``X == layers_mid + mlps_output`` (layers_output on a
-    pre-norm block, layers_output_prenorm where a norm follows the add)."""
-    for text in structure_identities(model):
+    pre-norm block, layers_output_prenorm where a norm follows the add), or, where
+    the MLP's contribution is added to another stream (a reversible block:
+    ``layers_output == layers_input + mlps_output``, ``mlps_input == layers_mid``),
+    the left side of that identity."""
+    addend = _mlp_addend(model)
+    return None if addend is None else addend[0]
+
+
+def _mlp_addend(model: Any) -> tuple[str, str] | None:
+    """(X, A) of the structure's identity ``X == A + mlps_output``, layers_mid's first."""
+    texts = list(structure_identities(model))
+    # the MLP reads layers_mid itself where it adds to another stream
+    reads_mid = any(parse_identity(t) == ("mlps_input", ("layers_mid",)) for t in texts)
+    found = []
+    for text in texts:
         left, right = parse_identity(text)
-        if sorted(right) == ["layers_mid", "mlps_output"]:
-            return left
-    return None
+        if len(right) == 2 and "mlps_output" in right:
+            other = next(r for r in right if r != "mlps_output")
+            if other == "layers_mid" or reads_mid:
+                found.append((other != "layers_mid", left, other))
+    return (min(found)[1], min(found)[2]) if found else None
 
 
 def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -273,6 +288,26 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
     return out
 
 
+def oracle_hidden_states(model: Any, hidden: Any) -> Any:
+    """transformers' ``output_hidden_states`` as the oracles read it: as given, or
+    where the family says they count every call of the layer class with the layers'
+    own calls last (``oracles_from_last_calls``), the last n + 1 entries with the first
+    None (the entry before the layers' first output is another call's output, not the
+    first layer's input)."""
+    if not getattr(model, "oracles_from_last_calls", False) or hidden is None:
+        return hidden
+    n = model.internals.num_layers
+    return (None, *tuple(hidden)[len(hidden) - n :])
+
+
+def oracle_attentions(model: Any, attentions: Any) -> Any:
+    """transformers' ``output_attentions`` as the oracles read it: the last n entries
+    where they count every call of the layer class (``oracles_from_last_calls``)."""
+    if not getattr(model, "oracles_from_last_calls", False) or attentions is None:
+        return attentions
+    return tuple(attentions)[len(attentions) - model.internals.num_layers :]
+
+
 def hidden_state_oracle(
     model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]
 ) -> list[Check]:
@@ -283,7 +318,7 @@ def hidden_state_oracle(
 
     with torch.no_grad():
         out = model._model(**forward_inputs(model, inputs), output_hidden_states=True)
-    hidden = out.hidden_states
+    hidden = oracle_hidden_states(model, out.hidden_states)
     checks = []
     n = model.internals.num_layers
     # entry i is layer i's input; or its output, where the family says so
@@ -292,6 +327,20 @@ def hidden_state_oracle(
         if getattr(model, "hidden_states_are_block_outputs", False)
         else "layers_input"
     )
+    if getattr(model, "oracles_from_last_calls", False):
+        # entry i + 1 is layer i's output (the last entry the final norm's); nothing
+        # says the stream is unchanged between two layers
+        for layer in range(n - 1):
+            if ("layers_output", layer) in values:
+                checks.append(
+                    compare(
+                        "hidden_states[i+1] == layers_output",
+                        layer,
+                        values[("layers_output", layer)],
+                        hidden[layer + 1],
+                    )
+                )
+        row = ""
     for layer in range(n):
         if (row, layer) in values:
             checks.append(
@@ -330,7 +379,7 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
             "output_attentions == attention_probabilities",
             layer,
             values[("attention_probabilities", layer)],
-            out.attentions[layer],
+            oracle_attentions(model, out.attentions)[layer],
         )
         for layer in range(model.internals.num_layers)
         if ("attention_probabilities", layer) in values
@@ -348,26 +397,41 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
 
     internals = model.internals
     torch.manual_seed(0)
-    target = mid_write_target(model) or "layers_output"
+    target, addend = _mlp_addend(model) or ("layers_output", "layers_mid")
+    # where the MLP adds to another stream than layers_mid (a reversible block), the
+    # write reaches the block through the MLP's input: mlps_input == the written value
+    via_input = addend != "layers_mid"
+    needed = [target, addend, *(["mlps_input"] if via_input else [])]
     if (
         internals["layers_mid"].unavailable_on(layer) is None
         and internals["mlps_output"].unavailable_on(layer) is None
-        and internals[target].unavailable_on(layer) is None
+        and all(internals[name].unavailable_on(layer) is None for name in needed)
     ):
         box: dict[str, Any] = {}
         with model.trace(inputs):
+            if via_input:
+                box["addend"] = internals[addend][layer].clone().save()
             mid = internals["layers_mid"][layer]
             delta = torch.randn_like(mid) * 0.5
             box["written"] = (mid + delta).clone().save()
             internals["layers_mid"][layer] = mid + delta
+            if via_input:
+                box["read"] = internals["mlps_input"][layer].clone().save()
             box["mlp"] = internals["mlps_output"][layer].save()
             box["out"] = internals[target][layer].save()
-        got = _value(box["out"])
+        written = _value(box["written"])
+        if not via_input:
+            return compare(
+                f"{target} == written layers_mid + mlps_output",
+                layer,
+                _value(box["out"]),
+                written + _value(box["mlp"]),
+            )
         return compare(
-            f"{target} == written layers_mid + mlps_output",
+            f"mlps_input == written layers_mid, {target} == {addend} + mlps_output",
             layer,
-            got,
-            _value(box["written"]) + _value(box["mlp"]),
+            torch.cat([_value(box["read"]), _value(box["out"])], dim=-1),
+            torch.cat([written, _value(box["addend"]) + _value(box["mlp"])], dim=-1),
         )
     carried = _stream_write_target(model, layer)
     if carried is not None:

@@ -62,7 +62,7 @@ class Context:
 
     @property
     def hidden(self) -> Any:
-        return self.hf.hidden_states
+        return cert.oracle_hidden_states(self.model, self.hf.hidden_states)
 
     @property
     def stream_ends_at_block(self) -> bool:
@@ -157,7 +157,10 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
                 )
         else:
-            if ctx.have("block_input", layer=layer):
+            # where the entries are every layer call's outputs, the layers' last, an
+            # entry is a layer's output, not the next one's input (BLT adds a
+            # cross-attention between its layers): only outputs are compared
+            if ctx.have("block_input", layer=layer) and not ctx.model.oracles_from_last_calls:
                 ok, d = close(
                     v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer])
                 )
@@ -175,7 +178,7 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
 def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
     """transformers' output_attentions (eager) == attention_probs, per layer; hybrid
     stacks return attentions only for their attention layers."""
-    attentions = getattr(ctx.hf, "attentions", None)
+    attentions = cert.oracle_attentions(ctx.model, getattr(ctx.hf, "attentions", None))
     if attentions is None:
         return
     layers = [layer for layer in range(ctx.n) if ("attention_probs", layer) in ctx.v]
@@ -231,10 +234,26 @@ def model_outputs(ctx: Context) -> Iterator[Outcome]:
         ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
         yield Outcome(("input_ids",), "input_ids == the ids given", ok)
     if ctx.have("embeddings"):
+        table = _single(ctx.model._model.get_input_embeddings(), ctx, "embeddings")
         with torch.no_grad():
-            embedded = ctx.model._model.get_input_embeddings()(ctx.inputs["input_ids"])
+            embedded = table(ctx.inputs["input_ids"])
         ok, d = close(ctx.v[("embeddings", None)], embedded)
         yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
+
+
+def _single(module: Any, ctx: Context, component: str) -> Any:
+    """``get_input_embeddings()`` / ``get_output_embeddings()`` as one module: where a
+    model has a list of them (MusicGen: one embedding and one head per codebook), the
+    one the component's row reads (its family refuses the place where that one is
+    not the model's only one)."""
+    import torch
+
+    if not isinstance(module, torch.nn.ModuleList):
+        return module
+    from causalab_mini.internals import child
+
+    address = ctx.addresses[(component, None)]
+    return child(ctx.model, address.module)._module
 
 
 def unembedding(ctx: Context) -> Iterator[Outcome]:
@@ -248,6 +267,7 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
     head = ctx.model._model.get_output_embeddings()
     if not ctx.have("lm_head") or head is None:
         return
+    head = _single(head, ctx, "lm_head")
     v, raw = ctx.v, ctx.raw
     with torch.no_grad():
         given = raw.get(("lm_head_input", -1))

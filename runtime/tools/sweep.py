@@ -328,6 +328,21 @@ def _module(model: Any, layer: int, path: str) -> Any:
     return child(model.layers[layer], path)
 
 
+def _structure_identities(model: Any) -> list[str]:
+    from causalab_mini.tools import certify as cert
+
+    return list(cert.structure_identities(model))
+
+
+def _row_module(model: Any, layer: int, row: str) -> Any:
+    """The Envoy of the module the internals row ``row`` reads at ``layer`` (relative to
+    layers[layer], or to its entry of the row's layer_list)."""
+    from causalab_mini.internals import child
+
+    address = model.internals[row].address_at(layer)
+    return child(model.internals.row_base(address, layer), address.module)
+
+
 def _raw_outputs(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
@@ -352,17 +367,20 @@ def _raw_outputs(
                 wanted.append(("gate", layer, gates[0][1]))
         for row in ("attentions", "mlps"):
             if internals[row].unavailable_on(layer) is None:
-                wanted.append((row, layer, internals[row].address_at(layer).module))
+                wanted.append((row, layer, _row_module(model, layer, row)))
     if ("lm_head", None) in addresses:
-        wanted.append(("lm_head_input", -1, None))
-        inner = _inner_unembedding(model)
+        # the module the lm_head row reads (nnterp's lm_head, or the family's own
+        # unembedding where nnterp's container is a head before it)
+        head_envoy = _whole_model_module(model, addresses[("lm_head", None)].module)
+        wanted.append(("lm_head_input", -1, head_envoy))
+        inner = _inner_unembedding(model, head_envoy)
         if inner is not None:
             wanted.append(("unembedding_input", -1, inner))
     saved: list[tuple[str, int, Any]] = []  # bound before the trace
     with model.trace(inputs):
         for kind, layer, what in wanted:
             if kind in ("lm_head_input", "unembedding_input"):
-                args, kwargs = (model.lm_head if what is None else what).inputs
+                args, kwargs = what.inputs
                 given = args[0] if args else next(iter(kwargs.values()))
                 saved.append((kind, layer, given.save()))
                 continue
@@ -388,7 +406,7 @@ def _raw_outputs(
             elif kind == "gate":
                 saved.append((kind, layer, what.output.save()))
             elif kind == "mlps":
-                envoy = _module(model, layer, what)
+                envoy = what
                 args, kwargs = envoy.inputs
                 # the arguments besides the first (Zaya's router state, MPT's residual)
                 rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
@@ -402,7 +420,7 @@ def _raw_outputs(
                     )
                 )
             else:
-                module = _module(model, layer, what)
+                module = what
                 out = getattr(module, boundary("output", module))
                 # a copy: a layer may change a module's output in place afterwards (Falcon)
                 saved.append(
@@ -413,6 +431,14 @@ def _raw_outputs(
                     )
                 )
     out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for (kind, layer), value in list(out.items()):
+        # a module's own output holds the positions its row leaves out (CPM-Ant's
+        # prompt, ProphetNet's predicting streams): compared with the row's reads, it
+        # leaves them out too
+        if kind in ("attentions", "mlps"):
+            address = internals[kind].address_at(layer)
+            if address.views_tokens:
+                out[(kind, layer)] = address.token_positions(value, internals.count)
     for layer, kind in gate_kinds.items():
         out[("gate_kind", layer)] = kind
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
@@ -476,18 +502,27 @@ def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, l
     return reads
 
 
-def _inner_unembedding(model: Any) -> Any | None:
+def _whole_model_module(model: Any, path: str) -> Any:
+    """The Envoy at a whole-model row's ``path`` (standardized names; "" is the
+    model), nnterp's lm_head where the path does not resolve."""
+    from causalab_mini.internals import child
+
+    found = child(model, path) if path else None
+    return model.lm_head if found is None else found
+
+
+def _inner_unembedding(model: Any, lm_head_envoy: Any) -> Any | None:
     """The Envoy of ``get_output_embeddings()`` where it sits strictly inside the
-    lm_head module (a head that transforms its input before the unembedding, as on
-    the RoBERTa kin: dense, gelu, layer_norm, decoder), else None."""
+    module the lm_head row reads (a head that transforms its input before the
+    unembedding, as on the RoBERTa kin: dense, gelu, layer_norm, decoder), else None."""
     from causalab_mini.internals import child
 
     head = model._model.get_output_embeddings()
-    lm_head = getattr(model.lm_head, "_module", None)
+    lm_head = getattr(lm_head_envoy, "_module", None)
     if head is None or lm_head is None or head is lm_head:
         return None
     path = next((name for name, m in lm_head.named_modules() if m is head and name), None)
-    return None if path is None else child(model.lm_head, path)
+    return None if path is None else child(lm_head_envoy, path)
 
 
 def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]:
@@ -500,7 +535,10 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
 
     internals = model.internals
     path = z_address.module  # the forward that holds the attention (a family's own)
-    source = _module(model, layer, path).source
+    if path == internals["attentions"].address_at(layer).module:
+        source = _row_module(model, layer, "attentions").source  # its base: a layer_list
+    else:
+        source = _module(model, layer, path).source
     _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
     where["model_class"] = internals.model_class
@@ -566,6 +604,33 @@ def _consistency_checks(
         if (
             key("block_mid") in v
             and key("mlp_input_norm") in v
+            and not any("mlps_norm_output" in i for i in _structure_identities(model))
+        ):
+            # a structure whose MLP module normalizes its own input (a reversible
+            # block): no identity names the norm's output, which is the norm of
+            # layers_mid where both are read at the norm
+            mid = internals["layers_mid"].address_at(layer)
+            norm = internals["mlps_norm_output"].address_at(layer)
+            plain = not (mid.source or norm.source or mid.scale or norm.scale)
+            if (
+                plain
+                and mid.module == norm.module
+                and (mid.io.value, norm.io.value)
+                == (
+                    "input",
+                    "output",
+                )
+            ):
+                normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
+                if isinstance(normed, tuple):
+                    normed = normed[0]
+                ok, d = close(normed, v[key("mlp_input_norm")])
+                yield Outcome.of(
+                    ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
+                )
+        if (
+            key("block_mid") in v
+            and key("mlp_input_norm") in v
             and key("attention_output") not in v
             and key("mlp_output") not in v
         ):
@@ -574,7 +639,7 @@ def _consistency_checks(
             plain = not (mid.source or norm.source or mid.scale or norm.scale)
             sides = (mid.io.value, norm.io.value)
             if plain and mid.module == norm.module and sides == ("input", "output"):
-                normed = _module(model, layer, mid.module)._module(v[key("block_mid")])
+                normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
                 if isinstance(normed, tuple):
                     normed = normed[0]
                 ok, d = close(normed, v[key("mlp_input_norm")])
@@ -582,7 +647,7 @@ def _consistency_checks(
                     ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
                 )
         if key("attention_premix") in v:
-            proj = _module(model, layer, internals["attentions_premix"].address_at(layer).module)
+            proj = _row_module(model, layer, "attentions_premix")
             projected = proj._module(v[key("attention_premix")])
             targets = [
                 t
@@ -597,7 +662,7 @@ def _consistency_checks(
                 covered, "output projection(attention_premix) == attention's output", ok
             )
         if key("mlp_input") in v and ("mlps", layer) in raw:
-            mlp = _module(model, layer, internals["mlps"].address_at(layer).module)._module
+            mlp = _row_module(model, layer, "mlps")._module
             args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
             try:
                 # with the other arguments it was given (Zaya's router state from the
@@ -795,8 +860,7 @@ def _mlp_checks(
     if key("mlp_neuron_output") not in v:
         return
     neurons = v[key("mlp_neuron_output")]
-    module = _module(model, layer, model.internals["mlps_neurons"].address_at(layer).module)
-    mlp = model.internals["mlps"]
+    module = _row_module(model, layer, "mlps_neurons")
     with torch.no_grad():
         projected = module._module(neurons)
     targets = [t for t in (v.get(key("mlp_output")), raw.get(("mlps", layer))) if t is not None]
@@ -809,11 +873,12 @@ def _mlp_checks(
         act, x = v[key("mlp_activation")], v[key("mlp_input")]
         ok, _ = close(neurons, act)
         if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears, or
-            # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj)
-            mlp_module = _module(model, layer, mlp.address_at(layer).module)
+            # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj); the
+            # linears inside the MLP at any depth (CPM-Ant's w_in holds w_0 and w_1)
+            mlp_module = _row_module(model, layer, "mlps")
             width = act.shape[-1]
             with torch.no_grad():
-                for child in mlp_module._module.children():
+                for child in mlp_module._module.modules():
                     if not isinstance(child, torch.nn.Linear):
                         continue
                     if child.out_features == width:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from causalab_mini.generated.tiny import (
+    TINY_BUILD_FROM,
     TINY_GENERIC,
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
@@ -105,6 +106,10 @@ _KEEP_OFF = frozenset(TINY_KEEP_OFF)
 
 # Causal-LM model types no tiny text checkpoint can stand for, and why.
 _NOT_BUILDABLE: Mapping[str, str] = TINY_NOT_BUILDABLE
+
+# Model types whose causal-LM class is built from a sub-config of the composite
+# config (MusicgenForCausalLM from the decoder's): model type -> the sub-config's name.
+_BUILD_FROM: Mapping[str, str] = TINY_BUILD_FROM
 
 # Sub-configs that are not the language model: shrunk with the same generic table
 # plus these keys.
@@ -498,7 +503,10 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
 
     started = time.perf_counter()
     config = tiny_config(model_type)
-    text = config.get_text_config()
+    # the config the causal-LM class is built from: the composite config, or the
+    # sub-config registry/tiny.yaml names (build_from)
+    built = getattr(config, _BUILD_FROM[model_type]) if model_type in _BUILD_FROM else config
+    text = built.get_text_config()
     for key, value in overrides.items():
         if not hasattr(text, key):
             raise TinyBuildError(
@@ -507,16 +515,25 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
             )
         _set_override(model_type, text, key, value)
     tokenizer = tiny_tokenizer()
-    vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    vocab_size = getattr(text, "vocab_size", None)
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
         raise TinyBuildError(
             f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
         )
     auto: Any = AutoModelForCausalLM  # untyped classmethods
+    if model_type in _BUILD_FROM:
+        # the causal-LM class of the model type, which AutoModelForCausalLM maps only
+        # from the composite config
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        auto = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     transformers.set_seed(seed)
     torch.manual_seed(seed)
     try:
-        model = auto.from_config(config, dtype=torch.float32)
+        if model_type in _BUILD_FROM:
+            model = auto._from_config(built, dtype=torch.float32)
+        else:
+            model = auto.from_config(config, dtype=torch.float32)
     except ImportError as exc:
         raise TinyBuildError(
             f"model of {model_type!r} needs an extra package: {_first_line(exc)}"
@@ -529,7 +546,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     before = _smoke_logits(model_type, model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    if model.config.model_type not in causal_lm_model_types():
+    if model.config.model_type not in causal_lm_model_types() and model_type not in _BUILD_FROM:
         # Built from a composite config (emu3, mllama): the model's own config is a
         # text config AutoModelForCausalLM cannot map back; keep the composite one.
         config.save_pretrained(out)
