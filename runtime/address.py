@@ -227,6 +227,10 @@ class RenameConfig:
     last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
+    ``auto_class`` names the transformers auto class that loads the checkpoint where
+    it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
+    model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
+    default class; ``tiny:`` builds with it too);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -245,6 +249,7 @@ class RenameConfig:
     skip_nnterp_checks: bool | None = None
     hidden_states_are_block_outputs: bool | None = None
     mixed_layers: bool | None = None
+    auto_class: str | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
 

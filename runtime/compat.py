@@ -172,6 +172,39 @@ def _nnterp_model_alias() -> None:
 
 # ---------------------------------------------------------------------- spellings
 
+
+def auto_class_kwargs(auto_class: str) -> dict[str, Any]:
+    """The keyword arguments that make nnsight's ``LanguageModel`` load a checkpoint
+    with the transformers auto class ``auto_class`` (a name such as
+    ``AutoModelForImageTextToText``) instead of ``AutoModelForCausalLM``, on the meta
+    build and at dispatch alike. nnsight 0.6/0.7 take it as ``automodel=`` (and then
+    skip 0.7's refusal of a model type registered for image-text-to-text); 0.8 loads
+    through a ``transformers.pipeline`` whose task decides the class, so the class is
+    given as a text-generation task of its own (``_text_task``)."""
+    import transformers
+
+    if not is_08():
+        return {"automodel": getattr(transformers, auto_class)}
+    return {"task": _text_task(auto_class)}
+
+
+@functools.cache
+def _text_task(auto_class: str) -> str:
+    """A pipeline task registered with transformers (its public ``PIPELINE_REGISTRY``)
+    that is text generation loaded with ``auto_class``: tokenizer-only preprocessing,
+    the model class the caller names. A subclass of ``TextGenerationPipeline`` is
+    registered, not the class itself (registration marks the class it is given)."""
+    import transformers
+    from transformers.pipelines import PIPELINE_REGISTRY, TextGenerationPipeline
+
+    task = f"text-generation-{auto_class}"
+    cls = type(f"TextGenerationWith{auto_class}", (TextGenerationPipeline,), {})
+    PIPELINE_REGISTRY.register_pipeline(
+        task, pipeline_class=cls, pt_model=getattr(transformers, auto_class), type="text"
+    )
+    return task
+
+
 #: nnsight 0.8 mounts a child module named after one of its own attributes (a BERT
 #: layer's ``output``) at ``E_<name>``; 0.6/0.7 mount it at ``<name>`` and move the
 #: module's own boundary to ``nns_<name>``.
@@ -292,6 +325,7 @@ def callee_after_inputs() -> bool:
 __all__ = [
     "OVERLOAD_PREFIX",
     "alias_target",
+    "auto_class_kwargs",
     "aliases_of",
     "callee_after_inputs",
     "child_attribute",

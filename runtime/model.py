@@ -61,6 +61,7 @@ CONTAINERS = (
     "skip_nnterp_checks",
     "hidden_states_are_block_outputs",
     "mixed_layers",
+    "auto_class",
 )
 
 
@@ -271,6 +272,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
+        if merged.auto_class and isinstance(model, str) and "automodel" not in kwargs:
+            # the family's transformers auto class (a language model inside a
+            # multimodal wrapper), said the way the installed nnsight takes it
+            for key, value in compat.auto_class_kwargs(merged.auto_class).items():
+                kwargs.setdefault(key, value)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and enable_for_nnterp and not merged.ignore_attn

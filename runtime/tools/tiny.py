@@ -43,6 +43,7 @@ __all__ = [
     "BUILDER_VERSION",
     "TINY_PREFIX",
     "TinyBuildError",
+    "build_class",
     "build_tiny",
     "cache_root",
     "causal_lm_model_types",
@@ -134,12 +135,43 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "causalab_mini"
 
 
+def build_class(model_type: str) -> str:
+    """The transformers auto class a tiny ``model_type`` is built (and loaded back) with:
+    its family's ``auto_class`` (a multimodal wrapper's image-text-to-text class, vision
+    tower included), else AutoModelForCausalLM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from causalab_mini.spec import auto_class_for
+
+    mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
+
+
+def _recipe(model_type: str) -> dict[str, Any]:
+    """What registry/tiny.yaml and the family files say of ``model_type`` alone (its
+    override row, a build class other than AutoModelForCausalLM): part of the cache
+    key, so that changing a type's own row rebuilds that type and no other."""
+    from causalab_mini.spec import DEFAULT_AUTO_CLASS
+
+    recipe: dict[str, Any] = {}
+    if model_type in TINY_OVERRIDES:
+        recipe["overrides"] = _overrides(model_type)
+    auto = build_class(model_type)
+    if auto != DEFAULT_AUTO_CLASS:
+        recipe["build_class"] = auto
+    return recipe
+
+
 def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | None = None) -> str:
     import hashlib
 
     import transformers
 
     name = f"{model_type}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    recipe = _recipe(model_type)
+    if recipe:
+        key = json.dumps(recipe, sort_keys=True, default=str).encode()
+        name += f"-r{hashlib.sha256(key).hexdigest()[:8]}"
     if overrides:
         key = json.dumps(overrides, sort_keys=True).encode()
         name += f"-cfg{hashlib.sha256(key).hexdigest()[:10]}"
@@ -494,7 +526,6 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     """Write a tiny checkpoint of ``model_type`` into the (empty) directory ``out``."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
     config = tiny_config(model_type)
@@ -512,7 +543,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
         raise TinyBuildError(
             f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
         )
-    auto: Any = AutoModelForCausalLM  # untyped classmethods
+    auto: Any = getattr(transformers, build_class(model_type))  # untyped classmethods
     transformers.set_seed(seed)
     torch.manual_seed(seed)
     try:
@@ -546,6 +577,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     manifest = {
         "model_type": model_type,
         "model_class": type(model).__name__,
+        "build_class": build_class(model_type),
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "builder_version": BUILDER_VERSION,
