@@ -236,6 +236,7 @@ def layer_kind(name: str, raw: dict[str, Any]) -> LayerKind:
         raw["doc"].strip(),
         tuple(raw.get("present", ())),
         tuple(raw.get("absent", ())),
+        bool(raw.get("skipped_on_text_input", False)),
     )
 
 

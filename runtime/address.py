@@ -281,12 +281,15 @@ class StructureRule:
 @dataclass(frozen=True)
 class LayerKind:
     """A property of one layer's module tree: any of ``present`` (if given) exists,
-    and none of ``absent`` does."""
+    and none of ``absent`` does. ``skipped_on_text_input``: the model does not run a
+    layer of this kind on a text-only input (transformers' per-layer outputs have no
+    entry for it)."""
 
     name: str
     doc: str
     present: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
+    skipped_on_text_input: bool = False
 
 
 @dataclass(frozen=True)

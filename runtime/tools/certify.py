@@ -190,17 +190,20 @@ def hidden_state_oracle(
         out = model._model(**forward_inputs(model, inputs), output_hidden_states=True)
     hidden = out.hidden_states
     checks = []
-    n = model.internals.num_layers
+    # the entries are the layers the model runs (on a text-only input a layer that
+    # needs an image is skipped and has none), in order
+    ran = model.internals.layers_run_on_text()
+    n = len(ran)
     # entry i is layer i's input; or its output, where the family says so
     row = (
         "layers_output"
         if getattr(model, "hidden_states_are_block_outputs", False)
         else "layers_input"
     )
-    for layer in range(n):
+    for entry, layer in enumerate(ran):
         if (row, layer) in values:
             checks.append(
-                compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
+                compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[entry])
             )
     if ("ln_final_output", None) in values and len(hidden) == n + 1:
         checks.append(
@@ -224,14 +227,15 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     with torch.no_grad():
         out = model._model(**forward_inputs(model, inputs), output_attentions=True)
     values = read_places(model, inputs, ["attention_probabilities"])
+    # one entry per layer the model runs (see hidden_state_oracle)
     return [
         compare(
             "output_attentions == attention_probabilities",
             layer,
             values[("attention_probabilities", layer)],
-            out.attentions[layer],
+            out.attentions[entry],
         )
-        for layer in range(model.internals.num_layers)
+        for entry, layer in enumerate(model.internals.layers_run_on_text())
         if ("attention_probabilities", layer) in values
     ]
 
