@@ -227,6 +227,7 @@ def block_structure(name: str, raw: dict[str, Any]) -> BlockStructure:
         parallel=bool(raw.get("parallel", False)),
         norm_after_add=bool(raw.get("norm_after_add", False)),
         residual_inside=bool(raw.get("residual_inside", False)),
+        output_scale=raw.get("output_scale"),
     )
 
 

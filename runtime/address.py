@@ -259,7 +259,9 @@ class BlockStructure:
     the rows a family of it must replace, and what the tools draw and check by it
     (``parallel``: attention and the MLP read the same block input and both add at
     once; ``norm_after_add``: a norm follows each residual add; ``residual_inside``: a
-    sublayer module adds the residual itself)."""
+    sublayer module adds the residual itself; ``output_scale``: the path, relative to
+    the layer, of a per-layer weight the block multiplies its whole output by, so an
+    identity whose left side is layers_output holds with its right side times it)."""
 
     name: str
     doc: str
@@ -268,6 +270,7 @@ class BlockStructure:
     parallel: bool = False
     norm_after_add: bool = False
     residual_inside: bool = False
+    output_scale: str | None = None
 
 
 @dataclass(frozen=True)

@@ -159,9 +159,23 @@ def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
     return Check(name, layer, ok, worst, detail)
 
 
+def output_scale(model: Any, layer: int) -> Any:
+    """The weight layer ``layer`` multiplies its whole output by, where its block
+    structure has one (``output_scale``: a path relative to the layer, read off the
+    module), else 1."""
+    structure = BLOCK_STRUCTURES.get(model.block_structure or "")
+    if structure is None or structure.output_scale is None:
+        return 1.0
+    value = model.internals.layer_envoy(layer)._module
+    for part in structure.output_scale.split("."):
+        value = getattr(value, part)
+    return value.detach()
+
+
 def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
     """Every identity of the model's block structure, on every layer where all its
-    places are available."""
+    places are available (an identity of layers_output times the block's output
+    scale, where it has one)."""
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is None:
         return []
@@ -174,6 +188,8 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
                 continue
             total = sum(values[(n, layer)] for n in right[1:])
             total = values[(right[0], layer)] + total if right[1:] else values[(right[0], layer)]
+            if left == "layers_output":
+                total = total * output_scale(model, layer)
             out.append(compare(text, layer, values[(left, layer)], total))
     return out
 
@@ -266,11 +282,12 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             box["mlp"] = internals["mlps_output"][layer].save()
             box["out"] = internals[target][layer].save()
         got = _value(box["out"])
+        scale = output_scale(model, layer) if target == "layers_output" else 1.0
         return compare(
             f"{target} == written layers_mid + mlps_output",
             layer,
             got,
-            _value(box["written"]) + _value(box["mlp"]),
+            (_value(box["written"]) + _value(box["mlp"])) * scale,
         )
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is not None and structure.parallel:
