@@ -138,4 +138,10 @@ def prepare_model_spec(
     return spec, _hub(spec, kwargs)
 
 
-__all__ = ["DEFAULT_AUTO_CLASS", "TINY_PREFIX", "ModelSpecError", "auto_class_for", "prepare_model_spec"]
+__all__ = [
+    "DEFAULT_AUTO_CLASS",
+    "TINY_PREFIX",
+    "ModelSpecError",
+    "auto_class_for",
+    "prepare_model_spec",
+]

@@ -286,15 +286,19 @@ def test_deepseek_v3_config_mixes_dense_and_moe() -> None:
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_build_load_and_forward(model_type: str, tiny_cache: Path) -> None:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    import transformers
+    from transformers import AutoTokenizer
 
     path = build_tiny(model_type)
     assert path.parent == tiny_cache / "tiny"
     assert path.name.startswith(f"{model_type}-transformers")
     manifest = json.loads((path / tiny.MANIFEST).read_text())
     assert manifest["model_type"] == model_type
+    assert manifest["build_class"] == tiny.build_class(model_type)
 
-    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    # the auto class the family names (a multimodal wrapper's image-text-to-text one)
+    auto = getattr(transformers, tiny.build_class(model_type))
+    model = auto.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert model.dtype == torch.float32
     batch = tokenizer(TEXTS, return_tensors="pt", padding=True)

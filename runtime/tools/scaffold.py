@@ -1239,16 +1239,16 @@ def _versions() -> dict[str, str]:
 
 def scaffold(arg: str, family: str | None = None) -> Scaffold:
     """Inspect, try and verify: everything a family file for ``arg`` can say."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
     from causalab_mini.tools import certify
-    from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
+    from causalab_mini.tools.tiny import TinyBuildError, build_class, resolve_model_spec
 
     _quiet()
     spec, model_type = resolve_spec(arg)
     try:
         path = resolve_model_spec(spec)
-        hf_model = AutoModelForCausalLM.from_pretrained(path)
+        hf_model = getattr(transformers, build_class(model_type)).from_pretrained(path)
     except (TinyBuildError, OSError, ValueError) as exc:
         raise ScaffoldError(f"cannot build or load {spec}: {exc}") from exc
     containers, notes = detect_containers(hf_model)
