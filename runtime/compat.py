@@ -325,8 +325,8 @@ def callee_after_inputs() -> bool:
 __all__ = [
     "OVERLOAD_PREFIX",
     "alias_target",
-    "auto_class_kwargs",
     "aliases_of",
+    "auto_class_kwargs",
     "callee_after_inputs",
     "child_attribute",
     "forward_key",
