@@ -198,10 +198,22 @@ def _text_task(auto_class: str) -> str:
     from transformers.pipelines import PIPELINE_REGISTRY, TextGenerationPipeline
 
     task = f"text-generation-{auto_class}"
-    cls = type(f"TextGenerationWith{auto_class}", (TextGenerationPipeline,), {})
-    PIPELINE_REGISTRY.register_pipeline(
-        task, pipeline_class=cls, pt_model=getattr(transformers, auto_class), type="text"
+    auto = getattr(transformers, auto_class)
+
+    def check_model_type(self: Any, supported_models: Any) -> None:
+        # the models this task loads are the auto class's (its config type -> class
+        # name table), not the causal LMs
+        names: list[str] = []
+        for value in getattr(auto._model_mapping, "_model_mapping", {}).values():
+            names.extend(value if isinstance(value, tuple) else (value,))
+        TextGenerationPipeline.check_model_type(self, names)
+
+    cls = type(
+        f"TextGenerationWith{auto_class}",
+        (TextGenerationPipeline,),
+        {"check_model_type": check_model_type},
     )
+    PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=cls, pt_model=auto, type="text")
     return task
 
 
@@ -218,6 +230,26 @@ def child_attribute(envoy: Any, name: str) -> str:
     if overloaded in envoy.__dict__ and is_08():
         return overloaded
     return name
+
+
+def container_path(path: str) -> str:
+    """A container's module path as the installed nnsight mounts it, for a ``rename``
+    alias: on 0.8 a module named after a value nnsight serves on every Envoy (GIT's
+    unembedding, a root child called ``output``) sits at ``E_<name>``, and an alias
+    spelled with the bare name would be looked up as that value on every module; on
+    0.6/0.7 the path as written."""
+    if not is_08():
+        return path
+    import inspect
+
+    from nnsight.intervention.envoy import Envoy
+
+    return ".".join(
+        OVERLOAD_PREFIX + part
+        if not part.startswith("_") and inspect.isdatadescriptor(getattr(Envoy, part, None))
+        else part
+        for part in path.split(".")
+    )
 
 
 def alias_target(envoy: Any, name: str) -> str | None:
@@ -329,6 +361,7 @@ __all__ = [
     "auto_class_kwargs",
     "callee_after_inputs",
     "child_attribute",
+    "container_path",
     "forward_key",
     "install",
     "is_08",

@@ -242,7 +242,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         rows = self._rows(class_names, model_type, config, rename_config)
         nnterp_config = NnterpRenameConfig(
             **{
-                k: getattr(merged, k)
+                k: _mounted(getattr(merged, k))
                 for k in (
                     "model_name",
                     "layers_name",
@@ -432,6 +432,16 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             self.embed_tokens.output = value
             return
         self.internals["embeddings_output"].set(None, value)
+
+
+def _mounted(value: Any) -> Any:
+    """Container names as the installed nnsight mounts their modules (a module named
+    after an nnsight attribute, such as a root child ``output``, differs on 0.8)."""
+    if isinstance(value, str):
+        return compat.container_path(value)
+    if isinstance(value, (tuple, list)):
+        return [compat.container_path(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def _has(obj: Any, name: str) -> bool:
