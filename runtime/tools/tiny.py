@@ -147,15 +147,35 @@ def build_class(model_type: str) -> str:
     return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
 
 
+def _config_types(model_type: str) -> list[str]:
+    """``model_type`` and the model types of its config's sub-configs (a multimodal
+    wrapper's text and vision configs), whose override rows shrink them too."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    found = [model_type]
+    try:
+        config_cls = CONFIG_MAPPING[model_type]
+    except (KeyError, ImportError):
+        return found
+    for name in getattr(config_cls, "sub_configs", None) or {}:
+        sub_cls, _ = _sub_config_class(config_cls, name)
+        sub_type = str(getattr(sub_cls, "model_type", "") or "")
+        if sub_type and sub_type not in found:
+            found.append(sub_type)
+    return found
+
+
 def _recipe(model_type: str) -> dict[str, Any]:
-    """What registry/tiny.yaml and the family files say of ``model_type`` alone (its
-    override row, a build class other than AutoModelForCausalLM): part of the cache
-    key, so that changing a type's own row rebuilds that type and no other."""
+    """What registry/tiny.yaml and the family files say of ``model_type`` alone (the
+    override rows of its config and sub-configs, a build class other than
+    AutoModelForCausalLM): part of the cache key, so that changing a type's own rows
+    rebuilds that type and no other."""
     from causalab_mini.spec import DEFAULT_AUTO_CLASS
 
     recipe: dict[str, Any] = {}
-    if model_type in TINY_OVERRIDES:
-        recipe["overrides"] = _overrides(model_type)
+    rows = {t: _overrides(t) for t in _config_types(model_type) if t in TINY_OVERRIDES}
+    if rows:
+        recipe["overrides"] = rows
     auto = build_class(model_type)
     if auto != DEFAULT_AUTO_CLASS:
         recipe["build_class"] = auto
