@@ -234,8 +234,8 @@ def child_attribute(envoy: Any, name: str) -> str:
 
 def container_path(path: str) -> str:
     """A container's module path as the installed nnsight mounts it, for a ``rename``
-    alias: on 0.8 a module named after a value nnsight serves on every Envoy (GIT's
-    unembedding, a root child called ``output``) sits at ``E_<name>``, and an alias
+    alias: on 0.8 a module named after a value nnsight serves on every Envoy (an
+    unembedding that is a root child called ``output``) sits at ``E_<name>``, and an alias
     spelled with the bare name would be looked up as that value on every module; on
     0.6/0.7 the path as written."""
     if not is_08():
