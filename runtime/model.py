@@ -291,7 +291,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             kwargs["attn_implementation"] = "eager"
         rename = dict(kwargs.pop("rename", None) or {})
         for embed in container_paths(merged.embed_name):
-            rename.setdefault(embed, "embed_tokens")
+            rename.setdefault(compat.container_path(embed), "embed_tokens")
         # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
         # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
