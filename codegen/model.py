@@ -246,6 +246,7 @@ def block_structure(name: str, raw: dict[str, Any]) -> BlockStructure:
         parallel=bool(raw.get("parallel", False)),
         norm_after_add=bool(raw.get("norm_after_add", False)),
         residual_inside=bool(raw.get("residual_inside", False)),
+        output_scale=raw.get("output_scale"),
     )
 
 
@@ -255,6 +256,7 @@ def layer_kind(name: str, raw: dict[str, Any]) -> LayerKind:
         raw["doc"].strip(),
         tuple(raw.get("present", ())),
         tuple(raw.get("absent", ())),
+        bool(raw.get("skipped_on_text_input", False)),
     )
 
 

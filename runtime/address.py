@@ -353,6 +353,10 @@ class RenameConfig:
     output (none is a layer's input: something may run between two layers);
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
+    ``auto_class`` names the transformers auto class that loads the checkpoint where
+    it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
+    model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
+    default class; ``tiny:`` builds with it too);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -372,6 +376,7 @@ class RenameConfig:
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None
+    auto_class: str | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
 
@@ -381,7 +386,9 @@ class BlockStructure:
     the rows a family of it must replace, and what the tools draw and check by it
     (``parallel``: attention and the MLP read the same block input and both add at
     once; ``norm_after_add``: a norm follows each residual add; ``residual_inside``: a
-    sublayer module adds the residual itself)."""
+    sublayer module adds the residual itself; ``output_scale``: the path, relative to
+    the layer, of a per-layer weight the block multiplies its whole output by, so an
+    identity whose left side is layers_output holds with its right side times it)."""
 
     name: str
     doc: str
@@ -390,6 +397,7 @@ class BlockStructure:
     parallel: bool = False
     norm_after_add: bool = False
     residual_inside: bool = False
+    output_scale: str | None = None
 
 
 @dataclass(frozen=True)
@@ -403,12 +411,15 @@ class StructureRule:
 @dataclass(frozen=True)
 class LayerKind:
     """A property of one layer's module tree: any of ``present`` (if given) exists,
-    and none of ``absent`` does."""
+    and none of ``absent`` does. ``skipped_on_text_input``: the model does not run a
+    layer of this kind on a text-only input (transformers' per-layer outputs have no
+    entry for it)."""
 
     name: str
     doc: str
     present: tuple[str, ...] = ()
     absent: tuple[str, ...] = ()
+    skipped_on_text_input: bool = False
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,51 @@ def _nnterp_model_alias() -> None:
 
 # ---------------------------------------------------------------------- spellings
 
+
+def auto_class_kwargs(auto_class: str) -> dict[str, Any]:
+    """The keyword arguments that make nnsight's ``LanguageModel`` load a checkpoint
+    with the transformers auto class ``auto_class`` (a name such as
+    ``AutoModelForImageTextToText``) instead of ``AutoModelForCausalLM``, on the meta
+    build and at dispatch alike. nnsight 0.6/0.7 take it as ``automodel=`` (and then
+    skip 0.7's refusal of a model type registered for image-text-to-text); 0.8 loads
+    through a ``transformers.pipeline`` whose task decides the class, so the class is
+    given as a text-generation task of its own (``_text_task``)."""
+    import transformers
+
+    if not is_08():
+        return {"automodel": getattr(transformers, auto_class)}
+    return {"task": _text_task(auto_class)}
+
+
+@functools.cache
+def _text_task(auto_class: str) -> str:
+    """A pipeline task registered with transformers (its public ``PIPELINE_REGISTRY``)
+    that is text generation loaded with ``auto_class``: tokenizer-only preprocessing,
+    the model class the caller names. A subclass of ``TextGenerationPipeline`` is
+    registered, not the class itself (registration marks the class it is given)."""
+    import transformers
+    from transformers.pipelines import PIPELINE_REGISTRY, TextGenerationPipeline
+
+    task = f"text-generation-{auto_class}"
+    auto = getattr(transformers, auto_class)
+
+    def check_model_type(self: Any, supported_models: Any) -> None:
+        # the models this task loads are the auto class's (its config type -> class
+        # name table), not the causal LMs
+        names: list[str] = []
+        for value in getattr(auto._model_mapping, "_model_mapping", {}).values():
+            names.extend(value if isinstance(value, tuple) else (value,))
+        TextGenerationPipeline.check_model_type(self, names)
+
+    cls = type(
+        f"TextGenerationWith{auto_class}",
+        (TextGenerationPipeline,),
+        {"check_model_type": check_model_type},
+    )
+    PIPELINE_REGISTRY.register_pipeline(task, pipeline_class=cls, pt_model=auto, type="text")
+    return task
+
+
 #: nnsight 0.8 mounts a child module named after one of its own attributes (a BERT
 #: layer's ``output``) at ``E_<name>``; 0.6/0.7 mount it at ``<name>`` and move the
 #: module's own boundary to ``nns_<name>``.
@@ -185,6 +230,26 @@ def child_attribute(envoy: Any, name: str) -> str:
     if overloaded in envoy.__dict__ and is_08():
         return overloaded
     return name
+
+
+def container_path(path: str) -> str:
+    """A container's module path as the installed nnsight mounts it, for a ``rename``
+    alias: on 0.8 a module named after a value nnsight serves on every Envoy (an
+    unembedding that is a root child called ``output``) sits at ``E_<name>``, and an alias
+    spelled with the bare name would be looked up as that value on every module; on
+    0.6/0.7 the path as written."""
+    if not is_08():
+        return path
+    import inspect
+
+    from nnsight.intervention.envoy import Envoy
+
+    return ".".join(
+        OVERLOAD_PREFIX + part
+        if not part.startswith("_") and inspect.isdatadescriptor(getattr(Envoy, part, None))
+        else part
+        for part in path.split(".")
+    )
 
 
 def alias_target(envoy: Any, name: str) -> str | None:
@@ -305,8 +370,10 @@ __all__ = [
     "OVERLOAD_PREFIX",
     "alias_target",
     "aliases_of",
+    "auto_class_kwargs",
     "callee_after_inputs",
     "child_attribute",
+    "container_path",
     "forward_key",
     "install",
     "is_08",

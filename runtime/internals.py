@@ -665,6 +665,18 @@ class Internals(Mapping[str, Place]):
             f"{self.model.block_structure!r}, family {families}): {reason}"
         )
 
+    def layers_run_on_text(self) -> tuple[int, ...]:
+        """The layers the model runs on a text-only input, in order: every layer but
+        those of a kind it skips without an image (``skipped_on_text_input`` in
+        block_structures.yaml). transformers' per-layer outputs (output_hidden_states,
+        output_attentions) list these layers only."""
+        skipped = [name for name, spec in LAYER_KINDS.items() if spec.skipped_on_text_input]
+        return tuple(
+            layer
+            for layer in range(self.num_layers)
+            if not any(self._layer_kind(kind, layer) for kind in skipped)
+        )
+
     def _layer_kind(self, kind: str, layer: int) -> bool:
         key = (kind, layer)
         if key not in self._kinds:

@@ -62,6 +62,7 @@ CONTAINERS = (
     "hidden_states_are_block_outputs",
     "oracles_from_last_calls",
     "mixed_layers",
+    "auto_class",
 )
 
 
@@ -245,7 +246,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         rows = self._rows(class_names, model_type, config, rename_config)
         nnterp_config = NnterpRenameConfig(
             **{
-                k: getattr(merged, k)
+                k: _mounted(getattr(merged, k))
                 for k in (
                     "model_name",
                     "layers_name",
@@ -282,6 +283,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
+        if merged.auto_class and isinstance(model, str) and "automodel" not in kwargs:
+            # the family's transformers auto class (a language model inside a
+            # multimodal wrapper), said the way the installed nnsight takes it
+            for key, value in compat.auto_class_kwargs(merged.auto_class).items():
+                kwargs.setdefault(key, value)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and enable_for_nnterp and not merged.ignore_attn
@@ -296,7 +302,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             kwargs["attn_implementation"] = "eager"
         rename = dict(kwargs.pop("rename", None) or {})
         for embed in container_paths(merged.embed_name):
-            rename.setdefault(embed, "embed_tokens")
+            rename.setdefault(compat.container_path(embed), "embed_tokens")
         # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
         # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -440,6 +446,16 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             self.embed_tokens.output = value
             return
         self.internals["embeddings_output"].set(None, value)
+
+
+def _mounted(value: Any) -> Any:
+    """Container names as the installed nnsight mounts their modules (a module named
+    after an nnsight attribute, such as a root child ``output``, differs on 0.8)."""
+    if isinstance(value, str):
+        return compat.container_path(value)
+    if isinstance(value, (tuple, list)):
+        return [compat.container_path(v) if isinstance(v, str) else v for v in value]
+    return value
 
 
 def _has(obj: Any, name: str) -> bool:

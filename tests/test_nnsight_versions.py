@@ -307,3 +307,39 @@ def test_a_module_shared_by_every_layer_is_read_per_layer_or_refused() -> None:
         with torch.no_grad():
             want = mlp.act(mlp.c_fc(values[("mlps_input", layer)]))
         assert c.compare("act(c_fc(x))", layer, values[("mlps_activation", layer)], want).ok
+
+
+def test_a_family_auto_class_reaches_every_nnsight_its_own_way() -> None:
+    """A language model inside a multimodal wrapper loads with its family's auto class
+    on every release: 0.6/0.7 take the class as automodel=, 0.8 a registered
+    text-generation task whose model class it is (and whose preprocessing stays the
+    tokenizer's); the loaded model is the image-text-to-text class, vision included."""
+    import transformers
+    from transformers.pipelines import check_task
+
+    kwargs = compat.auto_class_kwargs("AutoModelForImageTextToText")
+    if compat.is_08():
+        assert set(kwargs) == {"task"}
+        _, target, _ = check_task(kwargs["task"])
+        assert target["pt"] == (transformers.AutoModelForImageTextToText,)
+        assert issubclass(target["impl"], transformers.TextGenerationPipeline)
+    else:
+        assert kwargs == {"automodel": transformers.AutoModelForImageTextToText}
+    model = load("tiny:mllama")
+    assert type(model._model).__name__ == "MllamaForConditionalGeneration"
+    assert hasattr(model._model.model, "vision_model")
+    assert model.tokenizer is not None
+
+
+def test_a_root_child_named_output_is_renamed_where_nnsight_mounts_it() -> None:
+    """GIT's unembedding is the root's child ``output``: 0.8 mounts it at E_output, and
+    a rename alias must name that (the bare name is nnsight's .output on every module);
+    on 0.6/0.7 the path as written. Either way lm_head is that Linear."""
+    assert compat.container_path("output") == ("E_output" if compat.is_08() else "output")
+    assert compat.container_path("model.layers") == "model.layers"
+    model = load("tiny:git")
+    assert model.lm_head._module is model._model.get_output_embeddings()
+    with model.trace(c.sample_inputs(model)):
+        head = model.internals["lm_head_output"]().save()
+        logits = model.internals["logits"]().save()
+    assert torch.equal(getattr(head, "value", head), getattr(logits, "value", logits))

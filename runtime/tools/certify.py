@@ -272,9 +272,23 @@ def evaluate_identity(
     return canonical(model, left, here[left]), total
 
 
+def output_scale(model: Any, layer: int) -> Any:
+    """The weight layer ``layer`` multiplies its whole output by, where its block
+    structure has one (``output_scale``: a path relative to the layer, read off the
+    module), else 1."""
+    structure = BLOCK_STRUCTURES.get(model.block_structure or "")
+    if structure is None or structure.output_scale is None:
+        return 1.0
+    value = model.internals.layer_envoy(layer)._module
+    for part in structure.output_scale.split("."):
+        value = getattr(value, part)
+    return value.detach()
+
+
 def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
     """Every identity of the model's block structure, on every layer where all its
-    places are available."""
+    places are available (an identity of layers_output times the block's output
+    scale, where it has one)."""
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is None:
         return []
@@ -284,7 +298,10 @@ def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Ch
             sides = evaluate_identity(model, text, values, layer)
             if sides is None:
                 continue
-            out.append(compare(text, layer, sides[0], sides[1]))
+            left, right = sides
+            if parse_terms(text)[0] == "layers_output":
+                right = right * output_scale(model, layer)
+            out.append(compare(text, layer, left, right))
     return out
 
 
@@ -320,7 +337,10 @@ def hidden_state_oracle(
         out = model._model(**forward_inputs(model, inputs), output_hidden_states=True)
     hidden = oracle_hidden_states(model, out.hidden_states)
     checks = []
-    n = model.internals.num_layers
+    # the entries are the layers the model runs (on a text-only input a layer that
+    # needs an image is skipped and has none), in order
+    ran = model.internals.layers_run_on_text()
+    n = len(ran)
     # entry i is layer i's input; or its output, where the family says so
     row = (
         "layers_output"
@@ -330,28 +350,28 @@ def hidden_state_oracle(
     if getattr(model, "oracles_from_last_calls", False):
         # entry i + 1 is layer i's output (the last entry the final norm's); nothing
         # says the stream is unchanged between two layers
-        for layer in range(n - 1):
+        for entry, layer in enumerate(ran[:-1]):
             if ("layers_output", layer) in values:
                 checks.append(
                     compare(
                         "hidden_states[i+1] == layers_output",
                         layer,
                         values[("layers_output", layer)],
-                        hidden[layer + 1],
+                        hidden[entry + 1],
                     )
                 )
         row = ""
-    for layer in range(n):
+    for entry, layer in enumerate(ran):
         if (row, layer) in values:
             checks.append(
-                compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[layer])
+                compare(f"hidden_states[i] == {row}", layer, values[(row, layer)], hidden[entry])
             )
-    last = values.get(("layers_output", n - 1))
+    last = values.get(("layers_output", ran[-1])) if ran else None
     streams = model.internals["layers_output"].row.streams is not None
     if last is not None and len(hidden) == n + 1 and streams and hidden[n].shape == last.shape:
         # the last entry holds several streams (the shape of the block's output), so it is
         # not the final norm's output (one stream) but the last block's (Gemma-3n's copies)
-        checks.append(compare("hidden_states[-1] == layers_output[-1]", n - 1, last, hidden[n]))
+        checks.append(compare("hidden_states[-1] == layers_output[-1]", ran[-1], last, hidden[n]))
     elif ("ln_final_output", None) in values and len(hidden) == n + 1:
         checks.append(
             compare(
@@ -374,14 +394,15 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     with torch.no_grad():
         out = model._model(**forward_inputs(model, inputs), output_attentions=True)
     values = read_places(model, inputs, ["attention_probabilities"])
+    # one entry per layer the model runs (see hidden_state_oracle)
     return [
         compare(
             "output_attentions == attention_probabilities",
             layer,
             values[("attention_probabilities", layer)],
-            oracle_attentions(model, out.attentions)[layer],
+            oracle_attentions(model, out.attentions)[entry],
         )
-        for layer in range(model.internals.num_layers)
+        for entry, layer in enumerate(model.internals.layers_run_on_text())
         if ("attention_probabilities", layer) in values
     ]
 
@@ -420,18 +441,19 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
             box["mlp"] = internals["mlps_output"][layer].save()
             box["out"] = internals[target][layer].save()
         written = _value(box["written"])
+        scale = output_scale(model, layer) if target == "layers_output" else 1.0
         if not via_input:
             return compare(
                 f"{target} == written layers_mid + mlps_output",
                 layer,
                 _value(box["out"]),
-                written + _value(box["mlp"]),
+                (written + _value(box["mlp"])) * scale,
             )
         return compare(
             f"mlps_input == written layers_mid, {target} == {addend} + mlps_output",
             layer,
             torch.cat([_value(box["read"]), _value(box["out"])], dim=-1),
-            torch.cat([written, _value(box["addend"]) + _value(box["mlp"])], dim=-1),
+            torch.cat([written, (_value(box["addend"]) + _value(box["mlp"])) * scale], dim=-1),
         )
     carried = _stream_write_target(model, layer)
     if carried is not None:

@@ -138,20 +138,24 @@ def identities(ctx: Context) -> Iterator[Outcome]:
 
 def hidden_states(ctx: Context) -> Iterator[Outcome]:
     """transformers' output_hidden_states: entry i is block i's input (or, where the
-    family says so, its output), entry i+1 block i's output."""
-    n, hidden, v = ctx.n, ctx.hidden, ctx.v
-    for layer in range(n):
+    family says so, its output), entry i+1 block i's output. The entries are the
+    blocks the model runs: a layer it skips on a text-only input (a cross-attention
+    layer without an image) has none, and the next entry is the next layer's."""
+    hidden, v = ctx.hidden, ctx.v
+    ran = ctx.model.internals.layers_run_on_text()
+    n = len(ran)
+    for entry, layer in enumerate(ran):
         if ctx.model.hidden_states_are_block_outputs:
-            if layer > 0 and ctx.have("block_input", layer=layer) and len(hidden) == n + 1:
+            if entry > 0 and ctx.have("block_input", layer=layer) and len(hidden) == n + 1:
                 ok, d = close(
-                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer - 1])
+                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[entry - 1])
                 )
                 yield Outcome(
                     ("block_input",), "output_hidden_states[i-1] == block_input[i]", ok, d
                 )
             if ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
                 ok, d = close(
-                    v[("block_output", layer)], handed(ctx, "block_output", layer, hidden[layer])
+                    v[("block_output", layer)], handed(ctx, "block_output", layer, hidden[entry])
                 )
                 yield Outcome(
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
@@ -162,13 +166,13 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
             # cross-attention between its layers): only outputs are compared
             if ctx.have("block_input", layer=layer) and not ctx.model.oracles_from_last_calls:
                 ok, d = close(
-                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[layer])
+                    v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[entry])
                 )
                 yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
-            if layer < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
+            if entry < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
                 ok, d = close(
                     v[("block_output", layer)],
-                    handed(ctx, "block_output", layer, hidden[layer + 1]),
+                    handed(ctx, "block_output", layer, hidden[entry + 1]),
                 )
                 yield Outcome(
                     ("block_output",), "output_hidden_states[i+1] == block_output[i]", ok, d
@@ -211,7 +215,7 @@ def final_norm(ctx: Context) -> Iterator[Outcome]:
 
     if not ctx.have("ln_final"):
         return
-    n, hidden = ctx.n, ctx.hidden
+    n, hidden = len(ctx.model.internals.layers_run_on_text()), ctx.hidden
     if len(hidden) == n + 1 and not ctx.stream_ends_at_block:
         ok, d = close(ctx.v[("ln_final", None)], hidden[n])
         yield Outcome(("ln_final",), "output_hidden_states[-1] == ln_final", ok, d)

@@ -39,7 +39,7 @@ import json
 import re
 import sys
 import textwrap
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import product
 from pathlib import Path
@@ -749,9 +749,35 @@ def _module_output_is_stream(search: _Search, trial: StructureTrial) -> list[str
     ]
 
 
-def decide_structure(search: _Search, trials: list[StructureTrial]) -> tuple[str | None, str]:
-    """The one structure that passes and is not contradicted, or None with why."""
+def decide_structure(
+    search: _Search,
+    trials: list[StructureTrial],
+    layer_has: Callable[[str], bool] | None = None,
+) -> tuple[str | None, str]:
+    """The one structure that passes and is not contradicted, or None with why.
+    ``layer_has(path)``: whether the layer holds that attribute (a structure's
+    output_scale weight); a structure whose weight the layer lacks is ruled out, and
+    where the layer has it, so is one stating the same identities without it."""
     passed = [t for t in trials if t.passed]
+    if layer_has is not None:
+        for t in passed:
+            scale = BLOCK_STRUCTURES[t.name].output_scale
+            if scale is not None and not layer_has(scale):
+                t.ruled_out = f"its blocks multiply their output by {scale}, which this layer lacks"
+        for t in passed:
+            mine = BLOCK_STRUCTURES[t.name]
+            for other in passed:
+                theirs = BLOCK_STRUCTURES[other.name]
+                if (
+                    not t.ruled_out
+                    and not other.ruled_out
+                    and mine.output_scale is None
+                    and theirs.output_scale is not None
+                    and set(mine.identities) == set(theirs.identities)
+                ):
+                    t.ruled_out = (
+                        f"the layer multiplies its output by {theirs.output_scale} ({other.name})"
+                    )
     found: dict[str, str] = {}  # place -> the identity (and where) that verified it
     for t in passed:
         solution = t.solutions[0]
@@ -1239,16 +1265,16 @@ def _versions() -> dict[str, str]:
 
 def scaffold(arg: str, family: str | None = None) -> Scaffold:
     """Inspect, try and verify: everything a family file for ``arg`` can say."""
-    from transformers import AutoModelForCausalLM
+    import transformers
 
     from causalab_mini.tools import certify
-    from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
+    from causalab_mini.tools.tiny import TinyBuildError, build_class, resolve_model_spec
 
     _quiet()
     spec, model_type = resolve_spec(arg)
     try:
         path = resolve_model_spec(spec)
-        hf_model = AutoModelForCausalLM.from_pretrained(path)
+        hf_model = getattr(transformers, build_class(model_type)).from_pretrained(path)
     except (TinyBuildError, OSError, ValueError) as exc:
         raise ScaffoldError(f"cannot build or load {spec}: {exc}") from exc
     containers, notes = detect_containers(hf_model)
@@ -1272,7 +1298,15 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
     cap = capture(model, inputs)
     search = _Search(cap, _scales(model.text_config))
     trials = [try_structure(search, name) for name in BLOCK_STRUCTURES]
-    structure, structure_evidence = decide_structure(search, trials)
+    layer0 = model.internals.layer_envoy(0)._module
+
+    def layer_has(path: str) -> bool:
+        value: Any = layer0
+        for part in path.split("."):
+            value = getattr(value, part, None)
+        return value is not None
+
+    structure, structure_evidence = decide_structure(search, trials, layer_has)
     verdicts: dict[str, Verdict] = {}
     if structure is not None:
         trial = next(t for t in trials if t.name == structure)

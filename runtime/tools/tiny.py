@@ -44,6 +44,7 @@ __all__ = [
     "BUILDER_VERSION",
     "TINY_PREFIX",
     "TinyBuildError",
+    "build_class",
     "build_tiny",
     "cache_root",
     "causal_lm_model_types",
@@ -139,12 +140,63 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "causalab_mini"
 
 
+def build_class(model_type: str) -> str:
+    """The transformers auto class a tiny ``model_type`` is built (and loaded back) with:
+    its family's ``auto_class`` (a multimodal wrapper's image-text-to-text class, vision
+    tower included), else AutoModelForCausalLM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from causalab_mini.spec import auto_class_for
+
+    mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
+
+
+def _config_types(model_type: str) -> list[str]:
+    """``model_type`` and the model types of its config's sub-configs (a multimodal
+    wrapper's text and vision configs), whose override rows shrink them too."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    found = [model_type]
+    try:
+        config_cls = CONFIG_MAPPING[model_type]
+    except (KeyError, ImportError):
+        return found
+    for name in getattr(config_cls, "sub_configs", None) or {}:
+        sub_cls, _ = _sub_config_class(config_cls, name)
+        sub_type = str(getattr(sub_cls, "model_type", "") or "")
+        if sub_type and sub_type not in found:
+            found.append(sub_type)
+    return found
+
+
+def _recipe(model_type: str) -> dict[str, Any]:
+    """What registry/tiny.yaml and the family files say of ``model_type`` alone (the
+    override rows of its config and sub-configs, a build class other than
+    AutoModelForCausalLM): part of the cache key, so that changing a type's own rows
+    rebuilds that type and no other."""
+    from causalab_mini.spec import DEFAULT_AUTO_CLASS
+
+    recipe: dict[str, Any] = {}
+    rows = {t: _overrides(t) for t in _config_types(model_type) if t in TINY_OVERRIDES}
+    if rows:
+        recipe["overrides"] = rows
+    auto = build_class(model_type)
+    if auto != DEFAULT_AUTO_CLASS:
+        recipe["build_class"] = auto
+    return recipe
+
+
 def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | None = None) -> str:
     import hashlib
 
     import transformers
 
     name = f"{model_type}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    recipe = _recipe(model_type)
+    if recipe:
+        key = json.dumps(recipe, sort_keys=True, default=str).encode()
+        name += f"-r{hashlib.sha256(key).hexdigest()[:8]}"
     if overrides:
         key = json.dumps(overrides, sort_keys=True).encode()
         name += f"-cfg{hashlib.sha256(key).hexdigest()[:10]}"
@@ -499,7 +551,6 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     """Write a tiny checkpoint of ``model_type`` into the (empty) directory ``out``."""
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM
 
     started = time.perf_counter()
     config = tiny_config(model_type)
@@ -520,7 +571,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
         raise TinyBuildError(
             f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
         )
-    auto: Any = AutoModelForCausalLM  # untyped classmethods
+    auto: Any = getattr(transformers, build_class(model_type))  # untyped classmethods
     if model_type in _BUILD_FROM:
         # the causal-LM class of the model type, which AutoModelForCausalLM maps only
         # from the composite config
@@ -563,6 +614,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     manifest = {
         "model_type": model_type,
         "model_class": type(model).__name__,
+        "build_class": build_class(model_type),
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "builder_version": BUILDER_VERSION,
