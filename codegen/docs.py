@@ -97,6 +97,11 @@ def _extras(row: Address) -> tuple[str, ...]:
         )
     if row.read_only:
         out.append(f"read-only: {row.read_only}")
+    if row.flat_tokens:
+        out.append(
+            "held flat by the block, (batch*seq, ...): read as (batch, seq, ...) with the "
+            "layer input's batch and sequence, written through the same view"
+        )
     for package, spec in row.versions:
         out.append(f"holds for {package} {spec}")
     return tuple(out)
@@ -189,6 +194,41 @@ class FamilyView:
     rows: tuple[FamilyRow, ...]
     interiors_unavailable: str | None
     structure_unknown_reason: str | None = None
+    # (interior, where the family reads it, what it holds there) for its own interiors
+    interiors: tuple[tuple[str, str, str], ...] = ()
+    # (operand, where the checks read it)
+    operands: tuple[tuple[str, str], ...] = ()
+
+
+def _interior_where(registry: Registry, name: str, fields: dict[str, Any]) -> str:
+    """``self._attn(`` → arg 0 in ``self_attn.attention``: where a family's interior is."""
+    base = registry.interiors.get(name)
+    needles = fields.get("needles", base.needles if base else ())
+    if "arg" in fields or "returns" in fields:
+        arg, returns = fields.get("arg"), fields.get("returns")
+    else:
+        arg, returns = (base.arg, base.returns) if base else (None, None)
+    take = f"argument {arg}" if arg is not None else f"return {returns}"
+    module = fields.get("module") or (f"the {base.within} row" if base else "")
+    text = " → ".join(f"`{n}`" for n in needles) + f", {take}, in {module}"
+    if fields.get("layout"):
+        text += f", held {fields['layout']}"
+    return text
+
+
+def _operand_where(operand: Any) -> str:
+    if operand.value is not None:
+        return f"{operand.value:g}"
+    if operand.input is not None:
+        return f"the attention module's argument `{operand.input}`"
+    if operand.attribute is not None:
+        return f"the attention module's `{operand.attribute}`"
+    if operand.returns is not None:
+        return f"`{operand.needle}` return {operand.returns}"
+    parts = [f"argument {operand.arg}"] if operand.arg is not None else []
+    if operand.kwarg:
+        parts.append(f"keyword `{operand.kwarg}`")
+    return f"`{operand.needle}` " + " or ".join(parts)
 
 
 def _structures_for(registry: Registry, family: FamilyDef) -> str:
@@ -277,9 +317,31 @@ def families(registry: Registry) -> list[FamilyView]:
                     if family.structure_unknown_reason
                     else None
                 ),
+                interiors=tuple(
+                    (
+                        name,
+                        _interior_where(registry, name, dict(fields))
+                        if set(dict(fields)) - {"note"}
+                        else "as the default",
+                        dict(fields).get("note", ""),
+                    )
+                    for name, fields in family.interiors
+                ),
+                operands=tuple((name, _operand_where(o)) for name, o in family.operands),
             )
         )
     return out
+
+
+def query_notes(views: list[FamilyView]) -> list[tuple[str, str]]:
+    """(family, note) where a family's attention_query is not its query projection's
+    output as rotated (a query scaled before the call, split from a fused projection)."""
+    return [
+        (view.name, note)
+        for view in views
+        for name, _, note in view.interiors
+        if name == "attention_query" and note
+    ]
 
 
 def matrix(registry: Registry, views: list[FamilyView]) -> list[tuple[str, list[str]]]:
@@ -306,4 +368,5 @@ def context(registry: Registry) -> dict[str, Any]:
         "interior_defs": registry.interiors,
         "family_views": views,
         "family_matrix": matrix(registry, views),
+        "query_notes": query_notes(views),
     }

@@ -39,7 +39,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "places.py": ("places.py.j2", ("places.yaml",)),
     "families.py": (
         "families.py.j2",
-        ("places.yaml", "block_structures.yaml", "families/*.yaml"),
+        ("places.yaml", "block_structures.yaml", "interiors.yaml", "families/*.yaml"),
     ),
     "structures.py": ("structures.py.j2", ("block_structures.yaml",)),
     "structural.py": ("structural.py.j2", ("structural.yaml",)),
@@ -159,6 +159,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "layer_kinds": registry.layer_kinds,
         "structural": registry.structural,
         "interiors": registry.interiors,
+        "operands": registry.operands,
         "gates": tuple(registry.gates),
         "components": registry.components,
         "tiny_sizes": dict(registry.tiny.sizes),
@@ -174,6 +175,15 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "family_interiors_unavailable": {
             f.name: f.interiors_unavailable for f in families if f.interiors_unavailable
         },
+        "family_interiors": {
+            f.name: {
+                name: emit.call("replace", emit.ref("INTERIORS", name), **dict(fields))
+                for name, fields in f.interiors
+            }
+            for f in families
+            if f.interiors
+        },
+        "family_operands": {f.name: dict(f.operands) for f in families if f.operands},
         "family_structure_unknown": {
             f.name: f.structure_unknown_reason for f in families if f.structure_unknown_reason
         },
@@ -346,7 +356,7 @@ DOCS: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "families.md": (
         "families.md.j2",
-        ("places.yaml", "block_structures.yaml", "families/*.yaml"),
+        ("places.yaml", "block_structures.yaml", "interiors.yaml", "families/*.yaml"),
     ),
 }
 

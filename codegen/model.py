@@ -20,6 +20,7 @@ from causalab_mini.address import (
     IOType,
     LayerKind,
     LeadingPositions,
+    Operand,
     Select,
     Streams,
     StructuralEntry,
@@ -41,6 +42,7 @@ __all__ = [
     "interior",
     "layer_kind",
     "match",
+    "operand",
     "rank_key",
     "select",
     "structural_entry",
@@ -62,6 +64,10 @@ class FamilyDef:
     new_rows: tuple[tuple[str, Address], ...]
     # why the four interiors do not exist on this family, where they do not
     interiors_unavailable: str | None = None
+    # interior -> the fields that replace the default interior's (its own forward)
+    interiors: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+    # operand name -> where this family's attention keeps it
+    operands: tuple[tuple[str, Operand], ...] = ()
     # why no block structure applies to this family (the reason of every structural
     # place), where none does
     structure_unknown_reason: str | None = None
@@ -118,6 +124,8 @@ class Registry:
     layer_kinds: dict[str, LayerKind] = field(default_factory=dict)
     structural: dict[str, dict[str, StructuralEntry]] = field(default_factory=dict)
     interiors: dict[str, Interior] = field(default_factory=dict)
+    # the operands the interior checks read, where the shared attention function has them
+    operands: dict[str, Operand] = field(default_factory=dict)
     # (kind, call-shaped needle) of the calls that compute an attention's output gate
     gates: list[tuple[str, str]] = field(default_factory=list)
     components: dict[str, Component] = field(default_factory=dict)
@@ -260,6 +268,34 @@ def structural_entry(raw: dict[str, Any]) -> StructuralEntry:
     return StructuralEntry(candidates=tuple(raw["candidates"]))
 
 
+def interior_fields(raw: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """A family's interior override -> typed ``Interior`` keyword arguments."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "needles":
+            out[key] = tuple(value)
+        elif key == "take":
+            out["arg"] = value.get("arg")
+            out["returns"] = value.get("return")
+        elif key == "note":
+            out[key] = " ".join(value.split())
+        else:
+            out[key] = value
+    return tuple(out.items())
+
+
+def operand(raw: dict[str, Any]) -> Operand:
+    return Operand(
+        needle=raw.get("needle"),
+        arg=raw.get("arg"),
+        kwarg=raw.get("kwarg"),
+        returns=raw.get("return"),
+        input=raw.get("input"),
+        attribute=raw.get("attribute"),
+        value=float(raw["value"]) if "value" in raw else None,
+    )
+
+
 def interior(raw: dict[str, Any]) -> Interior:
     take = raw["take"]
     return Interior(
@@ -314,5 +350,9 @@ def family(
         overrides=tuple(overrides),
         new_rows=tuple(new_rows),
         interiors_unavailable=_joined(raw.get("interiors_unavailable")),
+        interiors=tuple(
+            (name, interior_fields(fields)) for name, fields in raw.get("interiors", {}).items()
+        ),
+        operands=tuple((name, operand(o)) for name, o in raw.get("operands", {}).items()),
         structure_unknown_reason=_joined(raw.get("structure_unknown_reason")),
     )

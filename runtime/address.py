@@ -227,6 +227,12 @@ class Address:
     model a copy of the value). ``read_only`` is the reason a write there is refused
     (token ids, the model's own output), None where a place takes writes. ``streams``
     marks a place that carries several residual streams side by side (``Streams``).
+    ``flat_tokens`` marks a per-layer tensor the block holds with batch and sequence
+    flattened into one axis (tokens, ...): a read views it as (batch, seq, ...) with
+    the batch and sequence of the layer's input, and a write goes back through the
+    same view. ``merged_heads`` marks a per-layer tensor held with batch and heads
+    merged into one axis, (batch*heads, ...): a read views it as (batch, heads, ...)
+    with the layer's attention head count, a write goes back through the same view.
     ``leading_positions`` names positions the forward puts before the tokens there,
     which reads leave out and writes keep; ``trailing_streams`` other streams after the
     tokens' own, likewise; ``layer_list`` (a per-layer row) names a ModuleList of the
@@ -250,6 +256,8 @@ class Address:
     trailing_streams: TrailingStreams | None = None
     snapshot: bool = False
     read_only: str | None = None
+    flat_tokens: bool = False
+    merged_heads: bool = False
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     streams: Streams | None = None
@@ -415,7 +423,14 @@ class StructuralEntry:
 @dataclass(frozen=True)
 class Interior:
     """A tensor inside a module's forward, reached through ``.source``; ``within`` is
-    the module row (``attentions``) whose forward holds the call."""
+    the module row (``attentions``) whose forward holds the call, or ``module`` (a
+    path below the layer) where a family's attention computes inside a child of it
+    (GPT-Neo's ``self_attn.attention``). ``layout`` replaces the component's stated
+    layout where a family holds the tensor otherwise (heads merged: ``bsf``);
+    ``note`` says what the tensor holds on a family where that differs from the
+    interior's doc (a query scaled before the call, ALiBi in the scores);
+    ``merged_heads`` that the call holds it with batch and heads merged into one axis,
+    (batch*heads, ...), which a read views apart (XGLM's torch.bmm operands)."""
 
     name: str
     within: str
@@ -425,13 +440,37 @@ class Interior:
     returns: int | None = None
     eager_only: bool = False
     versions: tuple[tuple[str, str], ...] = ()
+    module: str | None = None
+    layout: str | None = None
+    merged_heads: bool = False
+    note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A tensor or number the attention computes with, which the sweep's interior
+    checks read beside the interiors (the values, the mask, the scaling, an additive
+    bias such as ALiBi). Taken from the call ``needle`` names in the attention's
+    forward (its positional ``arg``, else its keyword ``kwarg``; or what it
+    ``returns``), from the attention module's keyword argument ``input`` (or its
+    positional ``arg``), from an attribute of the attention module such as a buffer
+    (``attribute``), or given as a number (``value``)."""
+
+    needle: str | None = None
+    arg: int | None = None
+    kwarg: str | None = None
+    returns: int | None = None
+    input: str | None = None
+    attribute: str | None = None
+    value: float | None = None
 
 
 PerHead = Literal["q", "kv", "none"]
 # How a per-head place's tensor is held: b batch, h head, s sequence, d head_dim,
-# k keys, f heads x head_dim concatenated.
-Layout = Literal["bhsd", "bshd", "bsf", "bhsk"]
+# k keys, f heads x head_dim concatenated (bhds: a key transposed for q·kᵀ, as a
+# family's own matmul takes it).
+Layout = Literal["bhsd", "bshd", "bsf", "bhsk", "bhds"]
 Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "z_width", "vocab_size"]
 
 

@@ -289,6 +289,18 @@ def callee_after_inputs() -> bool:
     return is_08()
 
 
+def several_invokes(model: Any) -> bool | None:
+    """Whether the running trace batches several invokes' inputs into one forward (each
+    invoke then reads its own rows of a (batch, ...) tensor, narrowed by nnsight), or
+    None where this nnsight does not say. Every release keeps it on the model's
+    interleaver's batcher (``_interleaver`` on 0.6, ``interleaver`` since):
+    ``needs_batching`` on 0.6 and 0.7, ``batching`` on 0.8."""
+    interleaver = vars(model).get("_interleaver") or getattr(model, "interleaver", None)
+    batcher = getattr(interleaver, "batcher", None)
+    answer = getattr(batcher, "batching" if is_08() else "needs_batching", None)
+    return answer if isinstance(answer, bool) else None
+
+
 __all__ = [
     "OVERLOAD_PREFIX",
     "alias_target",
@@ -300,6 +312,7 @@ __all__ = [
     "is_08",
     "nnsight_version",
     "parsed_source",
+    "several_invokes",
     "shared_path",
     "source_identity",
 ]

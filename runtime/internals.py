@@ -18,8 +18,13 @@ from packaging.version import Version
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
-from .compat import alias_target, aliases_of, child_attribute, shared_path
+from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
 from .ops import find_op, op_path
+
+# What every refusal says where the registry has not been told a model's block
+# structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
+# fact of the model, so the sweep does not count such a model as certified.
+NO_STRUCTURE_RULE = "no rule in registry/block_structures.yaml"
 
 
 class PlaceUnavailable(LookupError):
@@ -167,6 +172,23 @@ def child_names(envoy: Any, depth: int = 2) -> list[str]:
     return out
 
 
+class LayerTokens:
+    """A forward pre-hook on one layer's module: the batch and sequence of the input
+    the layer was last called with (every axis of its first tensor argument but the
+    last). A place whose tensor the block flattens to (tokens, ...) is viewed back
+    with them (``flat_tokens``). Plain data, so a model with it pickles."""
+
+    def __init__(self) -> None:
+        self.shape: tuple[int, ...] | None = None
+
+    def __call__(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        shape = getattr(first, "shape", None)
+        self.shape = (
+            tuple(int(n) for n in shape[:-1]) if shape is not None and len(shape) >= 2 else None
+        )
+
+
 def _copied(address: Address) -> bool:
     """Whether a read at ``address`` hands out a copy: the tensor there is modified in
     place later in the same forward (``snapshot``), or a write at this place overwrites
@@ -256,6 +278,8 @@ class Place:
         if hit is not None:
             return hit
         address = self.address_at(layer)
+        if address.flat_tokens:
+            internals._watch_tokens()  # a layer module swapped since construction
         base = internals.row_base(address, layer)
         envoy = None if base is None else child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
@@ -297,7 +321,7 @@ class Place:
             if read is not None:  # a module boundary read before: no resolving again
                 envoy, attr, needs = read
                 value = getattr(envoy, attr)
-                return value if needs is None else self._finish(needs, value)
+                return value if needs is None else self._finish(needs, value, layer)
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
             return envoy
@@ -307,14 +331,20 @@ class Place:
                 address.select is None
                 and not _copied(address)
                 and address.scale is None
+                and not address.flat_tokens
+                and not address.merged_heads
                 and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
-        return self._finish(address, getattr(envoy, attr))
+        return self._finish(address, getattr(envoy, attr), layer)
 
-    def _finish(self, address: Address, value: Any) -> Any:
+    def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
             value = address.select.get(value)
+        if address.flat_tokens:
+            value = self._internals.unflatten(self.name, layer, value)
+        if address.merged_heads:
+            value = self._internals.unmerge_heads(self.name, layer, value)
         if address.views_tokens:
             value = address.token_positions(value, self._internals.count)
         if _copied(address):
@@ -353,9 +383,19 @@ class Place:
         whole = getattr(envoy, attr)
         current = address.select.get(whole) if address.select is not None else whole
         full = current
-        if address.views_tokens:  # the tokens' positions of the value there (a view)
-            current = address.token_positions(full, self._internals.count)
-        check_value(where, value, current)
+        if address.flat_tokens or address.merged_heads:
+            # checked against the place as a read hands it on, written through the view
+            seen = current
+            if address.flat_tokens:
+                seen = self._internals.unflatten(self.name, at, seen)
+            if address.merged_heads:
+                seen = self._internals.unmerge_heads(self.name, at, seen)
+            check_value(where, value, seen)
+            value = value.reshape(current.shape)
+        else:
+            if address.views_tokens:  # the tokens' positions of the value there (a view)
+                current = address.token_positions(full, self._internals.count)
+            check_value(where, value, current)
         if address.scale is not None:
             value = value / self._internals.scale(address.scale)
         if address.write == "in_place":
@@ -397,6 +437,84 @@ class Internals(Mapping[str, Place]):
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
+        # per layer, the batch and sequence of its input, where a row is flat_tokens
+        self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
+        if any(row.flat_tokens and row.per_layer for row in rows.values()):
+            self._watch_tokens()
+
+    def _watch_tokens(self) -> None:
+        """Hook every layer's module to remember its input's batch and sequence (for
+        the flat_tokens rows); a module swapped since (dispatch) is hooked again."""
+        for layer in range(self.num_layers):
+            module = getattr(self.layer_envoy(layer), "_module", None)
+            held = self._tokens.get(layer)
+            if module is None or (held is not None and held[1] is module):
+                continue
+            hook = LayerTokens()
+            module.register_forward_pre_hook(hook, with_kwargs=True)
+            self._tokens[layer] = (hook, module)
+
+    def layers_swapped(self) -> None:
+        """The model's modules were replaced (nnsight's dispatch loads the real ones
+        in place of the meta ones): the layer Envoys are fetched again and, where a
+        row is flat_tokens, the new layer modules hooked."""
+        self._layer_envoys = None
+        if self._tokens:
+            self._watch_tokens()
+
+    def unmerge_heads(self, name: str, layer: int | None, merged: Any) -> Any:
+        """``merged`` (batch*heads, ...) at a merged_heads row of ``layer``, viewed as
+        (batch, heads, ...) with the layer's attention head count."""
+        from .geometry import num_heads
+
+        heads = num_heads(self.model, layer)
+        dims = tuple(getattr(merged, "shape", ()))
+        if not dims or dims[0] % heads:
+            raise PlaceUnavailable(
+                self._refusal(
+                    name,
+                    layer,
+                    f"the block holds it with batch and heads merged, {dims}, and its "
+                    f"first axis is no multiple of the layer's {heads} heads",
+                )
+            )
+        return merged.view(dims[0] // heads, heads, *dims[1:])
+
+    def unflatten(self, name: str, layer: int | None, flat: Any) -> Any:
+        """``flat`` (tokens, ...) at a flat_tokens row of ``layer``, viewed as (batch,
+        seq, ...) with the batch and sequence of the layer's input in this forward; a
+        tensor that already leads with them (a layer that does not flatten) as it is."""
+        held = self._tokens.get(layer) if layer is not None else None
+        shape = held[0].shape if held is not None else None
+        dims = tuple(getattr(flat, "shape", ()))
+        if several_invokes(self.model):
+            # nnsight narrows a (batch, ...) tensor to an invoke's rows; a flat one it
+            # hands every invoke whole, and does not take an invoke's write of it
+            raise PlaceUnavailable(
+                self._refusal(
+                    name,
+                    layer,
+                    "the block holds it flat, (batch*seq, ...), and this trace batches "
+                    "several invokes, whose rows nnsight cannot tell apart in a flat "
+                    "tensor: read or write it in a trace of one invoke (put the prompts "
+                    "in one input, a list)",
+                )
+            )
+        if shape is not None and len(dims) > len(shape) and dims[: len(shape)] == shape:
+            return flat  # this layer holds it unflattened (a dense layer beside MoE ones)
+        tokens = int(dims[0]) if dims else -1
+        if shape is None or len(shape) != 2 or shape[0] * shape[1] != tokens:
+            raise PlaceUnavailable(
+                self._refusal(
+                    name,
+                    layer,
+                    f"the block holds it flat, {tuple(getattr(flat, 'shape', ()))}, and the "
+                    f"layer's input in this forward has batch and sequence {shape}, which do "
+                    "not multiply to its tokens: it is viewed back only where they do (one "
+                    "invoke per trace, the batch the layer was given)",
+                )
+            )
+        return flat.view(*shape, *flat.shape[1:])
 
     def row_base(self, row: Address, layer: int | None) -> Any | None:
         """The Envoy a row's module path is relative to: the model for a whole-model
@@ -647,8 +765,8 @@ class Internals(Mapping[str, Place]):
             if known is not None:
                 return None, known
             return None, (
-                f"{name} depends on the block structure, and no rule in "
-                f"registry/block_structures.yaml matches {self.model_class} (model_type "
+                f"{name} depends on the block structure, and {NO_STRUCTURE_RULE} "
+                f"matches {self.model_class} (model_type "
                 f"{self.model.model_type!r}): add a rule naming its structure"
             )
         if entry.reason is not None:

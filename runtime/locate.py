@@ -9,8 +9,15 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
-from causalab_mini.address import Component, Interior
-from causalab_mini.generated import COMPONENTS, FAMILY_INTERIORS_UNAVAILABLE, INTERIORS
+from causalab_mini.address import Component, Interior, Operand
+from causalab_mini.generated import (
+    COMPONENTS,
+    FAMILY_INTERIORS,
+    FAMILY_INTERIORS_UNAVAILABLE,
+    FAMILY_OPERANDS,
+    INTERIORS,
+    OPERANDS,
+)
 
 from .geometry import (
     HEAD_KINDS,
@@ -48,6 +55,8 @@ class ComponentAddress:
     take: tuple[str, int] | None = field(default=None, compare=False)
     per_head: str = field(default="none", compare=False)
     layout: str | None = field(default=None, compare=False)
+    # the call holds it (batch*heads, ...): read and written through (batch, heads, ...)
+    merged_heads: bool = field(default=False, compare=False)
     head_dim: int | None = field(default=None, compare=False)
     heads: int | None = field(default=None, compare=False)
     width: int | None = field(default=None, compare=False)
@@ -105,8 +114,27 @@ def locate(
             f"RenameConfig(addresses={{{component!r}: Address(...)}})"
         )
     if spec.kind == "interior":
-        return _interior(model, spec, INTERIORS[spec.target], layer, head)
+        return _interior(model, spec, interior_of(model, spec.target), layer, head)
     return _boundary(model, spec, layer, head, stream)
+
+
+def interior_of(model: Any, name: str) -> Interior:
+    """The interior ``name`` on ``model``: the default (interiors.yaml), or where a
+    family of the model computes attention in its own forward, that family's (the
+    last matching family that says, as with rows)."""
+    found = INTERIORS[name]
+    for family in model.families:
+        found = FAMILY_INTERIORS.get(family, {}).get(name, found)
+    return found
+
+
+def operands_of(model: Any) -> dict[str, Operand]:
+    """The attention operands the interior checks read on ``model``: the defaults
+    (the shared attention function's), each replaced where a family says."""
+    out = dict(OPERANDS)
+    for family in model.families:
+        out.update(FAMILY_OPERANDS.get(family, {}))
+    return out
 
 
 def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None) -> int | None:
@@ -320,8 +348,18 @@ def _interior(
             ),
         )
     within_row = within.address_at(at)
-    module = within_row.module
-    envoy = child(internals.row_base(within_row, at), module)
+    if interior.module is not None:  # a family's own forward, relative to the layer
+        module = interior.module
+        base = internals.layer_envoy(at)
+    else:  # the attention row's module, relative to the row's base (its layer_list)
+        module = within_row.module
+        base = internals.row_base(within_row, at)
+    envoy = None if base is None else child(base, module)
+    if envoy is None:
+        raise _refuse(
+            spec.name,
+            f"its attention's forward is in {module!r}, which layer {at} does not have",
+        )
     try:
         op = op_name(
             envoy,
@@ -336,6 +374,9 @@ def _interior(
     take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
     assert take[1] is not None
     width = _widths(model, spec, at, head, heads, hd)
+    policy = _policy(spec, heads, hd, width, unknown)
+    if interior.layout is not None:  # the family holds it otherwise (heads merged)
+        policy["layout"] = interior.layout
     return ComponentAddress(
         rank=(at, interior.order),
         component=spec.name,
@@ -348,7 +389,8 @@ def _interior(
         io="inside",
         needles=interior.needles,
         take=(take[0], int(take[1])),
-        **_policy(spec, heads, hd, width, unknown),
+        merged_heads=interior.merged_heads,
+        **policy,
     )
 
 
@@ -415,4 +457,4 @@ def component_status(
     return out
 
 
-__all__ = ["ComponentAddress", "component_status", "locate"]
+__all__ = ["ComponentAddress", "component_status", "interior_of", "locate", "operands_of"]

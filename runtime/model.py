@@ -13,7 +13,7 @@ import nnterp  # noqa: E402
 from nnterp.rename_utils import AttnProbFunction  # noqa: E402
 from nnterp.rename_utils import RenameConfig as NnterpRenameConfig  # noqa: E402
 
-from causalab_mini.address import Address, FamilyMatch, RenameConfig  # noqa: E402
+from causalab_mini.address import Address, FamilyMatch, IOType, RenameConfig  # noqa: E402
 from causalab_mini.address import names as container_paths  # noqa: E402
 from causalab_mini.generated import (  # noqa: E402
     BLOCK_STRUCTURE_RULES,
@@ -210,6 +210,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             raise RuntimeError(why)
         with quiet(self.__dict__.get("_causalab_verbose", False)):
             super().dispatch()
+        internals = self.__dict__.get("internals")
+        if internals is not None:  # the loaded modules replace the meta ones: hook them
+            internals.layers_swapped()
 
     def _causalab_init(
         self,
@@ -257,10 +260,17 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             },
         )
         probs = rows.get("attention_probabilities")
-        if probs is not None and (not _versions_hold(probs) or _refused_by_config(probs, config)):
+        if probs is not None and (
+            not _versions_hold(probs)
+            or _refused_by_config(probs, config)
+            or probs.io is not IOType.OUTPUT
+            or probs.merged_heads
+            or probs.flat_tokens
+        ):
             # our row does not hold for the installed versions, or is refused on this
-            # model (with the reason): nnterp is not asked to check a path we do not
-            # vouch for
+            # model (with the reason), or holds the probabilities otherwise than as an
+            # operation's output of (batch, heads, queries, keys), which is what nnterp's
+            # check reads: nnterp is not asked to check a path we do not vouch for
             if enable_attention_probs:
                 kwargs["attn_implementation"] = "eager"
             probs = None

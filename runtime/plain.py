@@ -163,7 +163,7 @@ def _whole(model: Any, step: dict[str, Any]) -> Any:
         if what == "arg":
             return target.inputs[0][index]
         value = target.output
-        return value[index] if isinstance(value, tuple) else value
+        return value[index] if isinstance(value, (tuple, list)) else value
     value = _select_get(getattr(target, step["attr"]), step["select"])
     if step["copy"]:
         value = value.clone()
@@ -180,6 +180,8 @@ def _flat(layout: Any, native: Any) -> Any:
         return native.permute(1, 2, 0, 3).flatten(2)
     if layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
+    if layout == "bhds":  # a key transposed for the product
+        return native.permute(0, 3, 1, 2).flatten(2)
     if layout == "bshd":
         return native.flatten(2)
     return native
@@ -194,6 +196,9 @@ def _native(layout: Any, flat: Any, like: Any) -> Any:
     if layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)
+    if layout == "bhds":
+        b, h, d, s = like.shape
+        return flat.reshape(b, s, h, d).permute(0, 2, 3, 1)
     if layout == "bshd":
         return flat.reshape(like.shape)
     return flat
@@ -216,8 +221,8 @@ def _put(model: Any, step: dict[str, Any], value: Any) -> None:
             target.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
         else:
             out = target.output
-            if isinstance(out, tuple):
-                target.output = (*out[:index], value, *out[index + 1 :])
+            if isinstance(out, (tuple, list)):
+                target.output = _replace_part(out, index, value)
             else:
                 target.output = value
         return
@@ -259,7 +264,10 @@ def _write(model: Any, step: dict[str, Any]) -> None:
         whole = flat.clone()
         whole[_head(step)] = value
         value = whole
-    _put(model, step, _native(step["layout"], value, native))
+    value = _native(step["layout"], value, native)
+    if native.is_contiguous() and not value.is_contiguous():
+        value = value.contiguous()  # laid out as the model's own (a forward may .view it)
+    _put(model, step, value)
 
 
 def _open_sources(step: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from causalab_mini.address import replace_part
+
 from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
@@ -44,9 +46,26 @@ def _whole(model: Any, address: ComponentAddress) -> Any:
     assert address.take is not None
     what, index = address.take
     if what == "arg":
-        return op.inputs[0][index]
-    value = op.output
-    return value[index] if isinstance(value, tuple) else value
+        value = op.inputs[0][index]
+    else:
+        value = op.output
+        # a call may return a tuple or a list (GPT-1's _attn returns [z, ...])
+        value = value[index] if isinstance(value, (tuple, list)) else value
+    return _unmerged(address, value)
+
+
+def _unmerged(address: ComponentAddress, value: Any) -> Any:
+    """An interior the call holds (batch*heads, ...) viewed as (batch, heads, ...)."""
+    if not address.merged_heads:
+        return value
+    heads = address.heads
+    if heads is None or value.shape[0] % heads:
+        raise _refuse(
+            address.component,
+            f"it is held with batch and heads merged, {tuple(value.shape)}, and its first "
+            f"axis is no multiple of the {heads} heads stated",
+        )
+    return value.view(value.shape[0] // heads, heads, *value.shape[1:])
 
 
 def _stream_layout(address: ComponentAddress) -> Any:
@@ -56,12 +75,14 @@ def _stream_layout(address: ComponentAddress) -> Any:
 
 
 def _flat(address: ComponentAddress, native: Any) -> Any:
-    """The tensor as handed on: a place held per head (bhsd, bshd) becomes b s f, and a
-    place of several residual streams (batch, seq, n x hidden)."""
+    """The tensor as handed on: a place held per head (bhsd, bhds, bshd) becomes b s f,
+    and a place of several residual streams (batch, seq, n x hidden)."""
     if address.stream_layout is not None:
         return _stream_layout(address).flat(native)
     if address.layout == "bhsd":
         return native.transpose(1, 2).flatten(2)
+    if address.layout == "bhds":  # a key transposed for the product
+        return native.permute(0, 3, 1, 2).flatten(2)
     if address.layout == "bshd":
         return native.flatten(2)
     return native
@@ -74,6 +95,9 @@ def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
     if address.layout == "bhsd":
         b, h, s, d = like.shape
         return flat.reshape(b, s, h, d).transpose(1, 2)
+    if address.layout == "bhds":
+        b, h, d, s = like.shape
+        return flat.reshape(b, s, h, d).permute(0, 2, 3, 1)
     if address.layout == "bshd":
         return flat.reshape(like.shape)
     return flat
@@ -82,14 +106,14 @@ def _native(address: ComponentAddress, flat: Any, like: Any) -> Any:
 def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | None:
     """Why the tensor the model holds at a per-head ``address`` (shape ``held``, before
     it is handed on flat) does not have the heads and head size the address states
-    (None where it does, or where the place is not per head). bhsd and bshd hold the
+    (None where it does, or where the place is not per head). bhsd, bhds and bshd hold the
     head axis and the head size themselves, bsf heads x head size on its last axis,
     bhsk the heads on axis 1."""
     if address.per_head == "none" or address.layout is None:
         return None
     shape = tuple(int(n) for n in held)
     where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
-    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhsk": (1, None)}
+    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhds": (1, 2), "bhsk": (1, None)}
     if address.layout in axes:
         if len(shape) != 4:
             return f"{where} is held as {shape}, which has not the 4 axes of {address.layout}"
@@ -214,6 +238,12 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
         whole[_stream_slice(address, flat)] = value
         value = whole
     value = _native(address, value, native)
+    if native.is_contiguous() and not value.is_contiguous():
+        # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
+        # Japanese's _attn views the query it is given)
+        value = value.contiguous()
+    if address.merged_heads:  # back through the view: (batch*heads, ...)
+        value = value.reshape(-1, *value.shape[2:])
     if address.kind == "boundary":
         model.internals[address.accessor].set(address.layer, value)
         return
@@ -226,8 +256,8 @@ def write(model: Any, address: ComponentAddress, value: Any) -> None:
         op.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
     else:
         out = op.output
-        if isinstance(out, tuple):
-            op.output = (*out[:index], value, *out[index + 1 :])
+        if isinstance(out, (tuple, list)):
+            op.output = replace_part(out, index, value)
         else:
             op.output = value
 
@@ -328,17 +358,21 @@ def _nested_sources_due(
     the step at ``address`` runs (each once; ``opened`` remembers).
 
     Opening a nested source waits for the operation to hand over the function it
-    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so every
-    nested source of a module opens before the first step at that module; nnsight 0.8
-    hands it over after the inputs (``run_op``: input, skip, fn, output), so it opens
-    just before the first step inside it, after the steps that read or write the
-    operation's arguments (which rank before it)."""
+    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so a nested
+    source opens before the first step at its operation (its arguments, or inside
+    it), after the steps at the module's earlier operations (GPT-1's split_heads
+    before its _attn); nnsight 0.8 hands it over after the inputs (``run_op``: input,
+    skip, fn, output), so it opens just before the first step inside it, after the
+    steps that read or write the operation's arguments (which rank before it)."""
     if not compat.callee_after_inputs():
-        key = (address.layer, address.module)
-        if key not in sources or key in opened:
-            return []
-        opened.add(key)
-        return sources[key]
+        due = [
+            a
+            for a in sources.get((address.layer, address.module), [])
+            if a.op == address.op and (a.layer, a.module, a.op) not in opened
+        ]
+        for a in due:
+            opened.add((a.layer, a.module, a.op))
+        return due[:1]
     if len(address.needles) < 2:
         return []
     op = (address.layer, address.module, address.op)

@@ -362,6 +362,17 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             )
         if write and row.read_only is not None:
             raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
+        if row.merged_heads or address.merged_heads:
+            raise RemoteRefused(
+                f"{address.component} is held with batch and heads merged, (batch*heads, "
+                "...), which plain remote steps do not view apart: read it in a local trace"
+            )
+        if row.flat_tokens:
+            raise RemoteRefused(
+                f"{address.component} is held flat, (batch*seq, ...), and is viewed back with "
+                "the batch and sequence of the layer's input, which only the local forward "
+                "records: read it in a local trace"
+            )
         if row.views_tokens:
             raise RemoteRefused(
                 f"{address.component}'s row leaves positions out of the tensor there "
@@ -387,6 +398,11 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             in_place=row.write == "in_place",
         )
         return step
+    if address.merged_heads:
+        raise RemoteRefused(
+            f"{address.component} is held with batch and heads merged, (batch*heads, ...), "
+            "which plain remote steps do not view apart: read it in a local trace"
+        )
     envoy = child(internals.layer_envoy(address.layer), address.module)
     step.update(envoy=envoy, ops=tuple(address.needles), take=tuple(address.take))
     return step
@@ -397,8 +413,8 @@ def lower(
 ) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
     """The plan's steps as plain data, in its order, and the addresses of its reads
     in the order the program returns them. Where an interior opens a nested
-    ``.source``, the step ``Plan.run`` opens it at opens it (the first step at its
-    module on nnsight 0.6/0.7, the first step inside it on 0.8: ``_nested_sources_due``;
+    ``.source``, the step ``Plan.run`` opens it at opens it (the first step at its outer
+    operation on nnsight 0.6/0.7, the first step inside it on 0.8: ``_nested_sources_due``;
     the server runs the client's nnsight, which ``check_versions`` holds it to)."""
     from .plan import _nested_sources_due
 

@@ -52,8 +52,9 @@ def test_every_file_opens_with_do_not_edit_and_its_sources() -> None:
     # __init__.py is built from no registry file: a registry edit never changes it
     assert "from no registry file with template __init__.py.j2" in rendered["__init__.py"]
     families = rendered["families.py"].splitlines()[0]
-    assert "from places.yaml, block_structures.yaml, families/*.yaml with template families" in (
-        families
+    assert (
+        "from places.yaml, block_structures.yaml, interiors.yaml, families/*.yaml with template "
+        "families" in families
     )
 
 
@@ -85,7 +86,8 @@ def test_writes_only_what_changed(registry_copy: Path, tmp_path: Path) -> None:
     result = cli("gen", "--registry", str(registry_copy), "--out", str(out))
     assert result.exit_code == 0
     changed = {p.name for p in out.iterdir() if p.stat().st_mtime_ns != before[p.name]}
-    assert changed == {"interiors.py", "components.py"}  # their sources
+    # their sources (a family's own interiors replace() the defaults)
+    assert changed == {"interiors.py", "components.py", "families.py"}
     assert "The query vectors as" in (out / "interiors.py").read_text()
 
 

@@ -72,7 +72,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S001": (
         [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
         [
-            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, io, layer_list, leading_positions, module, name, order, per_layer, read_only, scale, select, seq_first, snapshot, source, streams, trailing_streams, unavailable, versions, write",
+            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: doc, flat_tokens, io, layer_list, leading_positions, merged_heads, module, name, order, per_layer, read_only, scale, select, seq_first, snapshot, source, streams, trailing_streams, unavailable, versions, write",
         ],
     ),
     "S002": (
@@ -622,6 +622,42 @@ def test_each_cross_row_code_belongs_to_a_rule_module() -> None:
     lint_source = (root.parent / "lint.py").read_text()
     assert not [c for c in CODES if c.startswith("X") and f'"{c}"' in lint_source]
     assert all(callable(rule) for rule in rules.RULES) and len(rules.RULES) >= 7
+
+
+def test_a_familys_own_interiors_are_checked(package_registry_copy: Path) -> None:
+    # a family that refuses every interior cannot also say where one is (X017), and a
+    # family's interior and operand needles are call-shaped like every needle (X004)
+    edit(
+        package_registry_copy / "families/diffllama.yaml",
+        "interiors_unavailable: >-\n",
+        "interiors:\n  attention_query:\n    needles: [torch.matmul]\n"
+        "operands:\n  value: {needle: self.attn, arg: 2}\ninteriors_unavailable: >-\n",
+    )
+    _, diags = lint(package_registry_copy)
+    shown = [str(d).replace(f"{package_registry_copy}/", "") for d in diags]
+    assert shown == [
+        "families/diffllama.yaml:35:3: X017 [diffllama:attention_query] the family refuses every interior "
+        "(interiors_unavailable) and also says where this one is: drop one of the two",
+        "families/diffllama.yaml:36:15: X004 [diffllama] needle 'torch.matmul' is not call-shaped: write the "
+        "callable as it is called in the source, ending in '(' (e.g. 'torch.matmul('), so an "
+        "assignment that shares the name is not matched",
+        "families/diffllama.yaml:38:19: X004 [diffllama] needle 'self.attn' is not call-shaped: write the "
+        "callable as it is called in the source, ending in '(' (e.g. 'self.attn('), so an "
+        "assignment that shares the name is not matched",
+    ]
+
+
+def test_a_familys_interiors_replace_the_defaults_fields(package_registry_copy: Path) -> None:
+    registry, diags = lint(package_registry_copy)
+    assert diags == []
+    (neo,) = [f for f in registry.families if f.name == "gpt_neo"]
+    fields = dict(neo.interiors)["attention_z"]
+    assert dict(fields)["layout"] == "bhsd" and dict(fields)["returns"] == 0
+    assert dict(neo.operands)["scaling"].value == 1.0
+    from causalab_mini.codegen.generate import render
+
+    text = render(registry)["families.py"]
+    assert 'INTERIORS["attention_z"]' in text
 
 
 def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:

@@ -45,6 +45,23 @@ def families(ctx: Context) -> None:
         for key in ("interiors_unavailable", "structure_unknown_reason"):
             if key in data:
                 ctx.reasons(fam, d, (key,), name, data[key])
+        for interior, raw in data.get("interiors", {}).items():
+            if "needles" in raw:
+                ctx.needles(fam, d, ("interiors", interior, "needles"), name, raw["needles"])
+            if "interiors_unavailable" in data:
+                ctx.err(
+                    fam,
+                    d,
+                    ("interiors", interior),
+                    "X017",
+                    f"{name}:{interior}",
+                    "the family refuses every interior (interiors_unavailable) and also "
+                    "says where this one is: drop one of the two",
+                    key=True,
+                )
+        for key, raw in data.get("operands", {}).items():
+            if "needle" in raw:
+                ctx.needles(fam, d, ("operands", key, "needle"), name, [raw["needle"]])
         for row, raw in data.get("addresses", {}).items():
             path: JsonPath = ("addresses", row)
             ctx.row_fields(fam, d, path, f"{name}:{row}", raw)

@@ -58,6 +58,10 @@ def interiors(ctx: Context) -> None:
                 "(a row with io: module, such as attentions)",
             )
         reg.interiors[name] = model.interior(raw)
+    for key, raw in it.data.get("operands", {}).items():
+        if "needle" in raw:
+            ctx.needles(it, d, ("operands", key, "needle"), f"operands.{key}", [raw["needle"]])
+        reg.operands[key] = model.operand(raw)
     seen: set[str] = set()
     for i, raw in enumerate(it.data.get("gates", ())):
         needle = raw["needle"]

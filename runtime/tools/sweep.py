@@ -8,6 +8,11 @@ with a timeout, so a hang or a crash never stops the sweep. A component is
 * ``refused`` the model says why it has no such place (a specific reason);
 * ``broken``  it resolved to a tensor that failed a check, a check crashed, or the
               reason is generic.
+
+An architecture that loads is ``certified`` when every component is ok or refused
+with a reason of the model, and ``unfinished`` when a component is refused only
+because no rule in registry/block_structures.yaml gives its block structure (the
+registry has not been told; a family's structure_unknown_reason is a reason).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import click
 
 from causalab_mini.generated import COMPONENTS, GATE_CALLS
-from causalab_mini.internals import boundary
+from causalab_mini.internals import NO_STRUCTURE_RULE, boundary
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
 
@@ -38,7 +43,7 @@ class Result:
     """One architecture's outcome, as the worker reports it."""
 
     model_type: str
-    outcome: str  # certified | unbuildable | unloadable | crashed | timeout
+    outcome: str  # certified | unfinished | unbuildable | unloadable | crashed | timeout
     reason: str | None = None
     model_class: str | None = None
     structure: str | None = None
@@ -346,7 +351,6 @@ def _raw_outputs(
     one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
     the output projection; its kind under ("gate_kind", layer)), per layer, and the
     unembedding's input, from one more trace (in forward order)."""
-    from causalab_mini import plan as comp
 
     internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
@@ -354,7 +358,7 @@ def _raw_outputs(
     for layer in range(internals.num_layers):
         query = addresses.get(("attention_query", layer))
         if query is not None:
-            wanted.append(("scaling", layer, query))
+            wanted.append(("operands", layer, _operand_reads(model, layer, query)))
             _module(model, layer, query.module).source  # noqa: B018 - before the trace
         if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
             gates = _gate_calls(model, layer, addresses[("attention_z", layer)])
@@ -380,14 +384,25 @@ def _raw_outputs(
                 given = args[0] if args else next(iter(kwargs.values()))
                 saved.append((kind, layer, given.save()))
                 continue
-            if kind == "scaling":
-                args, kwargs = comp._interior_op(model, what).inputs
-                saved.append((kind, layer, kwargs.get("scaling")))
-                if len(args) > 3:
-                    saved.append(("value", layer, args[3].save()))
-                mask = args[4] if len(args) > 4 else kwargs.get("attention_mask")
-                if mask is not None:
-                    saved.append(("mask", layer, mask.save()))
+            if kind == "operands":
+                for envoy, side, taken in what:
+                    if side == "value":  # a number the row gives
+                        saved.extend((name, layer, number) for name, number in taken)
+                        continue
+                    if side == "inputs":
+                        args, kwargs = envoy.inputs
+                    else:
+                        got = envoy.output
+                    for name, operand in taken:
+                        if side == "inputs":
+                            found = _argument(args, kwargs, operand.arg, operand.kwarg)
+                        else:
+                            index = operand.returns or 0
+                            found = got[index] if isinstance(got, (tuple, list)) else got
+                        if found is not None:
+                            saved.append(
+                                (name, layer, found.save() if hasattr(found, "save") else found)
+                            )
             elif kind == "gate":
                 saved.append((kind, layer, what.output.save()))
             elif kind == "mlps":
@@ -431,6 +446,62 @@ def _raw_outputs(
     return out
 
 
+def _argument(args: Any, kwargs: Any, arg: int | None, kwarg: str | None) -> Any:
+    """The positional argument ``arg`` where the call has it, else keyword ``kwarg``."""
+    if arg is not None and len(args) > arg:
+        return args[arg]
+    return kwargs.get(kwarg) if kwarg is not None else None
+
+
+def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, list[Any]]]:
+    """How to read the attention's operands at ``layer`` (``operands_of``) in one
+    trace, in forward order: the attention module's inputs, then each call's inputs
+    or output in the order of the forward's source, each once. A number the row gives
+    is handed on as it is, and so is a module attribute (a buffer, read before the
+    trace); a call the forward does not make is left out (the check that needs the
+    operand then says what it lacks)."""
+    from causalab_mini.compat import parsed_source
+    from causalab_mini.locate import operands_of
+    from causalab_mini.ops import OperationNotFound, find_op, op_path
+
+    envoy = _module(model, layer, query.module)
+    source = envoy.source
+    _, line_of = parsed_source(getattr(source, "accessor", source))
+    where = {"row": "operands", "module": f"layers.{layer}.{query.module}"}
+    where["model_class"] = model.internals.model_class
+    numbers: list[tuple[str, Any]] = []
+    module_inputs: list[tuple[str, Any]] = []
+    calls: dict[tuple[str, str], tuple[int, Any, list[tuple[str, Any]]]] = {}
+    for name, operand in operands_of(model).items():
+        if operand.value is not None:
+            numbers.append((name, operand.value))
+        elif operand.attribute is not None:  # a buffer: the module's, not the forward's
+            held = getattr(envoy._module, operand.attribute, None)
+            if held is not None:
+                numbers.append((name, held.detach().clone()))
+        elif operand.input is not None:
+            module_inputs.append((name, type(operand)(arg=operand.arg, kwarg=operand.input)))
+        elif operand.needle is not None:
+            try:
+                op = find_op(source, operand.needle, **where)
+            except OperationNotFound:
+                continue
+            side = "output" if operand.returns is not None else "inputs"
+            line = line_of.get(op_path(op).split(".")[-1], 0)
+            entry = calls.setdefault((operand.needle, side), (line, op, []))
+            entry[2].append((name, operand))
+    reads: list[tuple[Any, str, list[Any]]] = []
+    if numbers:
+        reads.append((None, "value", numbers))
+    if module_inputs:
+        reads.append((envoy, "inputs", module_inputs))
+    for (_, side), (_, op, taken) in sorted(
+        calls.items(), key=lambda kv: (kv[1][0], kv[0][1] == "output")
+    ):
+        reads.append((op, side, taken))
+    return reads
+
+
 def _whole_model_module(model: Any, path: str) -> Any:
     """The Envoy at a whole-model row's ``path`` (standardized names; "" is the
     model), nnterp's lm_head where the path does not resolve."""
@@ -463,8 +534,11 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
     from causalab_mini.ops import OperationNotFound, find_op, op_path
 
     internals = model.internals
-    path = internals["attentions"].address_at(layer).module
-    source = _row_module(model, layer, "attentions").source
+    path = z_address.module  # the forward that holds the attention (a family's own)
+    if path == internals["attentions"].address_at(layer).module:
+        source = _row_module(model, layer, "attentions").source  # its base: a layer_list
+    else:
+        source = _module(model, layer, path).source
     _, line_of = parsed_source(getattr(source, "accessor", source))
     where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
     where["model_class"] = internals.model_class
@@ -623,6 +697,8 @@ def _interior_checks(
         )
     if key("attention_z") in v and key("attention_probs") in v and ("value", layer) in raw:
         probs, values = v[key("attention_probs")], raw[("value", layer)]
+        if values.dim() == 3:  # held (batch*heads, keys, head size): XGLM's bmm operand
+            values = values.view(probs.shape[0], -1, *values.shape[1:])
         values = values.repeat_interleave(probs.shape[1] // values.shape[1], dim=1)
         mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
         ok, d = close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
@@ -649,6 +725,7 @@ def _interior_checks(
         s = s.double()
         product = _qk_product(model, v, raw, layer, s.shape[1]).double()
         additive, seen = _mask(raw, layer, s.shape)
+        additive = additive + _bias(raw, layer, s.shape)
         # the scores are q·kᵀ·scaling plus the additive mask the attention function is
         # given: 0 where a query sees a key, unless the model biases the keys it sees
         # (Doge's dynamic mask)
@@ -658,7 +735,7 @@ def _interior_checks(
         worst = float(diff.abs().max()) if diff.numel() else float("nan")
         yield Outcome.of(
             ["attention_query", "attention_key"],
-            "attention_scores == q·kᵀ·scaling + the attention function's mask",
+            "attention_scores == q·kᵀ·scaling + the attention's mask (and bias)",
             ok,
             f"max error {worst:.3g}",
         )
@@ -669,6 +746,7 @@ def _interior_checks(
         p = v[key("attention_probs")].double()
         product = _qk_product(model, v, raw, layer, p.shape[1]).double()
         additive, seen = _mask(raw, layer, p.shape)
+        additive = additive + _bias(raw, layer, p.shape)
         visible = (p > 0) & seen
         diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
         mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
@@ -683,20 +761,40 @@ def _interior_checks(
 
 
 def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
-    """The attention function's mask at ``layer`` as (additive part, where a query
-    sees a key), both broadcast to ``shape`` (no mask: 0, everywhere)."""
+    """The attention's mask at ``layer`` as (additive part, where a query sees a key),
+    both broadcast to ``shape`` (no mask: 0, everywhere), with the ``seen`` operand
+    (a causal buffer) where the attention masks by one."""
     import torch
 
     mask = raw.get(("mask", layer))
+    seen = torch.ones(shape, dtype=torch.bool)
+    extra = raw.get(("seen", layer))
+    if extra is not None:  # a causal buffer (nonzero: seen), its last queries, first keys
+        keys, queries = shape[-1], shape[-2]
+        seen = (extra[..., keys - queries : keys, :keys] != 0).expand(shape)
     if mask is None:
-        return torch.zeros(shape, dtype=torch.float64), torch.ones(shape, dtype=torch.bool)
+        return torch.zeros(shape, dtype=torch.float64), seen
     mask = mask[..., : shape[-1]]
     if mask.dtype == torch.bool:
-        seen = mask.expand(shape)
-        return torch.zeros(shape, dtype=torch.float64), seen
-    seen = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
-    additive = torch.where(seen, mask.double().expand(shape), 0.0)
-    return additive, seen
+        return torch.zeros(shape, dtype=torch.float64), seen & mask.expand(shape)
+    sees = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
+    additive = torch.where(sees, mask.double().expand(shape), 0.0)
+    return additive, seen & sees
+
+
+def _bias(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> Any:
+    """The additive bias the attention puts in its scores at ``layer`` (the ``bias``
+    operand: ALiBi), as float64 broadcast to ``shape`` (batch, heads, queries, keys);
+    one held as (batch*heads, ...) is viewed as (batch, heads, ...). None: 0."""
+    import torch
+
+    bias = raw.get(("bias", layer))
+    if bias is None:
+        return torch.zeros(shape, dtype=torch.float64)
+    bias = bias.double()
+    if bias.dim() == 3 and bias.shape[0] == shape[0] * shape[1]:
+        bias = bias.view(shape[0], shape[1], *bias.shape[1:])
+    return bias[..., -shape[-1] :].expand(shape)  # the last keys: the ones the scores have
 
 
 def _qk_product(
@@ -851,8 +949,34 @@ def run_one(spec: str) -> Result:
         result.outcome = "crashed"
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.reason = " ".join(tb.split())[:500]
+    else:
+        judge_structure(result)
     result.seconds = time.perf_counter() - started
     return result
+
+
+def untold(components: dict[str, dict[str, Any]]) -> list[str]:
+    """The components refused (on every layer or some) only because no rule in
+    registry/block_structures.yaml gives the model's block structure."""
+    return sorted(
+        name
+        for name, item in components.items()
+        if NO_STRUCTURE_RULE in (item.get("reason") or "")
+        or NO_STRUCTURE_RULE in (item.get("refused_reason") or "")
+    )
+
+
+def judge_structure(result: Result) -> None:
+    """A certified architecture with a component refused for want of a block-structure
+    rule is ``unfinished``: the registry has not been told, the model lacks nothing."""
+    names = untold(result.components)
+    if result.outcome == "certified" and names:
+        result.outcome = "unfinished"
+        result.reason = (
+            f"{len(names)} components refused only because {NO_STRUCTURE_RULE} gives "
+            f"this model's block structure ({', '.join(names)}): add a rule naming its "
+            "structure (or a family's structure_unknown_reason saying why none applies)"
+        )
 
 
 # ---------------------------------------------------------------------- the sweep
@@ -938,6 +1062,7 @@ def summarize(results: list[Result]) -> dict[str, Any]:
     totals = {
         "architectures": len(results),
         "certified": 0,
+        "unfinished": 0,
         "unbuildable": 0,
         "unloadable": 0,
         "crashed": 0,
@@ -991,9 +1116,9 @@ def _cell(text: str | None, limit: int = 240) -> str:
 
 def _why(result: dict[str, Any]) -> str:
     """An architecture's outcome in a cell: its counts where certified, else its reason."""
-    if result["outcome"] == "certified":
+    if result["outcome"] in ("certified", "unfinished"):
         states = list(_states(result).values())
-        return f"certified: {states.count('ok')} ok, {states.count('refused')} refused"
+        return f"{result['outcome']}: {states.count('ok')} ok, {states.count('refused')} refused"
     return f"{result['outcome']}: {_cell(result['reason'])}"
 
 
@@ -1057,6 +1182,8 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
         "",
         f"{_versions_of(report)}: {s['architectures']} causal-LM architectures swept "
         f"in {report['seconds']} s. {s['certified']} loaded and certified component by component; "
+        f"{s.get('unfinished', 0)} load but are unfinished (a place refused only because no "
+        "block-structure rule gives their structure); "
         f"{s['unbuildable']} cannot be built tiny, {s['unloadable']} do not load, "
         f"{s['crashed']} crashed, {s['timeout']} timed out.",
         "",
@@ -1074,11 +1201,13 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
         for item in r["components"].values():
             counts[item["state"]] += 1
         note = r["reason"] or ""
-        if r["outcome"] == "certified":
+        if r["outcome"] in ("certified", "unfinished"):
             broken = [
                 f"{k}: {i['reason']}" for k, i in r["components"].items() if i["state"] == "broken"
             ]
             note = "; ".join(broken)[:300]
+            if r["outcome"] == "unfinished":
+                note = "; ".join(x for x in (r["reason"], note) if x)
         note = note.replace("|", "\\|").replace("\n", " ")[:300]
         lines.append(
             f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
