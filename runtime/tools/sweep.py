@@ -600,51 +600,38 @@ def _consistency_checks(
 
     key = lambda n: (n, layer)  # noqa: E731
     internals = model.internals
+
+    def norm_of_mid() -> tuple[bool, str] | None:
+        """norm(layers_mid) == mlps_norm_output, where both are read at the norm's input
+        and output with nothing between (None where they are not)."""
+        mid = internals["layers_mid"].address_at(layer)
+        norm = internals["mlps_norm_output"].address_at(layer)
+        plain = not (mid.source or norm.source or mid.scale or norm.scale)
+        sides = (mid.io.value, norm.io.value)
+        if not (plain and mid.module == norm.module and sides == ("input", "output")):
+            return None
+        normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
+        if isinstance(normed, tuple):
+            normed = normed[0]
+        return close(normed, v[key("mlp_input_norm")])
+
     with torch.no_grad():
-        if (
-            key("block_mid") in v
-            and key("mlp_input_norm") in v
-            and not any("mlps_norm_output" in i for i in _structure_identities(model))
-        ):
-            # a structure whose MLP module normalizes its own input (a reversible
-            # block): no identity names the norm's output, which is the norm of
-            # layers_mid where both are read at the norm
-            mid = internals["layers_mid"].address_at(layer)
-            norm = internals["mlps_norm_output"].address_at(layer)
-            plain = not (mid.source or norm.source or mid.scale or norm.scale)
-            if (
-                plain
-                and mid.module == norm.module
-                and (mid.io.value, norm.io.value)
-                == (
-                    "input",
-                    "output",
-                )
-            ):
-                normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
-                if isinstance(normed, tuple):
-                    normed = normed[0]
-                ok, d = close(normed, v[key("mlp_input_norm")])
+        both = key("block_mid") in v and key("mlp_input_norm") in v
+        # a structure whose MLP module normalizes its own input (a reversible block): no
+        # identity names the norm's output, which certifies mlps_norm_output here
+        if both and not any("mlps_norm_output" in i for i in _structure_identities(model)):
+            found = norm_of_mid()
+            if found is not None:
                 yield Outcome.of(
-                    ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
+                    ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
                 )
-        if (
-            key("block_mid") in v
-            and key("mlp_input_norm") in v
-            and key("attention_output") not in v
-            and key("mlp_output") not in v
-        ):
-            mid = internals["layers_mid"].address_at(layer)
-            norm = internals["mlps_norm_output"].address_at(layer)
-            plain = not (mid.source or norm.source or mid.scale or norm.scale)
-            sides = (mid.io.value, norm.io.value)
-            if plain and mid.module == norm.module and sides == ("input", "output"):
-                normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
-                if isinstance(normed, tuple):
-                    normed = normed[0]
-                ok, d = close(normed, v[key("mlp_input_norm")])
+        # no contribution row read on the layer: no identity names layers_mid, which
+        # this certifies instead
+        if both and key("attention_output") not in v and key("mlp_output") not in v:
+            found = norm_of_mid()
+            if found is not None:
                 yield Outcome.of(
-                    ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", ok, d
+                    ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
                 )
         if key("attention_premix") in v:
             proj = _row_module(model, layer, "attentions_premix")
