@@ -609,6 +609,39 @@ def test_tiny_settings_keys_reasons_and_keep_off(package_registry_copy: Path) ->
     assert "'no_such_generic_key', which is not a key of generic" in diag.message
 
 
+def test_tiny_side_inputs_are_shapes_read_from_the_config(package_registry_copy: Path) -> None:
+    # a side input says why the forward reads it; each dimension is a count, the
+    # token batch's batch or seq, or a config path (identifiers and @layer)
+    path = package_registry_copy / "tiny.yaml"
+    edit(
+        path,
+        "      shape: [batch, 1, {config: backbone_hidden_size, times: 2}]\n",
+        "      shape: [batch, tokens, {config: backbone-hidden-size}]\n",
+    )
+    diags = lint(package_registry_copy)[1]
+    shown = [str(d).replace(f"{package_registry_copy}/", "") for d in diags]
+    assert any(
+        ": S003 [gemma4_assistant] side_inputs.gemma4_assistant.inputs_embeds.shape.1 " in s
+        for s in shown
+    ), shown
+    assert any(
+        ": S003 [gemma4_assistant] side_inputs.gemma4_assistant.inputs_embeds.shape.2 " in s
+        for s in shown
+    ), shown
+    edit(
+        path,
+        "      shape: [batch, tokens, {config: backbone-hidden-size}]\n",
+        "      shape: [batch, 1, {config: backbone_hidden_size, times: 2}]\n",
+    )
+    assert lint(package_registry_copy)[1] == []
+    edit(path, "    inputs_embeds:\n      why: >-\n", "    inputs_embeds:\n      because: >-\n")
+    shown = [str(d) for d in lint(package_registry_copy)[1]]
+    assert any(
+        "side_inputs.gemma4_assistant.inputs_embeds" in s and "lacks the required key 'why'" in s
+        for s in shown
+    ), shown
+
+
 def test_each_cross_row_code_belongs_to_a_rule_module() -> None:
     """hassfest-style: the cross-row pass is codegen/rules/, one module per group of
     codes, run by one loop; lint.py itself raises only file, YAML and schema codes."""

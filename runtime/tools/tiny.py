@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from causalab_mini.generated.tiny import (
     TINY_BUILD_FROM,
-    TINY_SIDE_INPUTS,
     TINY_GENERIC,
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
+    TINY_SIDE_INPUTS,
     TINY_SIZES,
     TINY_VISION_EXTRA,
 )
