@@ -293,6 +293,32 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "block_structures.yaml:59:9: X019 [parallel] identity 'layers_output - layers_input == mlps_output' is not of the form 'a == b + c'; see the file's header",
         ],
     ),
+    "X020": (
+        [
+            (
+                "tiny.yaml",
+                None,
+                "schema_version: 1\n"
+                "sizes: {hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 128,\n"
+                "  layers: 3, vocab: 512, reserved_ids: 16, max_positions: 128, experts: 4,\n"
+                "  experts_per_token: 2, expert_intermediate: 32, pad_id: 0, bos_id: 1, eos_id: 2}\n"
+                "generic: {hidden_size: 64}\nkeep_off: []\noverrides: {}\n"
+                "not_buildable: {drafty: a drafter written for this test only}\n"
+                "side_inputs:\n"
+                "  drafty:\n"
+                "    states: {why: the target's states, shape: [batch, seq, {config: hidden_size}]}\n"
+                "  drafter:\n"
+                "    kv:\n"
+                "      why: the target's keys, per layer type\n"
+                "      shape: [batch, {config: per_layer_config.@layer.head_dim}]\n"
+                "vision_extra: {}\n",
+            )
+        ],
+        [
+            "tiny.yaml:10:3: X020 [drafty] drafty has side inputs and is in not_buildable: a type the tiny builder refuses is never fed them; drop one of the two rows",
+            "tiny.yaml:15:14: X020 [drafter] side input 'kv' reads 'per_layer_config.@layer.head_dim', whose @layer indexes the first layer of each layer type: only a shape under per_layer_type may use it (the per_layer_type path itself names the whole list)",
+        ],
+    ),
     "X016": (
         [
             (
