@@ -357,6 +357,10 @@ class RenameConfig:
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
     default class; ``tiny:`` builds with it too);
+    ``unbound_defaults`` lists keys of nnterp's built-in rename table that stay
+    unbound on the family (each is bound to its own name, which binds nothing): an
+    alias it would make hides a child or another alias the family relies on, which
+    nnsight 0.8 refuses at load and 0.6/0.7 resolved silently;
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -377,6 +381,7 @@ class RenameConfig:
     oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None
     auto_class: str | None = None
+    unbound_defaults: tuple[str, ...] | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
 

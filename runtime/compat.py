@@ -18,7 +18,9 @@ No shim touches nnsight's ``Envoy`` or tracing: the runtime asks here instead.
 
 Not bridged, on purpose (0.8 is stricter, and right): a ``rename`` alias that would
 hide a child or attribute raises on 0.8 where 0.6/0.7 silently ignored the alias
-(bert_generation.yaml no longer asks for one); and 0.8 serves a module's calls in
+(bert_generation.yaml no longer asks for one; where nnterp's own built-in table
+would make such an alias, the family leaves that key unbound, ``unbound_defaults``:
+modernbert_decoder.yaml, musicgen.yaml, prophetnet.yaml); and 0.8 serves a module's calls in
 order, so a module that runs more than once per forward (NanoChat's final norm,
 GPT-1's activation shared by every layer) cannot be read at a later call. The rows say
 so (nanochat.yaml, openai_gpt.yaml), a place on a module shared by several layers is

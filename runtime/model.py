@@ -61,6 +61,7 @@ CONTAINERS = (
     "skip_nnterp_checks",
     "hidden_states_are_block_outputs",
     "oracles_from_last_calls",
+    "unbound_defaults",
     "mixed_layers",
     "auto_class",
 )
@@ -303,6 +304,10 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         rename = dict(kwargs.pop("rename", None) or {})
         for embed in container_paths(merged.embed_name):
             rename.setdefault(compat.container_path(embed), "embed_tokens")
+        for key in merged.unbound_defaults or ():
+            # a key of nnterp's built-in table, bound to its own name: no alias at all
+            # (nnterp's table is updated with this one, so the key's alias is replaced)
+            rename.setdefault(key, key)
         # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
         # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")

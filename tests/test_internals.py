@@ -74,6 +74,9 @@ def _identities_and_oracles(model: StandardizedTransformer, structure: str | Non
     """Every identity on every layer where its places are available, the hidden-state
     oracle, and the write to the mid-stream wherever a block has one."""
     assert model.block_structure == structure
+    # a layer the oracles leave out (skipped on text-only input) has no places there
+    for layer in set(range(model.internals.num_layers)) - set(model.internals.layers_run_on_text()):
+        assert model.internals["layers_input"].unavailable_on(layer) is not None, layer
     inputs = c.sample_inputs(model)
     assert inputs["attention_mask"][0, 0] == 0, "the batch must be left-padded"
     values = c.read_places(model, inputs)

@@ -343,3 +343,34 @@ def test_a_root_child_named_output_is_renamed_where_nnsight_mounts_it() -> None:
         head = model.internals["lm_head_output"]().save()
         logits = model.internals["logits"]().save()
     assert torch.equal(getattr(head, "value", head), getattr(logits, "value", logits))
+
+
+def _unbound_cases() -> list[Any]:
+    from causalab_mini.generated import FAMILY_RENAME
+    from tests.registry_cases import family_cases
+
+    return [
+        pytest.param(case, FAMILY_RENAME[family].unbound_defaults, id=family)
+        for family, case in family_cases()
+        if FAMILY_RENAME[family].unbound_defaults
+    ]
+
+
+@pytest.mark.parametrize(("case", "keys"), _unbound_cases())
+def test_unbound_defaults_bind_nothing_and_the_embedding_is_the_familys(
+    case: Any, keys: tuple[str, ...]
+) -> None:
+    # nnterp's built-in rename keys a family leaves unbound make no alias on any
+    # release (0.8 would refuse the load; 0.6/0.7 let a child or a later alias win),
+    # and embed_tokens is the module the family names
+    from causalab_mini.address import names as container_paths
+    from causalab_mini.generated import FAMILY_RENAME
+    from causalab_mini.internals import child
+
+    model = load(case.spec)
+    aliases = compat.aliases_of(model)
+    for key in keys:
+        assert set(aliases.get(key, [])) <= {key}, (key, aliases.get(key))
+    family = next(f for f in model.families if FAMILY_RENAME[f].unbound_defaults == keys)
+    (embed,) = container_paths(FAMILY_RENAME[family].embed_name)
+    assert model.embed_tokens._module is child(model, compat.container_path(embed))._module
