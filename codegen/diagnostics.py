@@ -39,6 +39,7 @@ CODES: dict[str, str] = {
     "X017": "a family row that names no default place without 'add: true', or 'add: true' on a default place",
     "X018": "tiny.yaml sizes that do not fit together (head_dim x heads, kv_heads, experts, reserved ids)",
     "X019": "an identity outside the grammar, or naming a row no block of its structure has",
+    "X020": "a tiny.yaml side input that cannot be made (its model type is not buildable, or @layer outside per_layer_type)",
 }
 
 

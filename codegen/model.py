@@ -84,6 +84,7 @@ class TinyTables:
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     not_buildable: tuple[tuple[str, str], ...] = ()
     build_from: tuple[tuple[str, str], ...] = ()
+    side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -108,6 +109,7 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
         overrides=tuple((t, table(o)) for t, o in raw["overrides"].items()),
         not_buildable=tuple((t, " ".join(r.split())) for t, r in raw["not_buildable"].items()),
         build_from=tuple(raw.get("build_from", {}).items()),
+        side_inputs=table(raw.get("side_inputs", {})),
         vision_extra=table(raw["vision_extra"]),
     )
 

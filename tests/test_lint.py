@@ -293,6 +293,32 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "block_structures.yaml:59:9: X019 [parallel] identity 'layers_output - layers_input == mlps_output' is not of the form 'a == b + c'; see the file's header",
         ],
     ),
+    "X020": (
+        [
+            (
+                "tiny.yaml",
+                None,
+                "schema_version: 1\n"
+                "sizes: {hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 128,\n"
+                "  layers: 3, vocab: 512, reserved_ids: 16, max_positions: 128, experts: 4,\n"
+                "  experts_per_token: 2, expert_intermediate: 32, pad_id: 0, bos_id: 1, eos_id: 2}\n"
+                "generic: {hidden_size: 64}\nkeep_off: []\noverrides: {}\n"
+                "not_buildable: {drafty: a drafter written for this test only}\n"
+                "side_inputs:\n"
+                "  drafty:\n"
+                "    states: {why: the target's states, shape: [batch, seq, {config: hidden_size}]}\n"
+                "  drafter:\n"
+                "    kv:\n"
+                "      why: the target's keys, per layer type\n"
+                "      shape: [batch, {config: per_layer_config.@layer.head_dim}]\n"
+                "vision_extra: {}\n",
+            )
+        ],
+        [
+            "tiny.yaml:10:3: X020 [drafty] drafty has side inputs and is in not_buildable: a type the tiny builder refuses is never fed them; drop one of the two rows",
+            "tiny.yaml:15:14: X020 [drafter] side input 'kv' reads 'per_layer_config.@layer.head_dim', whose @layer indexes the first layer of each layer type: only a shape under per_layer_type may use it (the per_layer_type path itself names the whole list)",
+        ],
+    ),
     "X016": (
         [
             (
@@ -590,7 +616,7 @@ def test_tiny_settings_keys_reasons_and_keep_off(package_registry_copy: Path) ->
     edit(path, "  mpt:\n", "  some_future_model:\n    hidden_size: 32\n  mpt:\n")
     assert lint(package_registry_copy)[1] == []
     edit(path, "    hidden_size: 32\n", "    hidden-size: 32\n")
-    edit(path, "  gemma4_assistant: >-\n", "  gemma4_assistant: ''\n  gemma4_x: >-\n")
+    edit(path, "not_buildable: {}\n", "not_buildable:\n  gemma4_assistant: ''\n")
     edit(path, "keep_off:\n", "keep_off:\n  - no_such_generic_key\n")
     diags = lint(package_registry_copy)[1]
     shown = [str(d).replace(f"{package_registry_copy}/", "") for d in diags]
@@ -603,10 +629,43 @@ def test_tiny_settings_keys_reasons_and_keep_off(package_registry_copy: Path) ->
     )
     assert len(diags) == 2  # the file fails its schema: its cross-row rules wait
     edit(path, "    hidden-size: 32\n", "    hidden_size: 32\n")
-    edit(path, "  gemma4_assistant: ''\n", "")
+    edit(path, "not_buildable:\n  gemma4_assistant: ''\n", "not_buildable: {}\n")
     (diag,) = lint(package_registry_copy)[1]
     assert (diag.code, diag.row) == ("X007", "keep_off")
     assert "'no_such_generic_key', which is not a key of generic" in diag.message
+
+
+def test_tiny_side_inputs_are_shapes_read_from_the_config(package_registry_copy: Path) -> None:
+    # a side input says why the forward reads it; each dimension is a count, the
+    # token batch's batch or seq, or a config path (identifiers and @layer)
+    path = package_registry_copy / "tiny.yaml"
+    edit(
+        path,
+        "      shape: [batch, 1, {config: backbone_hidden_size, times: 2}]\n",
+        "      shape: [batch, tokens, {config: backbone-hidden-size}]\n",
+    )
+    diags = lint(package_registry_copy)[1]
+    shown = [str(d).replace(f"{package_registry_copy}/", "") for d in diags]
+    assert any(
+        ": S003 [gemma4_assistant] side_inputs.gemma4_assistant.inputs_embeds.shape.1 " in s
+        for s in shown
+    ), shown
+    assert any(
+        ": S003 [gemma4_assistant] side_inputs.gemma4_assistant.inputs_embeds.shape.2 " in s
+        for s in shown
+    ), shown
+    edit(
+        path,
+        "      shape: [batch, tokens, {config: backbone-hidden-size}]\n",
+        "      shape: [batch, 1, {config: backbone_hidden_size, times: 2}]\n",
+    )
+    assert lint(package_registry_copy)[1] == []
+    edit(path, "    inputs_embeds:\n      why: >-\n", "    inputs_embeds:\n      because: >-\n")
+    shown = [str(d) for d in lint(package_registry_copy)[1]]
+    assert any(
+        "side_inputs.gemma4_assistant.inputs_embeds" in s and "lacks the required key 'why'" in s
+        for s in shown
+    ), shown
 
 
 def test_each_cross_row_code_belongs_to_a_rule_module() -> None:

@@ -1,5 +1,5 @@
 """tiny.yaml: sizes that fit together (X018), keep_off naming keys of the generic
-table (X007). A model type need not be one the installed transformers has (an
+table (X007), side inputs that can be made (X020). A model type need not be one the installed transformers has (an
 override for a type it lacks is simply not used), so none is checked against it."""
 
 from __future__ import annotations
@@ -59,4 +59,33 @@ def tiny(ctx: Context) -> None:
                 f"keep_off names {key!r}, which is not a key of generic; keep_off leaves "
                 "generic keys alone where the class defaults them off",
             )
+    for model_type, inputs in data.get("side_inputs", {}).items():
+        if model_type in data["not_buildable"]:
+            ctx.err(
+                ti,
+                d,
+                ("side_inputs", model_type),
+                "X020",
+                model_type,
+                f"{model_type} has side inputs and is in not_buildable: a type the tiny "
+                "builder refuses is never fed them; drop one of the two rows",
+                key=True,
+            )
+        for name, spec in inputs.items():
+            paths = [dim["config"] for dim in spec["shape"] if isinstance(dim, dict)]
+            field = "shape"
+            if "per_layer_type" in spec:  # @layer in the shape, never in the type list
+                paths, field = [spec["per_layer_type"]], "per_layer_type"
+            wrong = [p for p in paths if "@layer" in p.split(".")]
+            if wrong:
+                ctx.err(
+                    ti,
+                    d,
+                    ("side_inputs", model_type, name, field),
+                    "X020",
+                    model_type,
+                    f"side input {name!r} reads {wrong[0]!r}, whose @layer indexes the first "
+                    "layer of each layer type: only a shape under per_layer_type may use it "
+                    "(the per_layer_type path itself names the whole list)",
+                )
     ctx.reg.tiny = model.tiny(data)

@@ -95,7 +95,13 @@ def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str,
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     batch = tokenizer(list(texts), padding=True, return_tensors="pt")
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    # a forward that needs more than token ids (a drafter's target states) gets the
+    # inputs registry/tiny.yaml side_inputs gives its model type
+    from causalab_mini.tools.tiny import side_inputs
+
+    inputs.update(side_inputs(model._model.config, *batch["input_ids"].shape))
+    return inputs
 
 
 def forward_inputs(model: Any, inputs: Any) -> dict[str, Any]:

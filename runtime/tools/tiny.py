@@ -33,6 +33,7 @@ from causalab_mini.generated.tiny import (
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
+    TINY_SIDE_INPUTS,
     TINY_SIZES,
     TINY_VISION_EXTRA,
 )
@@ -111,6 +112,10 @@ _NOT_BUILDABLE: Mapping[str, str] = TINY_NOT_BUILDABLE
 # Model types whose causal-LM class is built from a sub-config of the composite
 # config (MusicgenForCausalLM from the decoder's): model type -> the sub-config's name.
 _BUILD_FROM: Mapping[str, str] = TINY_BUILD_FROM
+
+# Model types whose forward needs keyword inputs beside the token ids (a drafter's
+# target states): input name -> how to make it from the loaded config.
+_SIDE_INPUTS: Mapping[str, Mapping[str, Any]] = TINY_SIDE_INPUTS
 
 # Sub-configs that are not the language model: shrunk with the same generic table
 # plus these keys.
@@ -668,6 +673,56 @@ def _set_override(model_type: str, config: Any, key: str, value: Any) -> None:
     )
 
 
+def _config_path(config: Any, path: str, layer: int | None) -> Any:
+    value = config
+    for part in path.split("."):
+        if part == "@layer":
+            if layer is None:
+                raise TinyBuildError(f"side input path {path!r} has @layer outside per_layer_type")
+            value = value[layer]
+        else:
+            value = getattr(value, part)
+    return value
+
+
+def side_inputs(config: Any, batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
+    """The keyword inputs registry/tiny.yaml ``side_inputs`` gives ``config``'s model
+    type beside the token ids (empty for most): seeded random normal tensors of the
+    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq``."""
+    import torch
+
+    rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
+    generator = torch.Generator().manual_seed(seed)
+
+    def tensor(shape: Any, layer: int | None) -> Any:
+        dims = []
+        for dim in shape:
+            if dim == "batch":
+                dims.append(batch)
+            elif dim == "seq":
+                dims.append(seq)
+            elif isinstance(dim, int):
+                dims.append(dim)
+            else:
+                dims.append(int(_config_path(config, dim["config"], layer)) * dim.get("times", 1))
+        return torch.randn(*dims, generator=generator)
+
+    def made(row: Any, layer: int | None) -> Any:
+        count = row.get("tuple")
+        if count is None:
+            return tensor(row["shape"], layer)
+        return tuple(tensor(row["shape"], layer) for _ in range(count))
+
+    out: dict[str, Any] = {}
+    for name, row in rows.items():
+        if "per_layer_type" in row:
+            types = list(_config_path(config, row["per_layer_type"], None))
+            out[name] = {kind: made(row, types.index(kind)) for kind in dict.fromkeys(types)}
+        else:
+            out[name] = made(row, None)
+    return out
+
+
 _SMOKE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world!"]
 
 
@@ -676,7 +731,8 @@ def _smoke_logits(model_type: str, model: Any, tokenizer: Any) -> Any:
     or gives non-finite logits never reaches the cache."""
     import torch
 
-    batch = tokenizer(_SMOKE_TEXTS, return_tensors="pt", padding=True)
+    batch = dict(tokenizer(_SMOKE_TEXTS, return_tensors="pt", padding=True))
+    batch.update(side_inputs(model.config, *batch["input_ids"].shape))
     try:
         with torch.no_grad():
             logits = model(**batch).logits
