@@ -101,6 +101,13 @@ def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str,
     from causalab_mini.tools.tiny import side_inputs
 
     inputs.update(side_inputs(model._model.config, *batch["input_ids"].shape))
+    embeds = inputs.get("inputs_embeds")
+    if embeds is not None and embeds.shape[1] < inputs["input_ids"].shape[1]:
+        # the side inputs query fewer positions than the mask spans (a drafter: one
+        # drafted position over the target's keys and values): the token ids are each
+        # row's last ones, so nnsight counts no positions of its own for a batch whose
+        # mask is wider than its ids (0.8 would, from a mask as wide as the ids)
+        inputs["input_ids"] = inputs["input_ids"][:, -embeds.shape[1] :]
     return inputs
 
 
