@@ -168,6 +168,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "tiny_overrides": {t: dict(o) for t, o in registry.tiny.overrides},
         "tiny_not_buildable": dict(registry.tiny.not_buildable),
         "tiny_build_from": dict(registry.tiny.build_from),
+        "tiny_builds_with": dict(registry.tiny.builds_with),
         "tiny_side_inputs": dict(registry.tiny.side_inputs),
         "tiny_vision_extra": dict(registry.tiny.vision_extra),
         "family_names": tuple(f.name for f in families),

@@ -126,7 +126,13 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         return str(path[1])
     if head == "rules" and len(path) > 1:
         return f"rules[{path[1]}]"
-    tiny_rows = ("overrides", "not_buildable", "build_from", "side_inputs")  # tiny.yaml
+    tiny_rows = (
+        "overrides",
+        "not_buildable",
+        "build_from",
+        "builds_with",
+        "side_inputs",
+    )  # tiny.yaml
     if head in tiny_rows and len(path) > 1:
         return str(path[1])
     if head in ("sizes", "generic", "keep_off", "vision_extra"):  # tiny.yaml

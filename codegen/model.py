@@ -84,6 +84,7 @@ class TinyTables:
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     not_buildable: tuple[tuple[str, str], ...] = ()
     build_from: tuple[tuple[str, str], ...] = ()
+    builds_with: tuple[tuple[str, tuple[str, str]], ...] = ()
     side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
 
@@ -109,6 +110,10 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
         overrides=tuple((t, table(o)) for t, o in raw["overrides"].items()),
         not_buildable=tuple((t, " ".join(r.split())) for t, r in raw["not_buildable"].items()),
         build_from=tuple(raw.get("build_from", {}).items()),
+        builds_with=tuple(
+            (t, (v["transformers"], " ".join(v["why"].split())))
+            for t, v in raw.get("builds_with", {}).items()
+        ),
         side_inputs=table(raw.get("side_inputs", {})),
         vision_extra=table(raw["vision_extra"]),
     )

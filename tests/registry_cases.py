@@ -103,6 +103,12 @@ class Case:
 
             reason = f"{self.model_type} is not in transformers {transformers.__version__}"
             marks.append(pytest.mark.skip(reason=reason))
+        else:
+            from causalab_mini.tools.tiny import builds_outside
+
+            outside = builds_outside(buildable(self.model_type))
+            if outside is not None:  # registry/tiny.yaml builds_with
+                marks.append(pytest.mark.skip(reason=outside))
         return pytest.param(*(values or (self.spec,)), id=id or self.id, marks=marks)
 
 

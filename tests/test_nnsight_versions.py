@@ -350,7 +350,7 @@ def _unbound_cases() -> list[Any]:
     from tests.registry_cases import family_cases
 
     return [
-        pytest.param(case, FAMILY_RENAME[family].unbound_defaults, id=family)
+        case.param(case, FAMILY_RENAME[family].unbound_defaults, id=f"{family}-{case.id}")
         for family, case in family_cases()
         if FAMILY_RENAME[family].unbound_defaults
     ]

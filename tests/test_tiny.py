@@ -332,7 +332,13 @@ def test_build_load_and_forward(model_type: str, tiny_cache: Path) -> None:
     assert manifest["model_type"] == model_type
     assert manifest["build_class"] == tiny.build_class(model_type)
 
-    # the auto class the family names (a multimodal wrapper's image-text-to-text one)
+    # the auto class the family names (a multimodal wrapper's image-text-to-text one);
+    # a decoder saved from its sub-config (MusicGen's) is mapped to its causal-LM class
+    # as the runtime's spec preparation maps it, so the test does not depend on another
+    # test having loaded one first
+    from causalab_mini.spec import _load_class
+
+    _load_class(str(path), {})
     auto = getattr(transformers, tiny.build_class(model_type))
     model = auto.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from causalab_mini.generated.tiny import (
     TINY_BUILD_FROM,
+    TINY_BUILDS_WITH,
     TINY_GENERIC,
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
@@ -218,12 +219,35 @@ def causal_lm_model_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def builds_outside(model_type: str) -> str | None:
+    """Why ``model_type`` is not built tiny with the installed transformers, where
+    registry/tiny.yaml's builds_with gives the releases its build is verified with and
+    the installed one is not among them (None where it is, or no range is given)."""
+    if model_type not in TINY_BUILDS_WITH:
+        return None
+    import transformers
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    spec, why = TINY_BUILDS_WITH[model_type]
+    installed = transformers.__version__
+    if Version(installed) in SpecifierSet(spec):
+        return None
+    return (
+        f"{model_type!r} cannot be built tiny with transformers {installed}: its build is "
+        f"verified with transformers {spec} (registry/tiny.yaml builds_with): {why}"
+    )
+
+
 def _check_model_type(model_type: str) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     causal = causal_lm_model_types()
     if model_type in _NOT_BUILDABLE:
         raise TinyBuildError(f"{model_type!r} cannot be built tiny: {_NOT_BUILDABLE[model_type]}")
+    outside = builds_outside(model_type)
+    if outside is not None:
+        raise TinyBuildError(outside)
     if model_type in causal:
         return
     close = difflib.get_close_matches(model_type, causal, n=5, cutoff=0.6)
