@@ -72,7 +72,9 @@ def test_a_flat_place_reads_as_batch_seq_and_writes_through_the_view(
     assert not torch.all(before == 1.5), "a saved read keeps what it was before the write"
     assert torch.all(after == 1.5)
     with model.trace(inputs):
+        clean_before = model.internals[row][layer].save()
         clean = model.internals["layers_output"][layer].save()
+    assert torch.equal(before, clean_before), "a saved read keeps its clean value"
     assert not torch.allclose(clean, hidden[0]), "the write reaches the block's output"
 
 
@@ -172,9 +174,11 @@ def test_a_merged_heads_place_reads_per_head_and_writes_through_the_view(
         out = model.internals["layers_output"][layer].save()
     with model.trace(inputs):
         value = model.internals[row][layer]
+        kept = value.save()  # read before the write: must keep the clean value
         model.internals[row][layer] = value * 0 + 0.25
         after = model.internals[row][layer].save()
         written = model.internals["layers_output"][layer].save()
     assert before.shape[:2] == (batch, num_heads(model, layer))
+    assert torch.equal(kept, before), "a saved read keeps its clean value"
     assert torch.all(after == 0.25)
     assert not torch.allclose(written, out), "the write reaches the block's output"

@@ -50,9 +50,11 @@ def test_reads_leave_the_other_positions_out_and_writes_keep_them(
     assert torch.allclose(read, hidden[1], atol=1e-5)
     # a write reaches the tokens' positions only; the others stay the model's
     with model.trace(ids):
+        kept = place[1].save()  # read before the write: must keep the clean value
         model.internals["layers_input"][1] = torch.zeros_like(read)
         after = model.layers[1].inputs[0][0].clone().save()
         back = place[1].save()
     assert torch.equal(after[others], whole[others])
     assert bool((address.token_positions(after, model.internals.count) == 0).all())
     assert bool((back == 0).all())
+    assert torch.equal(kept, read)
