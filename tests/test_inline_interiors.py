@@ -131,8 +131,10 @@ def test_a_write_at_an_inline_interior_reads_back_and_reaches_the_output(
     model = tiny_model(case.spec, probs=True)  # type: ignore[attr-defined]
     inputs = c.sample_inputs(model)
     here, out = locate(model, name, 1), locate(model, "block_output", 1)
-    before = Plan.of(reads=[here, out]).run(model, inputs)
+    earlier = locate(model, "block_input", 1)  # read before the write: keeps its value
+    before = Plan.of(reads=[earlier, here, out]).run(model, inputs)
     value = before[here] * 0.5
-    after = Plan.of(reads=[here, out], writes=[(here, value)]).run(model, inputs)
+    after = Plan.of(reads=[earlier, here, out], writes=[(here, value)]).run(model, inputs)
     assert torch.equal(after[here], value)
+    assert torch.equal(after[earlier], before[earlier])
     assert not torch.allclose(after[out], before[out])
