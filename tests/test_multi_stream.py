@@ -226,11 +226,15 @@ def test_a_plain_program_reads_and_writes_streams_as_the_plan(spec: str, tiny_mo
     native, plain = plan.run(model, inputs), remote.run_plan(plan, model, inputs)
     assert all(torch.equal(native[a], plain[a]) for a in reads)
     value = native[reads[1]] * 0.5
-    later = [reads[2]]
+    earlier = locate(model, "block_output", 0)  # read before the write: keeps its value
+    clean = Plan.of([earlier]).run(model, inputs)
+    later = [earlier, reads[2]]
     written = Plan.of(later, [(reads[1], value.clone())])
     native = written.run(model, inputs)
     plain = remote.run_plan(Plan.of(later, [(reads[1], value.clone())]), model, inputs)
     assert torch.equal(native[reads[2]], plain[reads[2]])
+    assert torch.equal(native[earlier], clean[earlier])
+    assert torch.equal(plain[earlier], clean[earlier])
 
 
 def test_a_write_to_altups_active_copy_reaches_the_sublayers(tiny_model: Load) -> None:
