@@ -253,13 +253,16 @@ def test_plans_run_in_forward_order_and_writes_land_before_reads(eager: Eager) -
     out = Plan.of(reads=[late, early]).run(model, inputs)  # asked in reverse: no error
     seq = inputs["input_ids"].shape[1]
     zero = torch.zeros(2, seq, 64)
+    before = locate(model, "block_mid", 0)  # read before the write: keeps its value
+    clean_before = Plan.of(reads=[before]).run(model, inputs)[before]
     plan = Plan.of(
-        reads=[locate(model, "block_output", 0), late],
+        reads=[before, locate(model, "block_output", 0), late],
         writes=[(locate(model, "block_output", 0), zero)],
     )
     assert pickle.loads(pickle.dumps(plan)) == plan
     written = plan.run(model, inputs)
     assert torch.equal(written[locate(model, "block_output", 0)], zero)
+    assert torch.equal(written[before], clean_before)
     assert not torch.allclose(written[late], out[late])
 
 
@@ -342,7 +345,12 @@ def test_writing_one_query_head_changes_only_that_heads_z(family: str, eager: Ea
     clean = Plan.of(reads=[z]).run(model, inputs)[z]
     query = locate(model, "attention_query", layer, head=head)
     current = Plan.of(reads=[query]).run(model, inputs)[query]
-    changed = Plan.of(reads=[z], writes=[(query, current * -3.0)]).run(model, inputs)[z]
+    # a read before the write (the layer's input) keeps its clean value
+    first = locate(model, "block_input", layer)
+    kept = Plan.of(reads=[first]).run(model, inputs)[first]
+    out = Plan.of(reads=[first, z], writes=[(query, current * -3.0)]).run(model, inputs)
+    assert torch.equal(out[first], kept)
+    changed = out[z]
     hd = query.head_dim
     assert hd is not None
     per_head = lambda t: t.reshape(*t.shape[:2], -1, hd)  # noqa: E731
