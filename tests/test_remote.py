@@ -99,10 +99,17 @@ def test_plain_program_writes_what_the_plan_writes(family: str) -> None:
     for address in written:
         value = clean[address] * 0.5
         later = [a for a in addresses if a.rank >= address.rank and a.head is None]
-        native = Plan.of(later, [(address, fresh(value))]).run(model, inputs)
-        plain = remote.run_plan(Plan.of(later, [(address, fresh(value))]), model, inputs)
+        # read before the write: each keeps its clean value, both ways
+        earlier = [a for a in addresses if a.rank < address.rank and a.head is None]
+        reads = [*earlier, *later]
+        native = Plan.of(reads, [(address, fresh(value))]).run(model, inputs)
+        plain = remote.run_plan(Plan.of(reads, [(address, fresh(value))]), model, inputs)
         differ = [str(a) for a in later if not torch.equal(native[a], plain[a])]
         assert not differ, (str(address), differ)
+        kept = [
+            str(a) for a in earlier for out in (native, plain) if not torch.equal(out[a], clean[a])
+        ]
+        assert not kept, (str(address), kept)
         moved = [a for a in later if not torch.equal(plain[a], clean[a])]
         assert moved, f"writing {address} changed nothing after it"
 
