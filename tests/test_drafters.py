@@ -27,6 +27,11 @@ DRAFTERS = [
 ]
 
 
+def test_the_registry_has_drafters() -> None:
+    # the drafter test is parametrized from tiny.yaml: an empty list would run nothing
+    assert {p.values[0] for p in DRAFTERS} >= {"gemma4_assistant"}
+
+
 def test_side_inputs_follow_the_config() -> None:
     """Every per-layer-type input maps each distinct layer type to tensors of that
     type's own geometry (Gemma-4's full-attention layers have wider heads)."""

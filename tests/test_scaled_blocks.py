@@ -37,6 +37,11 @@ def _scaled(case: Case) -> bool:
 SCALED = [case.param(case) for case in rule_cases() if _scaled(case)]
 
 
+def test_the_registry_has_scaled_cases() -> None:
+    # the test below is parametrized from the registry: an empty list would run nothing
+    assert {p.values[0].model_type for p in SCALED} >= {"gemma4_text"}
+
+
 def _scaled_model(spec: str) -> Any:
     """A model of its own whose layers' output weights are 0.5, 0.75, 1.25, ..."""
     import torch

@@ -28,6 +28,11 @@ def _cases() -> list[str]:
     return sorted(set(out))
 
 
+def test_the_registry_has_token_position_cases() -> None:
+    # the test below is parametrized from the registry: an empty list would run nothing
+    assert set(_cases()) >= {"tiny:cpmant", "tiny:prophetnet", "tiny:xlnet"}
+
+
 @pytest.mark.parametrize("spec", _cases())
 def test_reads_leave_the_other_positions_out_and_writes_keep_them(
     spec: str, tiny_model: Callable[..., StandardizedTransformer]
