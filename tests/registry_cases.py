@@ -11,6 +11,7 @@ names, every model type every family file names.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -162,6 +163,19 @@ def _scaled_by() -> dict[str, Config]:
     return out
 
 
+def _rule_model_types() -> Iterator[tuple[Any, str, bool]]:
+    """(rule, model type, first) for every model type every block-structure rule
+    names, in the rules' order; first: the first config-free model type of the rule's
+    structure."""
+    seen_structures: set[str] = set()
+    for rule in BLOCK_STRUCTURE_RULES:
+        for model_type in rule.match.model_types:
+            first = not rule.match.config and rule.structure not in seen_structures
+            if first:
+                seen_structures.add(rule.structure)
+            yield rule, model_type, first
+
+
 @cache
 def rule_cases() -> tuple[Case, ...]:
     """Every model type every rule names, with the
@@ -170,14 +184,9 @@ def rule_cases() -> tuple[Case, ...]:
     Representatives: the first config-free model type of each structure, every config variant,
     and the first model type that scales by each set of attributes."""
     wanted: dict[tuple[str, Config], bool] = {}
-    seen_structures: set[str] = set()
-    for rule in BLOCK_STRUCTURE_RULES:
-        for model_type in rule.match.model_types:
-            first = not rule.match.config and rule.structure not in seen_structures
-            if first:
-                seen_structures.add(rule.structure)
-            key = (model_type, tuple(rule.match.config))
-            wanted[key] = wanted.get(key, False) or first or bool(rule.match.config)
+    for rule, model_type, first in _rule_model_types():
+        key = (model_type, tuple(rule.match.config))
+        wanted[key] = wanted.get(key, False) or first or bool(rule.match.config)
     for match in FAMILY_MATCH.values():
         if match.config:
             for model_type in match.model_types:
@@ -214,13 +223,8 @@ def model_types() -> tuple[Case, ...]:
     config; representatives: the first config-free model type of each structure's
     rules (each family file's are the representatives of ``family_cases``)."""
     representative: dict[str, bool] = {}
-    seen_structures: set[str] = set()
-    for rule in BLOCK_STRUCTURE_RULES:
-        for model_type in rule.match.model_types:
-            first = not rule.match.config and rule.structure not in seen_structures
-            if first:
-                seen_structures.add(rule.structure)
-            representative[model_type] = representative.get(model_type, False) or first
+    for _, model_type, first in _rule_model_types():
+        representative[model_type] = representative.get(model_type, False) or first
     for _, case in family_cases():
         representative.setdefault(case.model_type, False)
     out = {
