@@ -6,6 +6,7 @@ family tests that certify their identities."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -19,15 +20,21 @@ from .registry_cases import family_cases
 
 Load = Callable[..., StandardizedTransformer]
 
+
+def _marked(flag: str) -> list[Any]:
+    """(family case, row) params for every family row whose address sets ``flag``."""
+    return [
+        case.param(case, row, id=f"{family}-{row}")
+        for family, case in family_cases()
+        for match, rows in FAMILY_ADDRESSES
+        if match.model_types and case.model_type in match.model_types
+        for row, address in rows.items()
+        if getattr(address, flag)
+    ]
+
+
 # (family case, flat row) for every family row marked flat_tokens
-FLAT = [
-    case.param(case, row, id=f"{family}-{row}")
-    for family, case in family_cases()
-    for match, rows in FAMILY_ADDRESSES
-    if match.model_types and case.model_type in match.model_types
-    for row, address in rows.items()
-    if address.flat_tokens
-]
+FLAT = _marked("flat_tokens")
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
@@ -145,14 +152,7 @@ def test_a_flat_place_is_refused_in_a_trace_of_several_invokes(
 
 
 # (family case, row) for every family row marked merged_heads: (batch*heads, ...) held
-MERGED = [
-    case.param(case, row, id=f"{family}-{row}")
-    for family, case in family_cases()
-    for match, rows in FAMILY_ADDRESSES
-    if match.model_types and case.model_type in match.model_types
-    for row, address in rows.items()
-    if address.merged_heads
-]
+MERGED = _marked("merged_heads")
 
 
 def test_every_merged_row_is_covered() -> None:
