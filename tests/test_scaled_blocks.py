@@ -77,3 +77,7 @@ def test_identities_hold_through_the_output_scale(case: Case) -> None:
         assert not c.difference(values[(left, layer)], unscaled)[0], "the weight matters"
     write = c.write_reaches_stream(model, inputs, layer=1)
     assert write is not None and write.ok, write
+    # and the reads before that write keep their clean values
+    kept = c.write_keeps_earlier_reads(model, inputs, "layers_mid", 1)
+    assert len(kept) >= 3, "layers_mid[1] was not checked"
+    assert all(check.ok for check in kept), [check for check in kept if not check.ok]
