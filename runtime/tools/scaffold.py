@@ -48,6 +48,7 @@ from typing import Any
 import click
 
 from causalab_mini.address import Address, IOType, RenameConfig
+from causalab_mini.codegen.model import address_fields
 from causalab_mini.compat import aliases_of
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
@@ -1205,27 +1206,11 @@ def _nnterp_container(model: Any, name: str) -> str | None:
     return path.removeprefix("model.") if path.startswith("model.") else None
 
 
-def _typed(fields: dict[str, Any]) -> dict[str, Any]:
-    from causalab_mini.address import FirstIfTuple
-
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
-        if key == "io":
-            out[key] = IOType(value)
-        elif key == "source":
-            out[key] = tuple(value)
-        elif key == "select":
-            out[key] = None if value is None else FirstIfTuple()
-        else:
-            out[key] = value
-    return out
-
-
 def _rows_for(verdicts: dict[str, Verdict]) -> dict[str, Address]:
     rows = dict(DEFAULT_ADDRESSES)  # every name, so no existing family's row leaks in
     for name, verdict in verdicts.items():
         if verdict.status == "verified" and verdict.fields:
-            rows[name] = dataclasses.replace(ROWS[name], **_typed(verdict.fields))
+            rows[name] = dataclasses.replace(ROWS[name], **address_fields(verdict.fields))
     return rows
 
 
