@@ -710,9 +710,7 @@ def _interior_checks(
         s = v[key("attention_scores")]
         visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
         s = s.double()
-        product = _qk_product(model, v, raw, layer, s.shape[1]).double()
-        additive, seen = _mask(raw, layer, s.shape)
-        additive = additive + _bias(raw, layer, s.shape)
+        product, additive, seen = _expected_scores(model, v, raw, layer, s.shape)
         # the scores are q·kᵀ·scaling plus the additive mask the attention function is
         # given: 0 where a query sees a key, unless the model biases the keys it sees
         # (Doge's dynamic mask)
@@ -731,9 +729,7 @@ def _interior_checks(
         # q·kᵀ·scaling + mask over the keys a query sees, so their log is that plus one
         # constant per query (the normalizer, whatever else it sums: a sink, say)
         p = v[key("attention_probs")].double()
-        product = _qk_product(model, v, raw, layer, p.shape[1]).double()
-        additive, seen = _mask(raw, layer, p.shape)
-        additive = additive + _bias(raw, layer, p.shape)
+        product, additive, seen = _expected_scores(model, v, raw, layer, p.shape)
         visible = (p > 0) & seen
         diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
         mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
@@ -745,6 +741,21 @@ def _interior_checks(
             ok,
             f"max spread {spread:.3g}",
         )
+
+
+def _expected_scores(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+    shape: Any,
+) -> tuple[Any, Any, Any]:
+    """What the scores (or log probabilities) of ``shape`` at ``layer`` are held to:
+    q·kᵀ·scaling, the additive mask plus bias, and where a query sees a key (float64,
+    float64, bool)."""
+    product = _qk_product(model, v, raw, layer, shape[1]).double()
+    additive, seen = _mask(raw, layer, shape)
+    return product, additive + _bias(raw, layer, shape), seen
 
 
 def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
