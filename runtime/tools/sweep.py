@@ -32,6 +32,7 @@ import click
 
 from causalab_mini.generated import COMPONENTS, GATE_CALLS
 from causalab_mini.internals import NO_STRUCTURE_RULE, boundary
+from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
 
@@ -158,8 +159,6 @@ def _context(
     transformers' own forward (hidden states; attentions under eager attention), what
     attention reads where its input norm is checked, and the modules' own outputs."""
     import torch
-
-    from causalab_mini.tools import certify as cert
 
     row_of = row_components()
     places = {
@@ -326,12 +325,6 @@ def _module(model: Any, layer: int, path: str) -> Any:
     from causalab_mini.internals import child
 
     return child(model.layers[layer], path)
-
-
-def _structure_identities(model: Any) -> list[str]:
-    from causalab_mini.tools import certify as cert
-
-    return list(cert.structure_identities(model))
 
 
 def _row_module(model: Any, layer: int, row: str) -> Any:
@@ -619,7 +612,7 @@ def _consistency_checks(
         both = key("block_mid") in v and key("mlp_input_norm") in v
         # a structure whose MLP module normalizes its own input (a reversible block): no
         # identity names the norm's output, which certifies mlps_norm_output here
-        if both and not any("mlps_norm_output" in i for i in _structure_identities(model)):
+        if both and not any("mlps_norm_output" in i for i in cert.structure_identities(model)):
             found = norm_of_mid()
             if found is not None:
                 yield Outcome.of(
@@ -907,7 +900,6 @@ def run_one(spec: str) -> Result:
     started = time.perf_counter()
     model_type = spec.removeprefix("tiny:").split("?")[0]
     from causalab_mini.model import StandardizedTransformer
-    from causalab_mini.tools import certify as cert
     from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
 
     for noisy in ("nnterp", "transformers"):
