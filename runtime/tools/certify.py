@@ -473,20 +473,27 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
         return _write_through_identity(model, inputs, layer, carried)
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is not None and structure.parallel:
-        box = {}
-        with model.trace(inputs):
-            box["clean"] = internals["layers_output"][layer].save()
-        with model.trace(inputs):
-            attn = internals["attentions_output"][layer]
-            internals["attentions_output"][layer] = attn + 0.25
-            box["out"] = internals["layers_output"][layer].save()
-        return compare(
-            "layers_output shifts by the delta written to attentions_output",
-            layer,
-            _value(box["out"]),
-            _value(box["clean"]) + 0.25,
-        )
+        return _attention_write_shifts(model, inputs, layer, "layers_output")
     return None
+
+
+def _attention_write_shifts(model: Any, inputs: dict[str, Any], layer: int, observed: str) -> Check:
+    """After ``attentions_output[layer] += 0.25``, ``observed[layer]`` must shift by
+    exactly 0.25 against a clean run."""
+    internals = model.internals
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        box["clean"] = internals[observed][layer].clone().save()
+    with model.trace(inputs):
+        attn = internals["attentions_output"][layer]
+        internals["attentions_output"][layer] = attn + 0.25
+        box["out"] = internals[observed][layer].clone().save()
+    return compare(
+        f"{observed} shifts by the delta written to attentions_output",
+        layer,
+        _value(box["out"]),
+        _value(box["clean"]) + 0.25,
+    )
 
 
 def _stream_write_target(model: Any, layer: int) -> str | None:
@@ -556,20 +563,7 @@ def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | No
     ]
     if not layers:
         return None
-    layer = layers[0]
-    box: dict[str, Any] = {}
-    with model.trace(inputs):
-        box["clean"] = internals["layers_mid"][layer].clone().save()
-    with model.trace(inputs):
-        attn = internals["attentions_output"][layer]
-        internals["attentions_output"][layer] = attn + 0.25
-        box["out"] = internals["layers_mid"][layer].clone().save()
-    return compare(
-        "layers_mid shifts by the delta written to attentions_output",
-        layer,
-        _value(box["out"]),
-        _value(box["clean"]) + 0.25,
-    )
+    return _attention_write_shifts(model, inputs, layers[0], "layers_mid")
 
 
 def write_keeps_earlier_reads(

@@ -48,6 +48,7 @@ from typing import Any
 import click
 
 from causalab_mini.address import Address, IOType, RenameConfig
+from causalab_mini.codegen.model import address_fields
 from causalab_mini.compat import aliases_of
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
@@ -57,6 +58,7 @@ from causalab_mini.generated import (
     STRUCTURAL_ADDRESSES,
     STRUCTURE_ADDRESSES,
 )
+from causalab_mini.tools.certify import difference, parse_identity
 from causalab_mini.tools.completion import complete_spec
 
 __all__ = [
@@ -542,12 +544,6 @@ def capture(model: Any, inputs: dict[str, Any]) -> Capture:
 # --------------------------------------------------------------------------- search
 
 
-def _close(got: Any, want: Any) -> tuple[bool, float]:
-    from causalab_mini.tools.certify import difference
-
-    return difference(got, want)
-
-
 def _scales(config: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in sorted(config.to_dict().items()):
@@ -614,7 +610,7 @@ class _Search:
             total = parts[0]
             for p in parts[1:]:
                 total = total + p
-            ok, err = _close(got, total)
+            ok, err = difference(got, total)
             worst = max(worst, err)
             if not ok:
                 return False, err
@@ -665,12 +661,6 @@ class _Search:
         return table, searched, None
 
 
-def _identity_places(text: str) -> tuple[str, tuple[str, ...]]:
-    from causalab_mini.tools.certify import parse_identity
-
-    return parse_identity(text)
-
-
 def _layers_text(n: int) -> str:
     return "layer 0" if n == 1 else f"layers 0-{n - 1}"
 
@@ -687,7 +677,7 @@ def try_structure(search: _Search, structure: str) -> StructureTrial:
         )
     options: dict[str, list[Candidate]] = {}
     for text in identities:
-        left, right = _identity_places(text)
+        left, right = parse_identity(text)
         for place in (left, *right):
             if place in options:
                 continue
@@ -702,7 +692,7 @@ def try_structure(search: _Search, structure: str) -> StructureTrial:
     solutions: list[dict[str, Candidate]] = [{}]
     errors: dict[str, float] = {}
     for text in identities:
-        left, right = _identity_places(text)
+        left, right = parse_identity(text)
         names = [left, *right]
         survivors: list[dict[str, Candidate]] = []
         best = float("inf")
@@ -722,9 +712,7 @@ def try_structure(search: _Search, structure: str) -> StructureTrial:
                 f"{text} holds for no candidate (closest: max error {best:.3g})",
             )
         solutions = survivors
-    places = {
-        p for text in identities for p in (_identity_places(text)[0], *_identity_places(text)[1])
-    }
+    places = {p for text in identities for p in (parse_identity(text)[0], *parse_identity(text)[1])}
     evidence = "; ".join(f"{text} (max error {errors.get(text, 0.0):.1e})" for text in identities)
     return StructureTrial(
         structure,
@@ -782,7 +770,7 @@ def decide_structure(
     for t in passed:
         solution = t.solutions[0]
         for text in BLOCK_STRUCTURES[t.name].identities:
-            left, right = _identity_places(text)
+            left, right = parse_identity(text)
             for place in (left, *right):
                 if place in solution:
                     found.setdefault(
@@ -944,7 +932,7 @@ def place_verdicts(
     span = _layers_text(search.cap.num_layers)
     solutions = trial.solutions
     for text in BLOCK_STRUCTURES[structure].identities:
-        left, right = _identity_places(text)
+        left, right = parse_identity(text)
         for place in (left, *right):
             if place in out:
                 continue
@@ -1078,7 +1066,7 @@ def _gated(
         a, b = search.value(act, layer), search.value(other, layer)
         if want is None or a is None or b is None or a.shape != b.shape or a.shape != want.shape:
             return False
-        if not _close(want, a * b)[0]:
+        if not difference(want, a * b)[0]:
             return False
     return True
 
@@ -1205,27 +1193,11 @@ def _nnterp_container(model: Any, name: str) -> str | None:
     return path.removeprefix("model.") if path.startswith("model.") else None
 
 
-def _typed(fields: dict[str, Any]) -> dict[str, Any]:
-    from causalab_mini.address import FirstIfTuple
-
-    out: dict[str, Any] = {}
-    for key, value in fields.items():
-        if key == "io":
-            out[key] = IOType(value)
-        elif key == "source":
-            out[key] = tuple(value)
-        elif key == "select":
-            out[key] = None if value is None else FirstIfTuple()
-        else:
-            out[key] = value
-    return out
-
-
 def _rows_for(verdicts: dict[str, Verdict]) -> dict[str, Address]:
     rows = dict(DEFAULT_ADDRESSES)  # every name, so no existing family's row leaks in
     for name, verdict in verdicts.items():
         if verdict.status == "verified" and verdict.fields:
-            rows[name] = dataclasses.replace(ROWS[name], **_typed(verdict.fields))
+            rows[name] = dataclasses.replace(ROWS[name], **address_fields(verdict.fields))
     return rows
 
 
@@ -1313,7 +1285,7 @@ def scaffold(arg: str, family: str | None = None) -> Scaffold:
         verdicts = place_verdicts(model, search, structure, trial)
     else:
         for text in {t for s in BLOCK_STRUCTURES.values() for t in s.identities}:
-            left, right = _identity_places(text)
+            left, right = parse_identity(text)
             for place in (left, *right):
                 if ROWS[place].is_structural or place in CONTRIBUTIONS:
                     verdicts.setdefault(

@@ -32,6 +32,7 @@ import click
 
 from causalab_mini.generated import COMPONENTS, GATE_CALLS
 from causalab_mini.internals import NO_STRUCTURE_RULE, boundary
+from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
 
@@ -158,8 +159,6 @@ def _context(
     transformers' own forward (hidden states; attentions under eager attention), what
     attention reads where its input norm is checked, and the modules' own outputs."""
     import torch
-
-    from causalab_mini.tools import certify as cert
 
     row_of = row_components()
     places = {
@@ -326,12 +325,6 @@ def _module(model: Any, layer: int, path: str) -> Any:
     from causalab_mini.internals import child
 
     return child(model.layers[layer], path)
-
-
-def _structure_identities(model: Any) -> list[str]:
-    from causalab_mini.tools import certify as cert
-
-    return list(cert.structure_identities(model))
 
 
 def _row_module(model: Any, layer: int, row: str) -> Any:
@@ -619,7 +612,7 @@ def _consistency_checks(
         both = key("block_mid") in v and key("mlp_input_norm") in v
         # a structure whose MLP module normalizes its own input (a reversible block): no
         # identity names the norm's output, which certifies mlps_norm_output here
-        if both and not any("mlps_norm_output" in i for i in _structure_identities(model)):
+        if both and not any("mlps_norm_output" in i for i in cert.structure_identities(model)):
             found = norm_of_mid()
             if found is not None:
                 yield Outcome.of(
@@ -710,9 +703,7 @@ def _interior_checks(
         s = v[key("attention_scores")]
         visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
         s = s.double()
-        product = _qk_product(model, v, raw, layer, s.shape[1]).double()
-        additive, seen = _mask(raw, layer, s.shape)
-        additive = additive + _bias(raw, layer, s.shape)
+        product, additive, seen = _expected_scores(model, v, raw, layer, s.shape)
         # the scores are q·kᵀ·scaling plus the additive mask the attention function is
         # given: 0 where a query sees a key, unless the model biases the keys it sees
         # (Doge's dynamic mask)
@@ -731,9 +722,7 @@ def _interior_checks(
         # q·kᵀ·scaling + mask over the keys a query sees, so their log is that plus one
         # constant per query (the normalizer, whatever else it sums: a sink, say)
         p = v[key("attention_probs")].double()
-        product = _qk_product(model, v, raw, layer, p.shape[1]).double()
-        additive, seen = _mask(raw, layer, p.shape)
-        additive = additive + _bias(raw, layer, p.shape)
+        product, additive, seen = _expected_scores(model, v, raw, layer, p.shape)
         visible = (p > 0) & seen
         diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
         mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
@@ -745,6 +734,21 @@ def _interior_checks(
             ok,
             f"max spread {spread:.3g}",
         )
+
+
+def _expected_scores(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+    shape: Any,
+) -> tuple[Any, Any, Any]:
+    """What the scores (or log probabilities) of ``shape`` at ``layer`` are held to:
+    q·kᵀ·scaling, the additive mask plus bias, and where a query sees a key (float64,
+    float64, bool)."""
+    product = _qk_product(model, v, raw, layer, shape[1]).double()
+    additive, seen = _mask(raw, layer, shape)
+    return product, additive + _bias(raw, layer, shape), seen
 
 
 def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
@@ -896,7 +900,6 @@ def run_one(spec: str) -> Result:
     started = time.perf_counter()
     model_type = spec.removeprefix("tiny:").split("?")[0]
     from causalab_mini.model import StandardizedTransformer
-    from causalab_mini.tools import certify as cert
     from causalab_mini.tools.tiny import TinyBuildError, resolve_model_spec
 
     for noisy in ("nnterp", "transformers"):

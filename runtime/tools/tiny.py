@@ -68,20 +68,13 @@ MANIFEST = "tiny_build.json"
 # table, its keys kept off, the overrides per model type, the model types that cannot
 # be built, and the extra keys of non-language sub-configs.
 _SIZES = TINY_SIZES
-HIDDEN = _SIZES["hidden"]
 HEADS = _SIZES["heads"]
-KV_HEADS = _SIZES["kv_heads"]
-HEAD_DIM = _SIZES["head_dim"]
-INTERMEDIATE = _SIZES["intermediate"]
 LAYERS = _SIZES["layers"]
 VOCAB = _SIZES["vocab"]
 RESERVED_IDS = _SIZES["reserved_ids"]
 """The top ids of the vocabulary, never produced by the tokenizer: model-specific
 special ids (image, audio, ... placeholders) that would fall outside go there."""
 MAX_POSITIONS = _SIZES["max_positions"]
-EXPERTS = _SIZES["experts"]
-EXPERTS_PER_TOKEN = _SIZES["experts_per_token"]
-EXPERT_INTERMEDIATE = _SIZES["expert_intermediate"]
 
 # Special tokens of the tiny tokenizer, in id order (the ids are the registry's; the
 # tokenizer is checked to give them).
