@@ -593,13 +593,15 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
         raise TinyBuildError(
             f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
         )
-    auto: Any = getattr(transformers, build_class(model_type))  # untyped classmethods
+    auto: Any  # untyped classmethods
     if model_type in _BUILD_FROM:
         # the causal-LM class of the model type, which AutoModelForCausalLM maps only
         # from the composite config
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         auto = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    else:
+        auto = getattr(transformers, build_class(model_type))
     transformers.set_seed(seed)
     torch.manual_seed(seed)
     try:
