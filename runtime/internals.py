@@ -19,7 +19,7 @@ from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
 from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
-from .ops import find_op, op_path
+from .ops import find_op, inner_op
 
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
@@ -304,15 +304,13 @@ class Place:
                 module=module,
                 model_class=internals.model_class,
             )
-            for needle in address.source[1:]:
-                op = find_op(
-                    op.source,
-                    needle,
-                    row=self.name,
-                    module=f"{module}.{op_path(op).split('.')[-1]}",
-                    model_class=internals.model_class,
-                )
-            envoy = op
+            envoy = inner_op(
+                op,
+                address.source[1:],
+                row=self.name,
+                module=module,
+                model_class=internals.model_class,
+            )
         return address, envoy
 
     def get(self, layer: int | None = None) -> Any:
