@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plain as plain_module
-from .internals import WriteRefused, _installed, boundary, child
+from .internals import WriteRefused, _copied, _installed, boundary, child
 
 
 class RemoteRefused(RuntimeError):
@@ -392,7 +392,7 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             # Place.get/set's contract: a read where the tensor changes in place later
             # (the forward's own add, or an in-place write) is a copy; a write at a
             # snapshot place hands the model a copy of the value
-            copy=bool(row.snapshot) or row.write == "in_place",
+            copy=_copied(row),
             snapshot=bool(row.snapshot),
             scale=internals.scale(row.scale) if row.scale is not None else None,
             in_place=row.write == "in_place",
