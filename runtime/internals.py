@@ -339,10 +339,7 @@ class Place:
     def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
             value = address.select.get(value)
-        if address.flat_tokens:
-            value = self._internals.unflatten(self.name, layer, value)
-        if address.merged_heads:
-            value = self._internals.unmerge_heads(self.name, layer, value)
+        value = self._unheld(address, value, layer)
         if address.views_tokens:
             value = address.token_positions(value, self._internals.count)
         if _copied(address):
@@ -351,6 +348,15 @@ class Place:
             value = value.clone()
         if address.scale is not None:
             value = value * self._internals.scale(address.scale)
+        return value
+
+    def _unheld(self, address: Address, value: Any, layer: int | None) -> Any:
+        """``value`` viewed apart where the block holds it flat (``flat_tokens``) or
+        with batch and heads merged (``merged_heads``); otherwise as it is."""
+        if address.flat_tokens:
+            value = self._internals.unflatten(self.name, layer, value)
+        if address.merged_heads:
+            value = self._internals.unmerge_heads(self.name, layer, value)
         return value
 
     def where(self, layer: int | None) -> str:
@@ -383,12 +389,7 @@ class Place:
         full = current
         if address.flat_tokens or address.merged_heads:
             # checked against the place as a read hands it on, written through the view
-            seen = current
-            if address.flat_tokens:
-                seen = self._internals.unflatten(self.name, at, seen)
-            if address.merged_heads:
-                seen = self._internals.unmerge_heads(self.name, at, seen)
-            check_value(where, value, seen)
+            check_value(where, value, self._unheld(address, current, at))
             value = value.reshape(current.shape)
         else:
             if address.views_tokens:  # the tokens' positions of the value there (a view)
