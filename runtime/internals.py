@@ -319,7 +319,9 @@ class Place:
             if read is not None:  # a module boundary read before: no resolving again
                 envoy, attr, needs = read
                 value = getattr(envoy, attr)
-                return value if needs is None else self._finish(needs, value, layer)
+                if needs is None:
+                    return value
+                return self._finish(needs, value, self._internals._layer(self, layer))
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
             return envoy
@@ -334,7 +336,7 @@ class Place:
                 and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
-        return self._finish(address, getattr(envoy, attr), layer)
+        return self._finish(address, getattr(envoy, attr), self._internals._layer(self, layer))
 
     def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
