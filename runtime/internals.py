@@ -217,6 +217,17 @@ def _installed(package: str) -> str | None:
         return None
 
 
+def outside_versions(versions: tuple[tuple[str, str], ...]) -> tuple[str, str, str] | None:
+    """The first (package, range, installed version) of ``versions`` whose installed
+    version is outside its range, or None where every installed one is inside (a
+    package not installed is not held against a row)."""
+    for package, spec in versions:
+        installed = _installed(package)
+        if installed is not None and Version(installed) not in SpecifierSet(spec):
+            return package, spec, installed
+    return None
+
+
 class Place:
     """One row of ``model.internals``: read with ``[layer]`` (or ``()`` for a
     whole-model place), write with ``[layer] = tensor``."""
@@ -690,14 +701,14 @@ class Internals(Mapping[str, Place]):
 
     def _reason(self, name: str, row: Address, layer: int | None) -> str | None:
         """Why ``row`` does not exist at ``layer`` (None where it does)."""
-        for package, spec in row.versions:
-            installed = _installed(package)
-            if installed is not None and Version(installed) not in SpecifierSet(spec):
-                return (
-                    f"{name}'s row holds for {package} {spec}, and {package} {installed} is "
-                    "installed: update the row (its needles) for this version, or install a "
-                    "version in that range"
-                )
+        outside = outside_versions(row.versions)
+        if outside is not None:
+            package, spec, installed = outside
+            return (
+                f"{name}'s row holds for {package} {spec}, and {package} {installed} is "
+                "installed: update the row (its needles) for this version, or install a "
+                "version in that range"
+            )
         for item in row.unavailable:
             cond = item.when
             if cond.kind == "always":
