@@ -19,7 +19,7 @@ from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
 from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
-from .ops import find_op, op_path
+from .ops import find_op, inner_op
 
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
@@ -217,6 +217,17 @@ def _installed(package: str) -> str | None:
         return None
 
 
+def outside_versions(versions: tuple[tuple[str, str], ...]) -> tuple[str, str, str] | None:
+    """The first (package, range, installed version) of ``versions`` whose installed
+    version is outside its range, or None where every installed one is inside (a
+    package not installed is not held against a row)."""
+    for package, spec in versions:
+        installed = _installed(package)
+        if installed is not None and Version(installed) not in SpecifierSet(spec):
+            return package, spec, installed
+    return None
+
+
 class Place:
     """One row of ``model.internals``: read with ``[layer]`` (or ``()`` for a
     whole-model place), write with ``[layer] = tensor``."""
@@ -304,15 +315,13 @@ class Place:
                 module=module,
                 model_class=internals.model_class,
             )
-            for needle in address.source[1:]:
-                op = find_op(
-                    op.source,
-                    needle,
-                    row=self.name,
-                    module=f"{module}.{op_path(op).split('.')[-1]}",
-                    model_class=internals.model_class,
-                )
-            envoy = op
+            envoy = inner_op(
+                op,
+                address.source[1:],
+                row=self.name,
+                module=module,
+                model_class=internals.model_class,
+            )
         return address, envoy
 
     def get(self, layer: int | None = None) -> Any:
@@ -321,7 +330,9 @@ class Place:
             if read is not None:  # a module boundary read before: no resolving again
                 envoy, attr, needs = read
                 value = getattr(envoy, attr)
-                return value if needs is None else self._finish(needs, value, layer)
+                if needs is None:
+                    return value
+                return self._finish(needs, value, self._internals._layer(self, layer))
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
             return envoy
@@ -336,15 +347,12 @@ class Place:
                 and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
-        return self._finish(address, getattr(envoy, attr), layer)
+        return self._finish(address, getattr(envoy, attr), self._internals._layer(self, layer))
 
     def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
             value = address.select.get(value)
-        if address.flat_tokens:
-            value = self._internals.unflatten(self.name, layer, value)
-        if address.merged_heads:
-            value = self._internals.unmerge_heads(self.name, layer, value)
+        value = self._unheld(address, value, layer)
         if address.views_tokens:
             value = address.token_positions(value, self._internals.count)
         if _copied(address):
@@ -353,6 +361,15 @@ class Place:
             value = value.clone()
         if address.scale is not None:
             value = value * self._internals.scale(address.scale)
+        return value
+
+    def _unheld(self, address: Address, value: Any, layer: int | None) -> Any:
+        """``value`` viewed apart where the block holds it flat (``flat_tokens``) or
+        with batch and heads merged (``merged_heads``); otherwise as it is."""
+        if address.flat_tokens:
+            value = self._internals.unflatten(self.name, layer, value)
+        if address.merged_heads:
+            value = self._internals.unmerge_heads(self.name, layer, value)
         return value
 
     def where(self, layer: int | None) -> str:
@@ -385,12 +402,7 @@ class Place:
         full = current
         if address.flat_tokens or address.merged_heads:
             # checked against the place as a read hands it on, written through the view
-            seen = current
-            if address.flat_tokens:
-                seen = self._internals.unflatten(self.name, at, seen)
-            if address.merged_heads:
-                seen = self._internals.unmerge_heads(self.name, at, seen)
-            check_value(where, value, seen)
+            check_value(where, value, self._unheld(address, current, at))
             value = value.reshape(current.shape)
         else:
             if address.views_tokens:  # the tokens' positions of the value there (a view)
@@ -689,14 +701,14 @@ class Internals(Mapping[str, Place]):
 
     def _reason(self, name: str, row: Address, layer: int | None) -> str | None:
         """Why ``row`` does not exist at ``layer`` (None where it does)."""
-        for package, spec in row.versions:
-            installed = _installed(package)
-            if installed is not None and Version(installed) not in SpecifierSet(spec):
-                return (
-                    f"{name}'s row holds for {package} {spec}, and {package} {installed} is "
-                    "installed: update the row (its needles) for this version, or install a "
-                    "version in that range"
-                )
+        outside = outside_versions(row.versions)
+        if outside is not None:
+            package, spec, installed = outside
+            return (
+                f"{name}'s row holds for {package} {spec}, and {package} {installed} is "
+                "installed: update the row (its needles) for this version, or install a "
+                "version in that range"
+            )
         for item in row.unavailable:
             cond = item.when
             if cond.kind == "always":

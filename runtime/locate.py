@@ -29,7 +29,7 @@ from .geometry import (
     num_kv_heads,
     width_of,
 )
-from .internals import _installed, child
+from .internals import child, outside_versions
 from .ops import OperationNotFound, op_name
 
 
@@ -312,9 +312,6 @@ def _boundary(
 def _interior(
     model: Any, spec: Component, interior: Interior, layer: int | None, head: int | None
 ) -> ComponentAddress:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
-
     internals = model.internals
     at = _check_layer(model, spec.name, True, layer)
     assert at is not None
@@ -327,16 +324,16 @@ def _interior(
             raise _refuse(
                 spec.name, FAMILY_INTERIORS_UNAVAILABLE[family].replace("{place}", spec.name)
             )
-    for package, rng in interior.versions:
-        installed = _installed(package)
-        if installed is not None and Version(installed) not in SpecifierSet(rng):
-            raise _refuse(
-                spec.name,
-                (
-                    f"its needles hold for {package} {rng}, and {package} {installed} is installed: "
-                    "update registry/interiors.yaml for this version"
-                ),
-            )
+    outside = outside_versions(interior.versions)
+    if outside is not None:
+        package, rng, installed = outside
+        raise _refuse(
+            spec.name,
+            (
+                f"its needles hold for {package} {rng}, and {package} {installed} is installed: "
+                "update registry/interiors.yaml for this version"
+            ),
+        )
     implementation = attn_implementation(model)
     if interior.eager_only and implementation != "eager":
         raise _refuse(

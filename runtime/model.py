@@ -75,16 +75,9 @@ def _text_config(config: Any) -> Any:
 
 
 def _versions_hold(row: Address) -> bool:
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import Version
+    from .internals import outside_versions
 
-    from .internals import _installed
-
-    for package, spec in row.versions:
-        installed = _installed(package)
-        if installed is not None and Version(installed) not in SpecifierSet(spec):
-            return False
-    return True
+    return outside_versions(row.versions) is None
 
 
 def _refused_by_config(row: Address, config: Any) -> bool:

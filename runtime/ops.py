@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import weakref
+from collections.abc import Sequence
 from typing import Any
 
 from .compat import forward_key, parsed_source, source_identity
@@ -93,6 +94,15 @@ def find_op(
         name = hits[0]
         names[needle] = name
     return getattr(source_envoy, name)
+
+
+def inner_op(op: Any, needles: Sequence[str], *, row: str, module: str, model_class: str) -> Any:
+    """The operation ``needles`` name one inside another, starting in the forward of
+    ``op`` (an operation of ``module``'s forward): each needle after a row's first."""
+    for needle in needles:
+        module = f"{module}.{op_path(op).split('.')[-1]}"
+        op = find_op(op.source, needle, row=row, module=module, model_class=model_class)
+    return op
 
 
 # Operation names by (the module's true forward, needle): every module whose forward

@@ -16,7 +16,7 @@ from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
 from .locate import ComponentAddress, _refuse
-from .ops import OperationNotFound, find_op
+from .ops import OperationNotFound, inner_op
 
 
 def _interior_op(model: Any, address: ComponentAddress) -> Any:
@@ -25,16 +25,13 @@ def _interior_op(model: Any, address: ComponentAddress) -> Any:
 
 
 def _inner_op(model: Any, address: ComponentAddress, outer: Any) -> Any:
-    op = outer
-    for needle in address.needles[1:]:
-        op = find_op(
-            op.source,
-            needle,
-            row=address.accessor,
-            module=f"layers.{address.layer}.{address.module}.{address.op}",
-            model_class=model.internals.model_class,
-        )
-    return op
+    return inner_op(
+        outer,
+        address.needles[1:],
+        row=address.accessor,
+        module=f"layers.{address.layer}.{address.module}",
+        model_class=model.internals.model_class,
+    )
 
 
 def _whole(model: Any, address: ComponentAddress) -> Any:

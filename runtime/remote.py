@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from . import plain as plain_module
-from .internals import WriteRefused, _installed, boundary, child
+from .internals import WriteRefused, _copied, _installed, boundary, child
 
 
 class RemoteRefused(RuntimeError):
@@ -319,6 +319,13 @@ def _where(address: Any) -> str:
     return where + (f".stream[{address.stream}]" if address.stream is not None else "")
 
 
+def _heads_merged(address: Any) -> RemoteRefused:
+    return RemoteRefused(
+        f"{address.component} is held with batch and heads merged, (batch*heads, ...), "
+        "which plain remote steps do not view apart: read it in a local trace"
+    )
+
+
 def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool) -> dict[str, Any]:
     """One plan step as plain data: the Envoy, the operations below it, the side, and
     what a read or write does with the tensor there."""
@@ -363,10 +370,7 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
         if write and row.read_only is not None:
             raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
         if row.merged_heads or address.merged_heads:
-            raise RemoteRefused(
-                f"{address.component} is held with batch and heads merged, (batch*heads, "
-                "...), which plain remote steps do not view apart: read it in a local trace"
-            )
+            raise _heads_merged(address)
         if row.flat_tokens:
             raise RemoteRefused(
                 f"{address.component} is held flat, (batch*seq, ...), and is viewed back with "
@@ -392,17 +396,14 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
             # Place.get/set's contract: a read where the tensor changes in place later
             # (the forward's own add, or an in-place write) is a copy; a write at a
             # snapshot place hands the model a copy of the value
-            copy=bool(row.snapshot) or row.write == "in_place",
+            copy=_copied(row),
             snapshot=bool(row.snapshot),
             scale=internals.scale(row.scale) if row.scale is not None else None,
             in_place=row.write == "in_place",
         )
         return step
     if address.merged_heads:
-        raise RemoteRefused(
-            f"{address.component} is held with batch and heads merged, (batch*heads, ...), "
-            "which plain remote steps do not view apart: read it in a local trace"
-        )
+        raise _heads_merged(address)
     envoy = child(internals.layer_envoy(address.layer), address.module)
     step.update(envoy=envoy, ops=tuple(address.needles), take=tuple(address.take))
     return step

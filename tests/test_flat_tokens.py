@@ -85,6 +85,23 @@ def test_a_flat_place_reads_as_batch_seq_and_writes_through_the_view(
     assert not torch.allclose(clean, hidden[0]), "the write reaches the block's output"
 
 
+@pytest.mark.parametrize(("case", "row"), FLAT[:1])
+def test_a_flat_place_reads_at_a_layer_counted_from_the_end(
+    case: object, row: str, tiny_model: Load
+) -> None:
+    # the layer's tokens are looked up by its index, never by the negative one given
+    model = tiny_model(case.spec)  # type: ignore[attr-defined]
+    inputs = c.sample_inputs(model)
+    last = model.internals.num_layers - 1
+    if model.internals[row].unavailable_on(last) is not None:
+        pytest.skip(f"{row} is refused on the last layer")
+    with model.trace(inputs):
+        counted = model.internals[row][last].save()
+        from_end = model.internals[row][-1].save()
+    assert from_end.shape[:2] == tuple(inputs["input_ids"].shape)
+    assert torch.equal(from_end, counted)
+
+
 @pytest.mark.parametrize(("case", "row"), FLAT)
 def test_a_flat_place_refuses_a_write_of_the_flat_shape(
     case: object, row: str, tiny_model: Load
