@@ -19,6 +19,7 @@ from typing import Any
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
+from causalab_mini.tools.position_checks import interchange_identities, position_reads_and_writes
 
 
 @dataclass(frozen=True)
@@ -411,6 +412,8 @@ CHECKS: tuple[Check, ...] = (
     write_reaches_stream,
     write_keeps_earlier_reads,
     attention_write_shifts_mid,
+    position_reads_and_writes,
+    interchange_identities,
 )
 
 __all__ = ["CHECKS", "Check", "Context", "Outcome", "row_components"]
