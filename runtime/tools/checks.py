@@ -18,8 +18,8 @@ from typing import Any
 
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
+from causalab_mini.tools import position_checks
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.position_checks import interchange_identities, position_reads_and_writes
 
 
 @dataclass(frozen=True)
@@ -394,6 +394,18 @@ def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
         yield Outcome(
             ("attention_output",), shift.name, shift.ok, f"max error {shift.max_error:.3g}"
         )
+
+
+def position_reads_and_writes(ctx: Context) -> Iterator[Outcome]:
+    """Reads and writes at positions (``position_checks``)."""
+    for found in position_checks.position_reads_and_writes(ctx):
+        yield Outcome(*found)
+
+
+def interchange_identities(ctx: Context) -> Iterator[Outcome]:
+    """The interchange identities (``position_checks``)."""
+    for found in position_checks.interchange_identities(ctx):
+        yield Outcome(*found)
 
 
 # The checks the sweep runs, in this order, on every architecture.
