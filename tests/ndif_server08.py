@@ -262,12 +262,15 @@ def handler(server: Server) -> type[BaseHTTPRequestHandler]:
         def _subscribe(self) -> None:
             """The websocket: a session id, then that session's statuses, until the
             client closes it (websockets' sans-I/O protocol does the framing)."""
-            from websockets.datastructures import Headers
-            from websockets.http11 import Request
             from websockets.server import ServerProtocol
 
             protocol = ServerProtocol(max_size=None)
-            response = protocol.accept(Request(self.path, Headers(list(self.headers.items()))))
+            # the handshake as it came (http.server has read it off the socket): the
+            # protocol parses it, then frames what follows
+            head = "".join(f"{k}: {v}\r\n" for k, v in self.headers.items())
+            protocol.receive_data(f"{self.requestline}\r\n{head}\r\n".encode("latin-1"))
+            (request,) = protocol.events_received()
+            response = protocol.accept(request)
             protocol.send_response(response)
             sock = self.connection
             sock.sendall(b"".join(protocol.data_to_send()))
