@@ -384,16 +384,25 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     # ------------------------------------------------------------ remote
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
-        if kwargs.get("remote") is True and kwargs.get("backend") is None:
-            # nnsight's RemoteBackend, whose failures say what the server lacks
-            kwargs["backend"] = _remote.backend(self, kwargs.get("blocking", True))
+        remote, backend = kwargs.get("remote"), kwargs.get("backend")
+        if _remote.wants_backend(remote, backend):
+            # nnsight's RemoteBackend (at the host a string names), whose failures say
+            # what the server lacks
+            kwargs["backend"] = _remote.backend(
+                self,
+                kwargs.get("blocking", True),
+                host=_remote.remote_host(remote, backend),
+                job_id=kwargs.get("job_id"),
+                verbose=kwargs.get("verbose", False),
+            )
         return super().trace(*inputs, **kwargs)
 
-    def to_model_key(self) -> str:
+    def to_model_key(self, host: str | None = None) -> str:
         """The model key a remote request names (nnsight's), after checking that the
-        server has what a trace of this model's places needs (where it says)."""
+        server (at ``host``, default nnsight's configured one) has what a trace of
+        this model's places needs (where it says)."""
         _remote.ensure_model_key(self)
-        _remote.preflight_packages(self)
+        _remote.preflight_packages(self, host)
         key: str = super().to_model_key()
         return key
 
