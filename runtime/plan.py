@@ -357,13 +357,7 @@ class Plan:
         if remote.get("remote") or remote.get("backend") is not None:
             from .remote import run_plan
 
-            if indices:
-                raise _refuse(
-                    next(s.address.component for s in self.steps if s.address.position),
-                    "a plan with positions runs locally for now: remote plans send whole "
-                    "places (read them remotely and select the tokens from what returns)",
-                )
-            return run_plan(self, model, inputs, held=held, **remote)
+            return run_plan(self, model, inputs, held=held, indices=indices, **remote)
         saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
         sources = _prepare_sources(model, [s.address for s in self.steps])
         try:

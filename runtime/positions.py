@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import plain
+
 ANCHORS = ("bos", "eos")
 FRAMES = ("plain", "chat")
 
@@ -485,34 +487,10 @@ def stacked(indices: Sequence[Sequence[int]], position: Any) -> Any:
     return torch.tensor([list(r) for r in indices], dtype=torch.long)
 
 
-def take(value: Any, index: Any, axis: int) -> Any:
-    """The positions ``index`` (batch, n) of ``value`` along its sequence ``axis``:
-    (batch, ..., n, ...), each row its own positions."""
-    rows = index.shape[0]
-    if value.shape[0] != rows:
-        raise PositionError(
-            f"the positions were resolved for {rows} rows and the tensor has "
-            f"{value.shape[0]}: resolve them on the batch the trace runs"
-        )
-    moved = value.movedim(axis, 1)
-    picked = moved[torch_arange(rows, moved.device)[:, None], index.to(moved.device)]
-    return picked.movedim(1, axis)
-
-
-def put(value: Any, index: Any, axis: int, new: Any) -> Any:
-    """A copy of ``value`` whose positions ``index`` along ``axis`` hold ``new`` (shaped
-    as ``take`` hands them out); every other position as it was."""
-    out = value.clone()
-    moved = out.movedim(axis, 1)  # a view: writing it writes ``out``
-    rows = index.shape[0]
-    moved[torch_arange(rows, moved.device)[:, None], index.to(moved.device)] = new.movedim(axis, 1)
-    return out
-
-
-def torch_arange(n: int, device: Any) -> Any:
-    import torch
-
-    return torch.arange(n, device=device)
+# the tokens of a tensor at positions, and a copy with them replaced: one definition,
+# in the module whose functions a server runs (plain), used here and there alike
+take = plain.take_positions
+put = plain.put_positions
 
 
 def _spec_of(positions: Iterable[Position]) -> Any:

@@ -384,9 +384,12 @@ def _heads_merged(address: Any) -> RemoteRefused:
     )
 
 
-def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool) -> dict[str, Any]:
+def lower_step(
+    model: Any, address: Any, *, write: bool, value: Any, held: bool, index: Any = None
+) -> dict[str, Any]:
     """One plan step as plain data: the Envoy, the operations below it, the side, and
-    what a read or write does with the tensor there."""
+    what a read or write does with the tensor there (``index``: the (batch, n) tokens
+    of a step at positions, resolved on the client)."""
     from causalab_mini.address import IOType
 
     internals = model.internals
@@ -405,6 +408,8 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
         "scale": None,
         "in_place": False,
         "snapshot": False,
+        "index": index,
+        "axis": address.sequence_axis,
     }
     if address.stream_layout is not None:
         step["layout"] = f"streams_{address.stream_layout}"
@@ -468,7 +473,7 @@ def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool)
 
 
 def lower(
-    plan: Any, model: Any, held: bool = False
+    plan: Any, model: Any, held: bool = False, indices: Mapping[Any, Any] | None = None
 ) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
     """The plan's steps as plain data, in its order, and the addresses of its reads
     in the order the program returns them. Where an interior opens a nested
@@ -485,7 +490,8 @@ def lower(
         if len(s.address.needles) > 1:
             nested.setdefault((s.address.layer, s.address.module), []).append(s.address)
     for s in plan.steps:
-        step = lower_step(model, s.address, write=s.write, value=s.value, held=held)
+        index = (indices or {}).get(s.address.position) if s.address.position else None
+        step = lower_step(model, s.address, write=s.write, value=s.value, held=held, index=index)
         for address in _nested_sources_due(s.address, nested, opened):
             envoy = child(model.internals.layer_envoy(address.layer), address.module)
             step["nested"].append((envoy, address.needles[0]))
@@ -511,6 +517,7 @@ def run_plan(
     remote: bool | str = False,
     backend: Any = None,
     blocking: bool = True,
+    indices: Mapping[Any, Any] | None = None,
 ) -> dict[Any, Any]:
     """Run ``plan`` as plain nnsight module accesses in one trace: on NDIF with
     ``remote=True`` or ``remote="http://host"`` (or on ``backend``), else locally. Returns every read, by address,
@@ -520,7 +527,7 @@ def run_plan(
             "Plan.run(remote=True) waits for its reads: blocking=False would return before "
             "they exist; submit a trace of your own with blocking=False instead"
         )
-    program, addresses = lower(plan, model, held)
+    program, addresses = lower(plan, model, held, indices)
     wanted = expected(model)
     run = shipped()["run"]
     plain = plain_model(model)

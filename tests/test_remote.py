@@ -232,6 +232,34 @@ def test_loopback_returns_every_read_as_a_local_trace(workers: dict[str, Any], s
     assert all(p.device.type == "meta" for p in client._model.parameters())
 
 
+@pytest.mark.parametrize("server", ["full", "stock"])
+def test_loopback_runs_a_plan_at_positions_as_a_local_one(
+    workers: dict[str, Any], server: str
+) -> None:
+    """Positions are resolved on the client (a remote model has its tokenizer) and
+    travel as index tensors: a read at the last token, a per-head read at a span and
+    a write at one token give what the same plan gives locally."""
+    local = load("tiny:llama")
+    client = remote_llama()
+    texts = ["The quick brown fox", "Hello, world! The fox"]
+
+    def plan(model: StandardizedTransformer, value: Any) -> Plan:
+        reads = [
+            locate(model, "block_output", 1, position={"index": -1}),
+            locate(model, "attention_query", 1, 0, position={"span": "fox"}),
+            locate(model, "logits", position={"index": -1}),
+        ]
+        return Plan.of(reads, [(locate(model, "block_mid", 0, position={"index": 1}), value)])
+
+    value = torch.full((2, 1, local.hidden_size), 0.5)
+    want = plan(local, value).run(local, texts)
+    with loopback(workers[server]).installed():
+        got = plan(client, value).run(client, texts, remote=True)
+    assert [a.component for a in got] == [a.component for a in want]
+    for (a, v), w in zip(got.items(), want.values(), strict=True):
+        assert torch.equal(v, w), a
+
+
 def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, Any]) -> None:
     """The client resolved its places under eager attention; the server runs sdpa. On
     nnsight 0.6/0.7 that is refused; 0.8's request carries the attention implementation
