@@ -132,6 +132,7 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         "build_from",
         "builds_with",
         "side_inputs",
+        "groups",
     )  # tiny.yaml
     if head in tiny_rows and len(path) > 1:
         return str(path[1])

@@ -85,6 +85,8 @@ class TinyTables:
     not_buildable: tuple[tuple[str, str], ...] = ()
     build_from: tuple[tuple[str, str], ...] = ()
     builds_with: tuple[tuple[str, tuple[str, str]], ...] = ()
+    # group -> (its transformers auto mapping, its auto class, doc), in order
+    groups: tuple[tuple[str, tuple[str, str, str]], ...] = ()
     side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
 
@@ -115,6 +117,10 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
             for t, v in raw.get("builds_with", {}).items()
         ),
         side_inputs=table(raw.get("side_inputs", {})),
+        groups=tuple(
+            (g, (v["mapping"], v["auto_class"], " ".join(v["doc"].split())))
+            for g, v in raw.get("groups", {}).items()
+        ),
         vision_extra=table(raw["vision_extra"]),
     )
 

@@ -28,7 +28,7 @@ from . import remote as _remote  # noqa: E402
 from .internals import Internals, Place, RenameError  # noqa: E402
 from .ops import find_op  # noqa: E402
 from .quiet import quiet  # noqa: E402
-from .spec import prepare_model_spec  # noqa: E402
+from .spec import group_auto_class, prepare_model_spec  # noqa: E402
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(
@@ -277,10 +277,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
-        if merged.auto_class and isinstance(model, str) and "automodel" not in kwargs:
+        auto_class = merged.auto_class or group_auto_class(model_type)
+        if auto_class and isinstance(model, str) and "automodel" not in kwargs:
             # the family's transformers auto class (a language model inside a
-            # multimodal wrapper), said the way the installed nnsight takes it
-            for key, value in compat.auto_class_kwargs(merged.auto_class).items():
+            # multimodal wrapper), else its group's, said the way nnsight takes it
+            for key, value in compat.auto_class_kwargs(auto_class).items():
                 kwargs.setdefault(key, value)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention

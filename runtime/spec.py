@@ -118,7 +118,24 @@ def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config:
         auto = FAMILY_RENAME[name].auto_class
         if auto is not None and match.matches(class_names, model_type, config):
             found = auto
+    if found == DEFAULT_AUTO_CLASS:
+        return group_auto_class(model_type) or found
     return found
+
+
+def group_auto_class(model_type: str | None) -> str | None:
+    """The auto class of the group (registry/tiny.yaml ``groups``) ``model_type`` is in,
+    the first whose transformers mapping has it, where that is not
+    AutoModelForCausalLM: an image-text-to-text wrapper no family file names loads
+    (and ``tiny:`` builds) whole, with its image-text-to-text class. None otherwise."""
+    from transformers.models.auto import modeling_auto
+
+    from causalab_mini.generated.tiny import TINY_GROUPS
+
+    for mapping, auto, _ in TINY_GROUPS.values():
+        if model_type in getattr(modeling_auto, mapping, {}):
+            return None if auto == DEFAULT_AUTO_CLASS else auto
+    return None
 
 
 def prepare_model_spec(
@@ -182,5 +199,6 @@ __all__ = [
     "TINY_PREFIX",
     "ModelSpecError",
     "auto_class_for",
+    "group_auto_class",
     "prepare_model_spec",
 ]

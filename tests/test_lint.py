@@ -319,6 +319,33 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "tiny.yaml:15:14: X020 [drafter] side input 'kv' reads 'per_layer_config.@layer.head_dim', whose @layer indexes the first layer of each layer type: only a shape under per_layer_type may use it (the per_layer_type path itself names the whole list)",
         ],
     ),
+    "X021": (
+        [
+            (
+                "tiny.yaml",
+                None,
+                "schema_version: 1\n"
+                "sizes: {hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 128,\n"
+                "  layers: 3, vocab: 512, reserved_ids: 16, max_positions: 128, experts: 4,\n"
+                "  experts_per_token: 2, expert_intermediate: 32, pad_id: 0, bos_id: 1, eos_id: 2}\n"
+                "generic: {hidden_size: 64}\nkeep_off: []\noverrides: {}\nnot_buildable: {}\n"
+                "groups:\n"
+                "  vlm:\n"
+                "    doc: image-text-to-text wrappers\n"
+                "    mapping: MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES\n"
+                "    auto_class: AutoModelForImageTextToText\n"
+                "  pictures:\n"
+                "    doc: the same mapping again\n"
+                "    mapping: MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES\n"
+                "    auto_class: AutoModelForImageTextToText\n"
+                "vision_extra: {}\n",
+            )
+        ],
+        [
+            "tiny.yaml:13:17: X021 [vlm] the first group (vlm) is built with AutoModelForImageTextToText: the first group is the causal LMs (AutoModelForCausalLM, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), whose model types every later group leaves to it; put that group first",
+            "tiny.yaml:16:14: X021 [pictures] group pictures takes the model types of MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, which group vlm already takes: a model type is in the first group whose mapping has it, so pictures would be empty; name another mapping or drop the group",
+        ],
+    ),
     "X016": (
         [
             (

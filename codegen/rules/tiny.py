@@ -1,6 +1,8 @@
 """tiny.yaml: sizes that fit together (X018), keep_off naming keys of the generic
-table (X007), side inputs that can be made (X020). A model type need not be one the installed transformers has (an
-override for a type it lacks is simply not used), so none is checked against it."""
+table (X007), side inputs that can be made (X020), groups that can each take model
+types, the causal LMs' first (X021). A model type need not be one the installed
+transformers has (an override for a type it lacks is simply not used), so none is
+checked against it."""
 
 from __future__ import annotations
 
@@ -88,4 +90,31 @@ def tiny(ctx: Context) -> None:
                     "layer of each layer type: only a shape under per_layer_type may use it "
                     "(the per_layer_type path itself names the whole list)",
                 )
+    groups = list(data.get("groups", {}).items())
+    if groups and groups[0][1]["auto_class"] != "AutoModelForCausalLM":
+        name = groups[0][0]
+        ctx.err(
+            ti,
+            d,
+            ("groups", name, "auto_class"),
+            "X021",
+            name,
+            f"the first group ({name}) is built with {groups[0][1]['auto_class']}: the first "
+            "group is the causal LMs (AutoModelForCausalLM, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), "
+            "whose model types every later group leaves to it; put that group first",
+        )
+    seen: dict[str, str] = {}
+    for name, group in groups:
+        earlier = seen.setdefault(group["mapping"], name)
+        if earlier != name:
+            ctx.err(
+                ti,
+                d,
+                ("groups", name, "mapping"),
+                "X021",
+                name,
+                f"group {name} takes the model types of {group['mapping']}, which group "
+                f"{earlier} already takes: a model type is in the first group whose mapping "
+                f"has it, so {name} would be empty; name another mapping or drop the group",
+            )
     ctx.reg.tiny = model.tiny(data)
