@@ -438,6 +438,16 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if wanted is not None:
             _remote.check_arrival(self, wanted)
 
+    def lens(self, hidden: Any) -> Any:
+        """The logits the model makes from ``hidden`` taken as its last block's output
+        (``layers_output[last]``): exactly what it applies after the last block (final
+        norm, head, soft-capping, logit scales: the family's ``lens`` rows), inside a
+        trace or outside one. ``LensRefused`` (with the family's reason) where the head
+        reads more than the stream."""
+        from .logit_lens import apply
+
+        return apply(self, hidden)
+
     # ------------------------------------------------------------ properties
 
     @property
