@@ -81,10 +81,10 @@ def apply(model: Any, hidden: Any) -> Any:
             if module is None:
                 raise _refused(model, f"{step.arg}'s module {row.module!r} is not in the model")
             value = module(value)
-        elif step.kind == "multiply":
-            value = value * _config_value(model, step.arg)
-        elif step.kind == "divide":
-            value = value / _config_value(model, step.arg)
+        elif step.kind in ("multiply", "divide"):
+            factor = _config_value(model, step.arg)
+            if factor is not None:  # as the model: no scale where the config has none
+                value = value * factor if step.kind == "multiply" else value / factor
         elif step.kind == "softcap":
             cap = _config_value(model, step.arg)
             if cap is not None:
