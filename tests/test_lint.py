@@ -319,6 +319,20 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "tiny.yaml:15:14: X020 [drafter] side input 'kv' reads 'per_layer_config.@layer.head_dim', whose @layer indexes the first layer of each layer type: only a shape under per_layer_type may use it (the per_layer_type path itself names the whole list)",
         ],
     ),
+    "X021": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family whose lens applies a layer's place.\n"
+                "match:\n  model_types: [llama]\n"
+                "lens:\n  steps:\n    - apply: layers_output\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:8:14: X021 [zeta] the lens applies 'layers_output', which is not a whole-model row (a lens calls the module of a whole-model place: embeddings_input, embeddings_output, lm_head_output, ln_final_output, logits); name one of those",
+        ],
+    ),
     "X016": (
         [
             (

@@ -125,7 +125,7 @@ class Context:
                     "X021",
                     owner,
                     f"the lens applies {target!r}, which is not a whole-model row (a "
-                    "lens calls the module of a place after the last block: "
+                    "lens calls the module of a whole-model place: "
                     f"{', '.join(sorted(whole_model))}); name one of those",
                 )
 
