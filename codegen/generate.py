@@ -187,6 +187,8 @@ def _tables(registry: Registry) -> dict[str, Any]:
             if f.interiors
         },
         "family_operands": {f.name: dict(f.operands) for f in families if f.operands},
+        "lens": registry.lens,
+        "family_lens": {f.name: f.lens for f in families if f.lens is not None},
         "family_structure_unknown": {
             f.name: f.structure_unknown_reason for f in families if f.structure_unknown_reason
         },

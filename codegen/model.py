@@ -20,6 +20,8 @@ from causalab_mini.address import (
     IOType,
     LayerKind,
     LeadingPositions,
+    Lens,
+    LensStep,
     Operand,
     Select,
     Streams,
@@ -41,6 +43,7 @@ __all__ = [
     "frozen",
     "interior",
     "layer_kind",
+    "lens",
     "match",
     "operand",
     "rank_key",
@@ -71,6 +74,9 @@ class FamilyDef:
     # why no block structure applies to this family (the reason of every structural
     # place), where none does
     structure_unknown_reason: str | None = None
+    # what the model applies to the last block's output to make its logits, where it
+    # is not the default lens (places.yaml)
+    lens: Lens | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,8 @@ class Registry:
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
     tiny: TinyTables = field(default_factory=TinyTables)
+    # the default lens (places.yaml): the last block's output to the logits
+    lens: Lens = field(default_factory=Lens)
 
     def structure_of(self, name: str) -> str | None:
         """The structure that declares the row ``name`` (None for a default row or no
@@ -370,4 +378,13 @@ def family(
         ),
         operands=tuple((name, operand(o)) for name, o in raw.get("operands", {}).items()),
         structure_unknown_reason=_joined(raw.get("structure_unknown_reason")),
+        lens=lens(raw["lens"]) if "lens" in raw else None,
     )
+
+
+def lens(raw: dict[str, Any]) -> Lens:
+    """A ``lens`` mapping (places.yaml, a family file) as a Lens."""
+    steps = tuple(
+        LensStep(kind, arg) for step in raw.get("steps", ()) for kind, arg in step.items()
+    )
+    return Lens(steps=steps, unavailable=_joined(raw.get("unavailable")))

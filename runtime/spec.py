@@ -138,6 +138,29 @@ def group_auto_class(model_type: str | None) -> str | None:
     return None
 
 
+def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
+    """Whether a family's ``auto_class`` loads a checkpoint whose config names
+    ``architectures``: where it maps one of them, or where they name no class
+    AutoModelForCausalLM maps either (nothing says otherwise). A checkpoint saved by
+    the causal-LM class of a wrapper's model type (``MllamaForCausalLM`` beside
+    ``MllamaForConditionalGeneration``) is loaded with AutoModelForCausalLM, whose
+    class holds its tensors under its names."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    def classes(mapping: Any) -> set[str]:
+        found: set[str] = set()
+        for value in mapping.values():
+            found.update((value,) if isinstance(value, str) else tuple(value))
+        return found
+
+    auto = getattr(transformers, auto_class)
+    mapped = classes(getattr(auto._model_mapping, "_model_mapping", {}))
+    if set(architectures) & mapped:
+        return True
+    return not set(architectures) & classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
 def prepare_model_spec(
     spec: str, kwargs: dict[str, Any] | None = None
 ) -> tuple[str, dict[str, Any]]:
@@ -199,6 +222,7 @@ __all__ = [
     "TINY_PREFIX",
     "ModelSpecError",
     "auto_class_for",
+    "auto_class_maps",
     "group_auto_class",
     "prepare_model_spec",
 ]

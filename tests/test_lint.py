@@ -346,6 +346,20 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "tiny.yaml:16:14: X021 [pictures] group pictures takes the model types of MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, which group vlm already takes: a model type is in the first group whose mapping has it, so pictures would be empty; name another mapping or drop the group",
         ],
     ),
+    "X022": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family whose lens applies a layer's place.\n"
+                "match:\n  model_types: [llama]\n"
+                "lens:\n  steps:\n    - apply: layers_output\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:8:14: X022 [zeta] the lens applies 'layers_output', which is not a whole-model row (a lens calls the module of a whole-model place: embeddings_input, embeddings_output, lm_head_output, ln_final_output, logits); name one of those",
+        ],
+    ),
     "X016": (
         [
             (

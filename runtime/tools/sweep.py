@@ -146,6 +146,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             result[name].update(extra)
         if name in heads_refused:
             result[name]["heads_refused"] = heads_refused[name]
+    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
+        if name in result:
+            result[name].update(notes)
     return result
 
 
@@ -1182,6 +1185,23 @@ def differences_markdown(report: dict[str, Any], other: dict[str, Any]) -> list[
     return lines
 
 
+def _lens(result: dict[str, Any]) -> str:
+    """The lens identity's figure for one architecture (checks.lens_identity): ok or
+    broken with the worst error, or refused with the family's reason."""
+    return str(result.get("components", {}).get("logits", {}).get("lens", ""))
+
+
+def _lens_summary(report: dict[str, Any]) -> str:
+    from causalab_mini.tools.checks import LENS_IDENTITY
+
+    states = [_lens(r).split(":", 1)[0] for r in report["results"] if _lens(r)]
+    return (
+        f"Lens identity `{LENS_IDENTITY}` (`model.lens`, the family's lens rows): "
+        f"**{states.count('ok')} ok**, **{states.count('refused')} refused** with the "
+        f"family's reason, **{states.count('broken')} broken** (column lens)."
+    )
+
+
 def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = None) -> str:
     """docs/coverage.md from a sweep report and the registry's block structures; with
     ``against`` (another run's report), where that run differs."""
@@ -1265,8 +1285,10 @@ def _group_markdown(
         f"Components: **{s['ok']} ok** (certified on real tensors), **{s['refused']} refused** "
         f"with a reason, **{s['broken']} broken**.",
         "",
-        "| architecture | class | structure | ok | refused | broken | note |",
-        "|---|---|---|---|---|---|---|",
+        _lens_summary({"results": results}),
+        "",
+        "| architecture | class | structure | ok | refused | broken | lens | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         counts = {"ok": 0, "refused": 0, "broken": 0}
@@ -1284,6 +1306,7 @@ def _group_markdown(
         lines.append(
             f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
             f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
+            f"{_cell(_lens(r), 120)} | "
             f"{'' if r['outcome'] == 'certified' else r['outcome'] + ': '}{note} |"
         )
         for item in r["components"].values():
