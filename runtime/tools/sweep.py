@@ -1235,7 +1235,7 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
     for group in order:
         part = _group_markdown(report, group, by_group[group], several, reasons)
         if not several:  # one group: the layout of a causal-LM sweep alone
-            at = part.index("| architecture | class | structure | ok | refused | broken | note |")
+            at = next(i for i, line in enumerate(part) if line.startswith("Lens identity"))
             part[at:at] = [structures, ""]
         lines += part
     lines += ["", "## Refusals, by reason", "", "| times | reason |", "|---|---|"]
