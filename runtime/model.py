@@ -25,13 +25,14 @@ from causalab_mini.generated import (  # noqa: E402
 )
 
 from . import remote as _remote  # noqa: E402
+from .classes import auto_class_maps, group_auto_class  # noqa: E402
 from .internals import Internals, Place, RenameError  # noqa: E402
 from .loading import LoadRefused, LoadReport  # noqa: E402
 from .loading import check as check_load  # noqa: E402
 from .loading import recorded as recorded_loads  # noqa: E402
 from .ops import find_op  # noqa: E402
 from .quiet import quiet  # noqa: E402
-from .spec import auto_class_maps, group_auto_class, prepare_model_spec  # noqa: E402
+from .spec import prepare_model_spec  # noqa: E402
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(

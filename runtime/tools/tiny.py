@@ -148,7 +148,7 @@ def build_class(model_type: str) -> str:
     tower included), else its group's (registry/tiny.yaml ``groups``)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from causalab_mini.spec import auto_class_for
+    from causalab_mini.classes import auto_class_for
 
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
@@ -177,7 +177,7 @@ def _recipe(model_type: str) -> dict[str, Any]:
     override rows of its config and sub-configs, a build class other than
     AutoModelForCausalLM): part of the cache key, so that changing a type's own rows
     rebuilds that type and no other."""
-    from causalab_mini.spec import DEFAULT_AUTO_CLASS
+    from causalab_mini.classes import DEFAULT_AUTO_CLASS
 
     recipe: dict[str, Any] = {}
     rows = {t: _overrides(t) for t in _config_types(model_type) if t in TINY_OVERRIDES}
