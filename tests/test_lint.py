@@ -319,6 +319,33 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "tiny.yaml:15:14: X020 [drafter] side input 'kv' reads 'per_layer_config.@layer.head_dim', whose @layer indexes the first layer of each layer type: only a shape under per_layer_type may use it (the per_layer_type path itself names the whole list)",
         ],
     ),
+    "X021": (
+        [
+            (
+                "tiny.yaml",
+                None,
+                "schema_version: 1\n"
+                "sizes: {hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 128,\n"
+                "  layers: 3, vocab: 512, reserved_ids: 16, max_positions: 128, experts: 4,\n"
+                "  experts_per_token: 2, expert_intermediate: 32, pad_id: 0, bos_id: 1, eos_id: 2}\n"
+                "generic: {hidden_size: 64}\nkeep_off: []\noverrides: {}\nnot_buildable: {}\n"
+                "vision_extra: {}\n"
+                "tokenizer_default: {adds: bos}\n"
+                "tokenizers:\n"
+                "  gpt2: {adds: nothing}\n"
+                "  pegasus: {adds: eos_bos}\n"
+                "  qwen2: {adds: none, chat_template: chatml}\n"
+                "chat_templates:\n"
+                "  gemma: \"{% for message in messages %}{{ message['content'] }}\"\n",
+            )
+        ],
+        [
+            "tiny.yaml:12:16: X021 [gpt2] adds 'nothing', which is not a kind of tiny tokenizer (did you mean 'none'?); write one of none (adds nothing), bos (a BOS token before the text), eos (an EOS token after it), bos_eos (both)",
+            "tiny.yaml:13:19: X021 [pegasus] adds 'eos_bos', which is not a kind of tiny tokenizer (did you mean 'bos_eos'?); write one of none (adds nothing), bos (a BOS token before the text), eos (an EOS token after it), bos_eos (both)",
+            "tiny.yaml:14:38: X021 [qwen2] chat_template 'chatml' is not a template of chat_templates (it holds: gemma); add it there or name one of those",
+            "tiny.yaml:16:10: X021 [gemma] chat template 'gemma' does not parse as Jinja: Unexpected end of template. Jinja was looking for the following tags: 'endfor' or 'else'. The innermost block that needs to be closed is 'for'. (its line 1); fix the template",
+        ],
+    ),
     "X016": (
         [
             (

@@ -30,12 +30,16 @@ from typing import TYPE_CHECKING, Any
 from causalab_mini.generated.tiny import (
     TINY_BUILD_FROM,
     TINY_BUILDS_WITH,
+    TINY_CHAT_TEMPLATES,
     TINY_GENERIC,
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
     TINY_SIDE_INPUTS,
     TINY_SIZES,
+    TINY_TOKENIZER_DEFAULT,
+    TINY_TOKENIZER_KINDS,
+    TINY_TOKENIZERS,
     TINY_VISION_EXTRA,
 )
 
@@ -53,12 +57,13 @@ __all__ = [
     "resolve_model_spec",
     "tiny_config",
     "tiny_tokenizer",
+    "tokenizer_row",
 ]
 
 TINY_PREFIX = "tiny:"
 """Model specs starting with this prefix name a tiny checkpoint: ``tiny:llama``."""
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 """Bumped whenever a change here changes what gets built; part of the cache key."""
 
 CACHE_ENV = "CAUSALAB_MINI_CACHE"
@@ -183,6 +188,9 @@ def _recipe(model_type: str) -> dict[str, Any]:
     auto = build_class(model_type)
     if auto != DEFAULT_AUTO_CLASS:
         recipe["build_class"] = auto
+    if model_type in TINY_TOKENIZERS:
+        kind, template = tokenizer_row(model_type)
+        recipe["tokenizer"] = {"adds": kind, "chat_template": template}
     return recipe
 
 
@@ -485,13 +493,33 @@ for i in range(10):
 """
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
+def tokenizer_row(model_type: str | None = None) -> tuple[str, str | None]:
+    """What the tiny tokenizer of ``model_type`` is (registry/tiny.yaml tokenizers): the
+    kind of special tokens it adds (none, bos, eos, bos_eos) and its chat template's
+    text (None where it has none). A model type the table does not list, and None, get
+    tokenizer_default, without a template."""
+    row = TINY_TOKENIZERS.get(model_type) if model_type is not None else None
+    if row is None:
+        return TINY_TOKENIZER_DEFAULT, None
+    name = row.get("chat_template")
+    return str(row["adds"]), (TINY_CHAT_TEMPLATES[name] if name is not None else None)
+
+
+def tiny_tokenizer(model_type: str | None = None) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a fixed in-code corpus (deterministic,
-    at most ``VOCAB - RESERVED_IDS`` entries), with ``<s>`` prepended like Llama's and
-    left padding."""
+    at most ``VOCAB - RESERVED_IDS`` entries) with left padding, adding around a text
+    what ``model_type``'s real tokenizer adds (registry/tiny.yaml tokenizers: nothing
+    like GPT-2's, ``<s>`` before it like Llama's, ``</s>`` after it like Pegasus's, or
+    both like BART's) and carrying its chat template where the table gives one. No
+    ``model_type`` (or one the table does not list): the default kind, ``<s>``
+    before the text. The tokenizer says what it adds through its own API:
+    ``add_bos_token`` / ``add_eos_token``, and a special-tokens mask that marks
+    exactly the added tokens (checked here on a probe text)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    kind, template = tokenizer_row(model_type)
+    adds = TINY_TOKENIZER_KINDS[kind]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -503,10 +531,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer)
+    before = [BOS] if adds["bos"] else []
+    after = [EOS] if adds["eos"] else []
+    single = [*before, "$A", *after]
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A",
-        pair=f"{BOS} $A {BOS} $B",
-        special_tokens=[(BOS, BOS_ID)],
+        single=single,
+        pair=[*single, *before, "$B:1", *after],
+        special_tokens=[(t, i) for t, i in ((BOS, BOS_ID), (EOS, EOS_ID)) if t in single],
     )
     assert tok.token_to_id(PAD) == PAD_ID and tok.token_to_id(EOS) == EOS_ID
     wrapper: Any = PreTrainedTokenizerFast  # untyped constructor
@@ -518,8 +549,31 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         padding_side="left",
         model_max_length=MAX_POSITIONS,
+        add_bos_token=adds["bos"],
+        add_eos_token=adds["eos"],
+        chat_template=template,
     )
+    _check_tokenizer(fast, model_type, kind, len(before), len(after))
     return fast
+
+
+def _check_tokenizer(
+    tokenizer: Any, model_type: str | None, kind: str, before: int, after: int
+) -> None:
+    """The built tokenizer adds exactly the kind's tokens, and its special-tokens mask
+    marks exactly those (a transformers that rebuilt the post-processor otherwise
+    would give a tokenizer of another kind)."""
+    probe = "Hello, world!"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    got = tokenizer(probe, return_special_tokens_mask=True)
+    expected = [BOS_ID] * before + plain + [EOS_ID] * after
+    mask = [1] * before + [0] * len(plain) + [1] * after
+    if got["input_ids"] != expected or got["special_tokens_mask"] != mask:
+        raise TinyBuildError(
+            f"the tiny tokenizer of {model_type or 'the default kind'!r} should add {kind} "
+            f"(registry/tiny.yaml tokenizers) and encodes {probe!r} as {got['input_ids']} "
+            f"(special-tokens mask {got['special_tokens_mask']}), not {expected} ({mask})"
+        )
 
 
 # -------------------------------------------------------------------------- build
@@ -587,7 +641,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
                 f"is {type(text).__name__}"
             )
         _set_override(model_type, text, key, value)
-    tokenizer = tiny_tokenizer()
+    tokenizer = tiny_tokenizer(model_type)
     vocab_size = getattr(text, "vocab_size", None)
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
         raise TinyBuildError(
