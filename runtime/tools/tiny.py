@@ -4,8 +4,9 @@ No machine here reaches a model hub. A model spec ``tiny:<model_type>`` names a 
 random checkpoint of any transformers causal-LM family: its config class is shrunk
 (few layers, small widths, head counts that divide, a small vocabulary with valid
 special ids, few experts, enough layers that families whose layers differ show every
-kind), a small byte-level BPE tokenizer is trained in-process on a fixed corpus, and
-the result is written with ``save_pretrained`` to a cache directory keyed by model
+kind), a small byte-level BPE tokenizer is trained in-process on a fixed corpus (it
+adds the special tokens the model type's real tokenizer adds, registry/tiny.yaml
+tokenizers, and carries its chat template where it has one), and the result is written with ``save_pretrained`` to a cache directory keyed by model
 type and transformers version. Callers then load it through the real
 ``from_pretrained`` path, like any local directory.
 
