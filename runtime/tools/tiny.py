@@ -6,8 +6,9 @@ random checkpoint of any transformers causal-LM family: its config class is shru
 special ids, few experts, enough layers that families whose layers differ show every
 kind), a small byte-level BPE tokenizer is trained in-process on a fixed corpus (it
 adds the special tokens the model type's real tokenizer adds, registry/tiny.yaml
-tokenizers, and carries its chat template where it has one), and the result is written with ``save_pretrained`` to a cache directory keyed by model
-type and transformers version. Callers then load it through the real
+tokenizers, and carries its chat template where it has one), and the result is
+written with ``save_pretrained`` to a cache directory keyed by model type and
+transformers version. Callers then load it through the real
 ``from_pretrained`` path, like any local directory.
 
 Builds are offline, deterministic (seeded) and take a few seconds. Hub ids and local
@@ -178,7 +179,7 @@ def _config_types(model_type: str) -> list[str]:
 def _recipe(model_type: str) -> dict[str, Any]:
     """What registry/tiny.yaml and the family files say of ``model_type`` alone (the
     override rows of its config and sub-configs, a build class other than
-    AutoModelForCausalLM): part of the cache key, so that changing a type's own rows
+    AutoModelForCausalLM, its row of tokenizers): part of the cache key, so that changing a type's own rows
     rebuilds that type and no other."""
     from causalab_mini.spec import DEFAULT_AUTO_CLASS
 
@@ -515,7 +516,10 @@ def tiny_tokenizer(model_type: str | None = None) -> PreTrainedTokenizerFast:
     ``model_type`` (or one the table does not list): the default kind, ``<s>``
     before the text. The tokenizer says what it adds through its own API:
     ``add_bos_token`` / ``add_eos_token``, and a special-tokens mask that marks
-    exactly the added tokens (checked here on a probe text)."""
+    exactly the added tokens (checked here on a probe text). transformers 5.24 does
+    not save the two attributes: loaded back from the checkpoint, the tokenizer adds
+    the same tokens (its post-processor is saved) and reports both False, so its
+    special-tokens mask, not the attributes, is what to read."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
