@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
+from causalab_mini.generated.tiny import TINY_TOKENIZERS
 from causalab_mini.tools import tiny
-from causalab_mini.tools.tiny import build_tiny, tiny_tokenizer, tokenizer_row
+from causalab_mini.tools.tiny import TinyBuildError, build_tiny, tiny_tokenizer, tokenizer_row
 
 pytestmark = pytest.mark.slow
 
@@ -177,3 +178,36 @@ def test_a_loaded_model_tokenizes_as_its_checkpoint_does(
     ids = model.tokenizer("The quick brown fox")["input_ids"]
     plain = model.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"]
     assert ids == [tiny.BOS_ID] * bos + plain
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_TOKENIZERS))
+def test_every_listed_tokenizer_builds_and_passes_its_own_checks(model_type: str) -> None:
+    # tiny_tokenizer checks the special-tokens mask of a probe and that the template
+    # renders a conversation and a generation prompt: every row of the table passes
+    kind, template = tokenizer_row(model_type)
+    tok = tiny_tokenizer(model_type)
+    assert kind in ("none", "bos", "eos", "bos_eos")
+    assert (tok.add_bos_token, tok.add_eos_token) == (
+        kind in ("bos", "bos_eos"),
+        kind in ("eos", "bos_eos"),
+    )
+    assert tok.chat_template == template
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("{% for m in messages %}{{ m['content'] }}", "does not render a conversation"),
+        ("{{ messages[0]['content'] }}", r"must hold every message's text \(\['Good morning"),
+        ("{% for m in messages %}{{ m['content'] }}{% endfor %}", "add a generation prompt"),
+    ],
+    ids=["unclosed", "first-message-only", "no-generation-prompt"],
+)
+def test_a_template_that_cannot_serve_refuses_the_build(
+    template: str, reason: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tiny, "TINY_TOKENIZERS", {"toy": {"adds": "none", "chat_template": "t"}})
+    monkeypatch.setattr(tiny, "TINY_CHAT_TEMPLATES", {"t": template})
+    with pytest.raises(TinyBuildError, match=reason) as refused:
+        tiny_tokenizer("toy")
+    assert "tiny 'toy'" in str(refused.value) and "registry/tiny.yaml" in str(refused.value)

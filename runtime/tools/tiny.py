@@ -579,6 +579,31 @@ def _check_tokenizer(
             f"(registry/tiny.yaml tokenizers) and encodes {probe!r} as {got['input_ids']} "
             f"(special-tokens mask {got['special_tokens_mask']}), not {expected} ({mask})"
         )
+    if tokenizer.chat_template is None:
+        return
+    # the template renders a conversation: each message's text, then the generation
+    # prompt after what it renders without one
+    chat = [
+        {"role": "user", "content": "Hello, world!"},
+        {"role": "assistant", "content": "Good morning."},
+        {"role": "user", "content": "How are you today?"},
+    ]
+    try:
+        bare = tokenizer.apply_chat_template(chat, tokenize=False)
+        prompted = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:
+        raise TinyBuildError(
+            f"the chat template of tiny {model_type!r} (registry/tiny.yaml tokenizers, "
+            f"chat_templates) does not render a conversation: {type(exc).__name__}: "
+            f"{_first_line(exc)}; fix the template"
+        ) from exc
+    missing = [m["content"] for m in chat if m["content"] not in bare]
+    if missing or not prompted.startswith(bare) or prompted == bare:
+        raise TinyBuildError(
+            f"the chat template of tiny {model_type!r} (registry/tiny.yaml chat_templates) "
+            f"renders {prompted!r}: it must hold every message's text ({missing} are "
+            "missing) and add a generation prompt after the conversation"
+        )
 
 
 # -------------------------------------------------------------------------- build
