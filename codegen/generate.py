@@ -169,6 +169,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "tiny_not_buildable": dict(registry.tiny.not_buildable),
         "tiny_build_from": dict(registry.tiny.build_from),
         "tiny_builds_with": dict(registry.tiny.builds_with),
+        "tiny_groups": dict(registry.tiny.groups),
         "tiny_side_inputs": dict(registry.tiny.side_inputs),
         "tiny_vision_extra": dict(registry.tiny.vision_extra),
         "tiny_tokenizer_kinds": TOKENIZER_KINDS,
@@ -193,6 +194,8 @@ def _tables(registry: Registry) -> dict[str, Any]:
             if f.interiors
         },
         "family_operands": {f.name: dict(f.operands) for f in families if f.operands},
+        "lens": registry.lens,
+        "family_lens": {f.name: f.lens for f in families if f.lens is not None},
         "family_structure_unknown": {
             f.name: f.structure_unknown_reason for f in families if f.structure_unknown_reason
         },

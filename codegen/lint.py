@@ -132,6 +132,7 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         "build_from",
         "builds_with",
         "side_inputs",
+        "groups",
         "tokenizers",
         "chat_templates",
     )  # tiny.yaml

@@ -20,6 +20,8 @@ from causalab_mini.address import (
     IOType,
     LayerKind,
     LeadingPositions,
+    Lens,
+    LensStep,
     Operand,
     Select,
     Streams,
@@ -42,6 +44,7 @@ __all__ = [
     "frozen",
     "interior",
     "layer_kind",
+    "lens",
     "match",
     "operand",
     "rank_key",
@@ -72,6 +75,9 @@ class FamilyDef:
     # why no block structure applies to this family (the reason of every structural
     # place), where none does
     structure_unknown_reason: str | None = None
+    # what the model applies to the last block's output to make its logits, where it
+    # is not the default lens (places.yaml)
+    lens: Lens | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class TinyTables:
     not_buildable: tuple[tuple[str, str], ...] = ()
     build_from: tuple[tuple[str, str], ...] = ()
     builds_with: tuple[tuple[str, tuple[str, str]], ...] = ()
+    # group -> (its transformers auto mapping, its auto class, doc), in order
+    groups: tuple[tuple[str, tuple[str, str, str]], ...] = ()
     side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
     # the kind of special tokens a tiny tokenizer adds where tokenizers lists no row
@@ -133,6 +141,10 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
             for t, v in raw.get("builds_with", {}).items()
         ),
         side_inputs=table(raw.get("side_inputs", {})),
+        groups=tuple(
+            (g, (v["mapping"], v["auto_class"], " ".join(v["doc"].split())))
+            for g, v in raw.get("groups", {}).items()
+        ),
         vision_extra=table(raw["vision_extra"]),
         tokenizer_default=raw.get("tokenizer_default", {}).get("adds", "bos"),
         tokenizers=tuple(
@@ -162,6 +174,8 @@ class Registry:
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
     tiny: TinyTables = field(default_factory=TinyTables)
+    # the default lens (places.yaml): the last block's output to the logits
+    lens: Lens = field(default_factory=Lens)
 
     def structure_of(self, name: str) -> str | None:
         """The structure that declares the row ``name`` (None for a default row or no
@@ -388,4 +402,13 @@ def family(
         ),
         operands=tuple((name, operand(o)) for name, o in raw.get("operands", {}).items()),
         structure_unknown_reason=_joined(raw.get("structure_unknown_reason")),
+        lens=lens(raw["lens"]) if "lens" in raw else None,
     )
+
+
+def lens(raw: dict[str, Any]) -> Lens:
+    """A ``lens`` mapping (places.yaml, a family file) as a Lens."""
+    steps = tuple(
+        LensStep(kind, arg) for step in raw.get("steps", ()) for kind, arg in step.items()
+    )
+    return Lens(steps=steps, unavailable=_joined(raw.get("unavailable")))

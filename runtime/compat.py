@@ -12,7 +12,8 @@ Two kinds of thing live here, and nothing else does:
   answered for the installed version (the alias map, a child module named after an
   nnsight attribute, a forward's parsed source, the function a forward's operations
   are named from, the order in which an operation hands over its inputs and its
-  callee).
+  callee), and the NDIF client's (its series, the Hub-id table a model key is made
+  from, the server's ``/env``, the backend's constructor).
 
 No shim touches nnsight's ``Envoy`` or tracing: the runtime asks here instead.
 
@@ -368,7 +369,92 @@ def several_invokes(model: Any) -> bool | None:
     return answer if isinstance(answer, bool) else None
 
 
+# ---------------------------------------------------------------------- NDIF client
+
+#: The nnsight releases whose NDIF client ``causalab_mini.remote`` is written against:
+#: 0.6/0.7 (Socket.IO, headers naming the model, ``ndif.NDIF_ENV``) and 0.8 (one
+#: ``/subscribe`` websocket, a multipart ``POST /request`` whose JSON envelope names
+#: the model and carries ``env``, statuses as frames, ``blocking=False`` polling
+#: ``GET /response/{id}``).
+NDIF_CLIENTS = ("0.6", "0.7", "0.8")
+
+
+def ndif_client() -> str | None:
+    """The installed nnsight's NDIF client series (``"0.7"`` for 0.7.x), or None for a
+    release outside ``NDIF_CLIENTS``."""
+    version = nnsight_version()
+    series = f"{version.major}.{version.minor}"
+    return series if series in NDIF_CLIENTS else None
+
+
+def model_id_cache() -> dict[str, str]:
+    """nnsight's table of canonical Hub ids, by the repo id a model was loaded with,
+    which it fills from the Hub when it builds a model key: ``huggingface.ID_CACHE``
+    on 0.6/0.7, ``huggingface._ID_CACHE`` on 0.8."""
+    from nnsight.modeling import huggingface
+
+    table: dict[str, str] = getattr(huggingface, "_ID_CACHE" if is_08() else "ID_CACHE")
+    return table
+
+
+def remote_env_known(host: str) -> dict[str, Any] | None:
+    """What nnsight already holds of the ``/env`` of the server at ``host``, without
+    asking: nnsight 0.6/0.7 keep the configured host's answer in ``ndif.NDIF_ENV``;
+    0.8 removed it (its ``get_remote_env`` keeps one answer for whichever host was
+    asked first, so nothing it holds is known to be ``host``'s)."""
+    if is_08():
+        return None
+    from nnsight import CONFIG, ndif
+
+    env = ndif.NDIF_ENV if host == str(CONFIG.API.HOST) else None
+    return env if isinstance(env, dict) else None
+
+
+def remote_env(host: str) -> Any:
+    """Ask the NDIF server at ``host`` what it has installed (its ``/env``: python
+    version and packages); raises where it does not answer. The configured host on
+    nnsight 0.6/0.7 through ``ndif.get_remote_env()`` (which fills ``NDIF_ENV``);
+    otherwise ``GET {host}/env``, the request ``get_remote_env`` makes."""
+    from nnsight import CONFIG
+
+    if not is_08() and host == str(CONFIG.API.HOST):
+        from nnsight import ndif
+
+        return ndif.get_remote_env()
+    import httpx
+
+    response = httpx.get(f"{host}/env", timeout=httpx.Timeout(5.0, read=60.0))
+    response.raise_for_status()
+    return response.json()
+
+
+def remote_backend(
+    cls: Any,
+    model: Any,
+    model_key: str,
+    *,
+    host: str | None,
+    blocking: bool,
+    job_id: str | None = None,
+    verbose: bool = False,
+) -> Any:
+    """``cls`` (nnsight's ``RemoteBackend`` or a subclass) built for ``model`` the way
+    the installed nnsight builds it for ``trace(remote=...)``: 0.8 passes the model's
+    per-request environment (``env=model._remoteable_get_env()``: the attention
+    implementation the server switches to, a PEFT adapter), which 0.6/0.7's
+    constructor does not take."""
+    kwargs: dict[str, Any] = {"host": host, "blocking": blocking}
+    if job_id is not None:
+        kwargs["job_id"] = job_id
+    if verbose:
+        kwargs["verbose"] = verbose
+    if is_08():
+        kwargs["env"] = model._remoteable_get_env()
+    return cls(model_key, **kwargs)
+
+
 __all__ = [
+    "NDIF_CLIENTS",
     "OVERLOAD_PREFIX",
     "alias_target",
     "aliases_of",
@@ -379,8 +465,13 @@ __all__ = [
     "forward_key",
     "install",
     "is_08",
+    "model_id_cache",
+    "ndif_client",
     "nnsight_version",
     "parsed_source",
+    "remote_backend",
+    "remote_env",
+    "remote_env_known",
     "several_invokes",
     "shared_path",
     "source_identity",

@@ -6,7 +6,7 @@ component of the table at once."""
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from causalab_mini.address import Component, Interior, Operand
@@ -31,6 +31,8 @@ from .geometry import (
 )
 from .internals import child, outside_versions
 from .ops import OperationNotFound, op_name
+from .positions import Position
+from .positions import parse as parse_position
 
 
 @dataclass(frozen=True, order=True)
@@ -72,6 +74,9 @@ class ComponentAddress:
     stream: int | None = None
     streams: int | None = field(default=None, compare=False)
     stream_layout: str | None = field(default=None, compare=False)
+    # the tokens of each row a read returns and a write replaces (``positions.parse``
+    # of a spec; empty: every position), resolved on the batch a plan runs
+    position: tuple[Position, ...] = ()
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
@@ -79,6 +84,9 @@ class ComponentAddress:
             where += f".head[{self.head}]"
         if self.stream is not None:
             where += f".stream[{self.stream}]"
+        if self.position:
+            specs = [p.spec() for p in self.position]
+            where += f" at {specs[0] if len(specs) == 1 else specs}"
         detail = self.module or ("layer" if self.layer is not None else "model")
         if self.op:
             detail += f" op={self.op}"
@@ -92,10 +100,36 @@ def locate(
     head: int | None = None,
     *,
     stream: int | None = None,
+    position: Any = None,
 ) -> ComponentAddress:
     """Compile ``component`` at ``layer`` (and ``head``, or ``stream`` where the place
     carries several residual streams) on ``model`` into an address, or refuse with the
-    reason the model gives."""
+    reason the model gives. ``position`` (a spec ``causalab_mini.positions`` reads:
+    ``{"index": -1}``, ``{"span": "fox"}``, ``"all"``, a list) restricts the address to
+    those tokens of each row: a read returns (batch, n_positions, ...), a write
+    replaces them only. It is resolved on the batch a ``Plan`` runs."""
+    address = _located(model, component, layer, head, stream)
+    if position is None:
+        return address
+    parsed = parse_position(position)
+    if address.sequence_axis is None:
+        known = component in COMPONENTS
+        why = (
+            "its tensor has no sequence axis"
+            if known
+            else "it is a place of your own, whose sequence axis the component table does not state"
+        )
+        raise _refuse(
+            component,
+            f"position {position!r} cannot apply: {why}. Address it without a position "
+            "(and select the tokens from what it returns)",
+        )
+    return replace(address, position=parsed)
+
+
+def _located(
+    model: Any, component: str, layer: int | None, head: int | None, stream: int | None
+) -> ComponentAddress:
     internals = model.internals
     spec = COMPONENTS.get(component)
     if stream is not None and (spec is None or spec.kind != "boundary"):

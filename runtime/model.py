@@ -25,7 +25,11 @@ from causalab_mini.generated import (  # noqa: E402
 )
 
 from . import remote as _remote  # noqa: E402
+from .classes import auto_class_maps, group_auto_class  # noqa: E402
 from .internals import Internals, Place, RenameError  # noqa: E402
+from .loading import LoadRefused, LoadReport  # noqa: E402
+from .loading import check as check_load  # noqa: E402
+from .loading import recorded as recorded_loads  # noqa: E402
 from .ops import find_op  # noqa: E402
 from .quiet import quiet  # noqa: E402
 from .spec import prepare_model_spec  # noqa: E402
@@ -113,12 +117,13 @@ def _families(class_names: tuple[str, ...], model_type: str | None, config: Any)
 
 def _class_names_before_load(
     model: Any, kwargs: dict[str, Any]
-) -> tuple[tuple[str, ...], str | None, Any]:
-    """Class names, model type and text config of what is about to be loaded."""
+) -> tuple[tuple[str, ...], str | None, Any, tuple[str, ...]]:
+    """Class names, model type, text config and the config's ``architectures`` of
+    what is about to be loaded."""
     if not isinstance(model, str):
         names = tuple(c.__name__ for c in type(model).__mro__)
         config = getattr(model, "config", None)
-        return names, getattr(config, "model_type", None), _text_config(config)
+        return names, getattr(config, "model_type", None), _text_config(config), names
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -127,11 +132,12 @@ def _class_names_before_load(
         trust_remote_code=kwargs.get("trust_remote_code", False),
         local_files_only=kwargs.get("local_files_only", False),
     )
-    names = tuple(config.architectures or ())
+    architectures = tuple(config.architectures or ())
+    names = architectures
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if isinstance(mapped, str):
         names = (*names, mapped)
-    return names, config.model_type, _text_config(config)
+    return names, config.model_type, _text_config(config), architectures
 
 
 class _RowAttnProbs(AttnProbFunction):
@@ -196,6 +202,22 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         with quiet(verbose):
             self._causalab_init(model, rename_config, enable_attention_probs, kwargs)
 
+    def _load(self, *args: Any, **kwargs: Any) -> Any:
+        """nnsight's load of the real weights, refused (``LoadRefused``) unless every
+        tensor of the checkpoint went into the model and every parameter of the model
+        came from the checkpoint (transformers' own loading report; tied weights and
+        the keys the class declares ignorable aside). The reports are kept in
+        ``load_reports``; a model on the meta device (remote=True) has none."""
+        with recorded_loads() as reports:
+            module = super()._load(*args, **kwargs)
+        names = tuple(c.__name__ for c in type(module).__mro__)
+        config = getattr(module, "config", None)
+        model_type = getattr(config, "model_type", None)
+        families = tuple(_families(names, model_type, _text_config(config)))
+        check_load(reports, families, list(self.__dict__.get("_architectures") or ()))
+        self.__dict__["load_reports"] = reports
+        return module
+
     def dispatch(self) -> None:
         """nnsight's dispatch (the real weights loaded at the first trace of a model
         built on the meta device), as quiet as the load was. Never while a remote model
@@ -234,7 +256,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # remote=True keeps the checkpoint off this machine whatever else is asked: a
         # load-time check that needs a forward is deferred to the server, with why
         deferred = _remote.defer_checks(kwargs, enable_attention_probs)
-        class_names, model_type, config = _class_names_before_load(model, kwargs)
+        class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
+        self.__dict__["_architectures"] = architectures
         families = _families(class_names, model_type, config)
         merged = self._merge_rename(families, rename_config)
         rows = self._rows(class_names, model_type, config, rename_config)
@@ -277,10 +300,17 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
-        if merged.auto_class and isinstance(model, str) and "automodel" not in kwargs:
+        auto_class = merged.auto_class or group_auto_class(model_type)
+        if (
+            auto_class
+            and isinstance(model, str)
+            and "automodel" not in kwargs
+            and auto_class_maps(auto_class, architectures)
+        ):
             # the family's transformers auto class (a language model inside a
-            # multimodal wrapper), said the way the installed nnsight takes it
-            for key, value in compat.auto_class_kwargs(merged.auto_class).items():
+            # multimodal wrapper), else its group's, said the way the installed nnsight
+            # takes it; not for a checkpoint its config says the causal-LM class saved
+            for key, value in compat.auto_class_kwargs(auto_class).items():
                 kwargs.setdefault(key, value)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
@@ -320,6 +350,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             fake_log.setLevel(level)
             self.__dict__["_no_dispatch"] = None
         self.deferred_checks: dict[str, str] = deferred
+        self.__dict__.setdefault("load_reports", [])  # none until weights are loaded
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
         self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
@@ -384,16 +415,25 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     # ------------------------------------------------------------ remote
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
-        if kwargs.get("remote") is True and kwargs.get("backend") is None:
-            # nnsight's RemoteBackend, whose failures say what the server lacks
-            kwargs["backend"] = _remote.backend(self, kwargs.get("blocking", True))
+        remote, backend = kwargs.get("remote"), kwargs.get("backend")
+        if _remote.wants_backend(remote, backend):
+            # nnsight's RemoteBackend (at the host a string names), whose failures say
+            # what the server lacks
+            kwargs["backend"] = _remote.backend(
+                self,
+                kwargs.get("blocking", True),
+                host=_remote.remote_host(remote, backend),
+                job_id=kwargs.get("job_id"),
+                verbose=kwargs.get("verbose", False),
+            )
         return super().trace(*inputs, **kwargs)
 
-    def to_model_key(self) -> str:
+    def to_model_key(self, host: str | None = None) -> str:
         """The model key a remote request names (nnsight's), after checking that the
-        server has what a trace of this model's places needs (where it says)."""
+        server (at ``host``, default nnsight's configured one) has what a trace of
+        this model's places needs (where it says)."""
         _remote.ensure_model_key(self)
-        _remote.preflight_packages(self)
+        _remote.preflight_packages(self, host)
         key: str = super().to_model_key()
         return key
 
@@ -408,6 +448,16 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         super().__setstate__(state)
         if wanted is not None:
             _remote.check_arrival(self, wanted)
+
+    def lens(self, hidden: Any) -> Any:
+        """The logits the model makes from ``hidden`` taken as its last block's output
+        (``layers_output[last]``): exactly what it applies after the last block (final
+        norm, head, soft-capping, logit scales: the family's ``lens`` rows), inside a
+        trace or outside one. ``LensRefused`` (with the family's reason) where the head
+        reads more than the stream."""
+        from .logit_lens import apply
+
+        return apply(self, hidden)
 
     # ------------------------------------------------------------ properties
 
@@ -468,4 +518,4 @@ def _get(obj: Any, name: str) -> Any:
     return getattr(obj, name)
 
 
-__all__ = ["FamilyMatch", "Place", "StandardizedTransformer"]
+__all__ = ["FamilyMatch", "LoadRefused", "LoadReport", "Place", "StandardizedTransformer"]

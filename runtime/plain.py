@@ -204,6 +204,33 @@ def _native(layout: Any, flat: Any, like: Any) -> Any:
     return flat
 
 
+def take_positions(value: Any, index: Any, axis: int) -> Any:
+    """The tokens ``index`` (batch, n) of ``value`` along its sequence ``axis``, each row
+    its own: (batch, ..., n, ...). (``causalab_mini.positions.take`` is this function.)"""
+    moved = value.movedim(axis, 1)
+    index = index.to(moved.device)
+    if index.shape[0] != moved.shape[0]:
+        raise ValueError(
+            f"causalab_mini: the positions were resolved for {index.shape[0]} rows and the "
+            f"tensor has {moved.shape[0]}: resolve them on the batch the trace runs"
+        )
+    shape = (index.shape[0], index.shape[1], *moved.shape[2:])
+    wide = index.reshape(index.shape[0], index.shape[1], *([1] * (moved.dim() - 2)))
+    return moved.gather(1, wide.expand(shape)).movedim(1, axis)
+
+
+def put_positions(value: Any, index: Any, axis: int, new: Any) -> Any:
+    """A copy of ``value`` whose tokens ``index`` along ``axis`` hold ``new`` (shaped as
+    ``take_positions`` hands them out), every other position as it was."""
+    out = value.clone()
+    moved = out.movedim(axis, 1)  # a view: scattering into it writes ``out``
+    index = index.to(moved.device)
+    shape = (index.shape[0], index.shape[1], *moved.shape[2:])
+    wide = index.reshape(index.shape[0], index.shape[1], *([1] * (moved.dim() - 2)))
+    moved.scatter_(1, wide.expand(shape), new.movedim(axis, 1).to(moved.dtype))
+    return out
+
+
 def _head(step: dict[str, Any]) -> tuple[Any, ...]:
     what, start, size = step["head"]
     if what == "axis1":
@@ -246,7 +273,10 @@ def _write(model: Any, step: dict[str, Any]) -> None:
     native = _whole(model, step)
     flat = _flat(step["layout"], native)
     value = step["value"]
-    want = flat[_head(step)] if step["head"] is not None else flat
+    part = flat
+    if step["index"] is not None:
+        part = take_positions(flat, step["index"], step["axis"])
+    want = part[_head(step)] if step["head"] is not None else part
     if tuple(value.shape) != tuple(want.shape):
         raise ValueError(
             f"causalab_mini: write refused: cannot write a tensor of shape "
@@ -261,9 +291,11 @@ def _write(model: Any, step: dict[str, Any]) -> None:
     # the value crossed the wire on the CPU; the server's model may sit elsewhere
     value = value.to(want.device)
     if step["head"] is not None:
-        whole = flat.clone()
+        whole = part.clone()
         whole[_head(step)] = value
         value = whole
+    if step["index"] is not None:
+        value = put_positions(flat, step["index"], step["axis"], value)
     value = _native(step["layout"], value, native)
     if native.is_contiguous() and not value.is_contiguous():
         value = value.contiguous()  # laid out as the model's own (a forward may .view it)
@@ -290,6 +322,8 @@ def run(model: Any, program: tuple[Any, ...], expected: dict[str, Any]) -> list[
         value = _whole(model, step)
         if not step["held"]:
             value = _flat(step["layout"], value)
+            if step["index"] is not None:
+                value = take_positions(value, step["index"], step["axis"])
             if step["head"] is not None:
                 value = value[_head(step)]
         reads.append(value)

@@ -12,11 +12,12 @@ from typing import Any
 
 from causalab_mini.address import replace_part
 
-from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
 from .locate import ComponentAddress, _refuse
+from .lower import _nested_sources_due, _prepare_sources
 from .ops import OperationNotFound, inner_op
+from .positions import Encoded, encode, put, resolve, stacked, take, trace_inputs
 
 
 def _interior_op(model: Any, address: ComponentAddress) -> Any:
@@ -183,12 +184,34 @@ def _checked(address: ComponentAddress, native: Any) -> None:
         raise _refuse(address.component, f"head {address.head} is not sliced out: {reason}")
 
 
-def read(model: Any, address: ComponentAddress) -> Any:
+def _positions_due(address: ComponentAddress, index: Any) -> Any:
+    """The (batch, n) token index a read or write at ``address`` takes, or None for every
+    position; refuses an address with positions and no index (they are resolved on the
+    batch, which a plan knows and an address does not)."""
+    if not address.position:
+        return None
+    if index is None:
+        raise _refuse(
+            address.component,
+            f"{address} names positions, which are resolved on the batch the trace runs: "
+            "run it in a Plan (Plan.of(...).run(model, texts)), or pass index= "
+            "(positions.stacked(positions.resolve(model, texts, spec), spec))",
+        )
+    return index
+
+
+def read(model: Any, address: ComponentAddress, index: Any = None) -> Any:
     """The tensor at ``address`` (inside a trace), as handed on: per-head places with a
     width are flat (batch, seq, heads x head_dim); one head's slice where ``head`` is set,
-    once the tensor is seen to hold the heads the address states."""
+    once the tensor is seen to hold the heads the address states. Where the address
+    names positions, only those tokens of each row (``index``: (batch, n), from
+    ``positions.resolve``), along the component's sequence axis."""
+    index = _positions_due(address, index)
     native = _whole(model, address)
     value = _flat(address, native)
+    if index is not None:
+        assert address.sequence_axis is not None
+        value = take(value, index, address.sequence_axis)
     if address.head is not None:
         _checked(address, native)
         value = value[_head_slice(address)]
@@ -214,26 +237,36 @@ def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
     check_value(where, value, current)
 
 
-def write(model: Any, address: ComponentAddress, value: Any) -> None:
+def write(model: Any, address: ComponentAddress, value: Any, index: Any = None) -> None:
     """Write ``value`` (as ``read`` hands it on) at ``address`` inside a trace, after
-    checking that it fits. A head's write replaces that head's slice only."""
+    checking that it fits. A head's write replaces that head's slice only; a write at
+    positions (``index``, as for ``read``) those tokens only, every other position as
+    the model computed it."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    index = _positions_due(address, index)
     native = _whole(model, address)
     flat = _flat(address, native)
     if address.head is not None:
         _checked(address, native)
     if address.stream is not None:
         _streams_checked(address, flat)
-    check_write(address, value, flat)
+    part = flat
+    if index is not None:
+        assert address.sequence_axis is not None
+        part = take(flat, index, address.sequence_axis)
+    check_write(address, value, part)
     if address.head is not None:
-        whole = flat.clone()
+        whole = part.clone()
         whole[_head_slice(address)] = value
         value = whole
     if address.stream is not None:
-        whole = flat.clone()
-        whole[_stream_slice(address, flat)] = value
+        whole = part.clone()
+        whole[_stream_slice(address, part)] = value
         value = whole
+    if index is not None:
+        assert address.sequence_axis is not None
+        value = put(flat, index, address.sequence_axis, value)
     value = _native(address, value, native)
     if native.is_contiguous() and not value.is_contiguous():
         # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
@@ -298,24 +331,37 @@ class Plan:
         return Plan(tuple(sorted(steps, key=lambda s: (s.address.rank, not s.write))))
 
     def run(
-        self, model: Any, inputs: Any, held: bool = False, **remote: Any
+        self,
+        model: Any,
+        inputs: Any,
+        held: bool = False,
+        *,
+        frame: str = "plain",
+        **remote: Any,
     ) -> dict[ComponentAddress, Any]:
         """Run the plan in one trace; return what was read, by address. With ``held``,
         a read returns the whole tensor as the model holds it (a per-head place before
         it is handed on flat), to see the heads it holds.
 
+        Where a step names positions, ``inputs`` is text (a string, a list of strings,
+        or ``positions.encode(model, texts)``): it is tokenized once, each step's
+        positions are resolved per row of that batch in the content ``frame`` (plain or
+        chat), and the trace runs on the batch with ``position_ids`` counted from each
+        row's first real token.
+
         ``remote=True`` (or ``backend=...``) runs it on NDIF as plain nnsight module
         accesses (``causalab_mini.remote``): every read comes back, or it raises."""
         if set(remote) - {"remote", "backend", "blocking"}:
             raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
+        inputs, indices = _resolved(self, model, inputs, frame)
         if remote.get("remote") or remote.get("backend") is not None:
             from .remote import run_plan
 
-            return run_plan(self, model, inputs, held=held, **remote)
+            return run_plan(self, model, inputs, held=held, indices=indices, **remote)
         saved: list[tuple[ComponentAddress, Any]] = []  # bound before the trace
         sources = _prepare_sources(model, [s.address for s in self.steps])
         try:
-            self._trace(model, inputs, sources, saved, held)
+            self._trace(model, inputs, sources, saved, held, indices)
         except (OperationNotFound, PlaceUnavailable, WriteRefused, ComponentError) as exc:
             # nnsight wraps what a trace body raises in its own traceback text; hand the
             # caller our message as it was written
@@ -332,69 +378,33 @@ class Plan:
         sources: dict[tuple[int | None, str], list[ComponentAddress]],
         saved: list[tuple[ComponentAddress, Any]],
         held: bool = False,
+        indices: dict[Any, Any] | None = None,
     ) -> None:
+        indices = indices or {}
         with model.trace(inputs):
             touched: set[Any] = set()
             for step in self.steps:
                 for address in _nested_sources_due(step.address, sources, touched):
                     _interior_op(model, address).source  # noqa: B018 - installs the nested source
+                index = indices.get(step.address.position)
                 if step.write:
-                    write(model, step.address, step.value)
+                    write(model, step.address, step.value, index)
                 elif held:
                     saved.append((step.address, _whole(model, step.address).save()))
                 else:
-                    saved.append((step.address, read(model, step.address).save()))
+                    saved.append((step.address, read(model, step.address, index).save()))
 
 
-def _nested_sources_due(
-    address: ComponentAddress,
-    sources: dict[tuple[int | None, str], list[ComponentAddress]],
-    opened: set[Any],
-) -> list[ComponentAddress]:
-    """The interiors whose outer operation's nested ``.source`` must be opened before
-    the step at ``address`` runs (each once; ``opened`` remembers).
-
-    Opening a nested source waits for the operation to hand over the function it
-    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so a nested
-    source opens before the first step at its operation (its arguments, or inside
-    it), after the steps at the module's earlier operations (GPT-1's split_heads
-    before its _attn); nnsight 0.8 hands it over after the inputs (``run_op``: input,
-    skip, fn, output), so it opens just before the first step inside it, after the
-    steps that read or write the operation's arguments (which rank before it)."""
-    if not compat.callee_after_inputs():
-        due = [
-            a
-            for a in sources.get((address.layer, address.module), [])
-            if a.op == address.op and (a.layer, a.module, a.op) not in opened
-        ]
-        for a in due:
-            opened.add((a.layer, a.module, a.op))
-        return due[:1]
-    if len(address.needles) < 2:
-        return []
-    op = (address.layer, address.module, address.op)
-    if op in opened:
-        return []
-    opened.add(op)
-    return [address]
-
-
-def _prepare_sources(
-    model: Any, addresses: Sequence[ComponentAddress]
-) -> dict[tuple[int | None, str], list[ComponentAddress]]:
-    """Touch every module's ``.source`` before the trace (nnsight needs it first), and
-    list, per (layer, module), the interiors that open a nested source (when in the
-    trace: ``_nested_sources_due``)."""
-    nested: dict[tuple[int | None, str], list[ComponentAddress]] = {}
-    for address in addresses:
-        if address.kind == "interior" or address.needles:
-            base = model.layers[address.layer] if address.layer is not None else model
-            envoy = child(base, address.module)
-            if envoy is not None:
-                envoy.source  # noqa: B018
-        if len(address.needles) > 1:
-            nested.setdefault((address.layer, address.module), []).append(address)
-    return nested
+def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:
+    """The inputs the trace runs and, per position spec of the plan's steps, its (batch,
+    n) token index on that batch (none where no step names positions: the inputs go to
+    the trace as given)."""
+    specs = {s.address.position for s in plan.steps if s.address.position}
+    if not specs:
+        return (inputs.inputs if isinstance(inputs, Encoded) else inputs), {}
+    encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
+    indices = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}
+    return trace_inputs(model, encoded), indices
 
 
 __all__ = ["Plan", "Step", "check_write", "layout_mismatch", "read", "write"]

@@ -28,16 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from . import plain as plain_module
-from .internals import WriteRefused, _copied, _installed, boundary, child
-
-
-class RemoteRefused(RuntimeError):
-    """A remote request refused before it is sent, with what to change."""
-
-
-class RemoteMismatch(RuntimeError):
-    """The server runs something other than what the request was compiled for."""
-
+from .errors import RemoteIncomplete, RemoteMismatch, RemoteRefused
+from .internals import WriteRefused, _installed
+from .lower import lower
 
 # What the server must have installed, by the way a request reaches it.
 PACKAGES = ("causalab_mini", "nnterp")
@@ -136,60 +129,76 @@ def _pip(package: str) -> str:
 
 
 def require_ndif_client() -> None:
-    """Refuse a remote run under nnsight 0.8: this module is written against nnsight
-    0.6/0.7's NDIF client (``ndif.NDIF_ENV`` and ``get_remote_env``,
-    ``huggingface.ID_CACHE``, its request format), which 0.8 rewrote, and no 0.8
-    server has been run against it. Everything else works on 0.8, ``Plan.run``
-    locally included."""
+    """Refuse a remote run under an nnsight release whose NDIF client this module was
+    not written against (``compat.NDIF_CLIENTS``: 0.6, 0.7 and 0.8, each through the
+    spellings in ``compat``)."""
     from . import compat
 
-    if compat.is_08():
+    if compat.ndif_client() is None:
         raise RemoteRefused(
-            f"remote runs (NDIF) are written against nnsight 0.6/0.7's client, and nnsight "
-            f"{compat.nnsight_version()} is installed, whose client and request format "
-            "differ: install `pip install 'nnsight>=0.6,<0.8'` to run remotely, or run "
-            "without remote=True (local traces and plans work on 0.8)"
+            f"remote runs (NDIF) are written against the NDIF clients of nnsight "
+            f"{', '.join(compat.NDIF_CLIENTS)}, and nnsight {compat.nnsight_version()} is "
+            "installed, whose client and request format this release has not been run "
+            "against: install `pip install 'nnsight>=0.6,<0.9'` to run remotely, or run "
+            "without remote=True (local traces and plans need no NDIF client)"
         )
 
 
 def ensure_model_key(model: Any) -> None:
     """nnsight asks the Hugging Face Hub for a repo id's canonical spelling when it
-    builds a model key; a local directory has none (the Hub refuses a path), so it is
-    its own key."""
+    builds a model key; a local directory has none (the Hub refuses a path). Its key
+    is its absolute path, which a server loads the checkpoint from: the server needs
+    the same checkpoint at that path."""
+    from . import compat
+
     require_ndif_client()
     repo_id = getattr(model, "repo_id", None)
     if isinstance(repo_id, str) and os.path.isdir(repo_id):
-        from nnsight.modeling import huggingface
-
-        huggingface.ID_CACHE.setdefault(repo_id, repo_id)
+        compat.model_id_cache().setdefault(repo_id, os.path.abspath(repo_id))
 
 
 _UNANSWERED: set[str] = set()
+_ANSWERS: dict[str, dict[str, Any]] = {}
 
 
-def server_env() -> dict[str, Any] | None:
-    """The server's packages as NDIF reports them (its /env), or None where it does
-    not say (no answer is not a refusal: the request itself then finds out). A host
-    that did not answer is not asked again in this process."""
-    from nnsight import CONFIG, ndif
+def _host(host: str | None = None) -> str:
+    from nnsight import CONFIG
 
-    if isinstance(ndif.NDIF_ENV, dict):
-        return ndif.NDIF_ENV
-    host = str(CONFIG.API.HOST)
+    return str(host or CONFIG.API.HOST)
+
+
+def server_env(host: str | None = None) -> dict[str, Any] | None:
+    """The packages of the server at ``host`` (default: nnsight's configured one) as
+    NDIF reports them (its /env), or None where it does not say (no answer is not a
+    refusal: the request itself then finds out). Each host is asked once in this
+    process, answered or not (and nnsight's own answer, where it keeps one, first)."""
+    from . import compat
+
+    host = _host(host)
+    known = compat.remote_env_known(host)
+    if known is not None:
+        return known
+    if host in _ANSWERS:
+        return _ANSWERS[host]
     if host in _UNANSWERED:
         return None
     try:
-        env = ndif.get_remote_env()
+        env = compat.remote_env(host)
     except Exception:
         _UNANSWERED.add(host)
         return None
-    return env if isinstance(env, dict) else None
+    if not isinstance(env, dict):
+        _UNANSWERED.add(host)
+        return None
+    _ANSWERS.setdefault(host, env)
+    return env
 
 
-def preflight_packages(model: Any) -> None:
+def preflight_packages(model: Any, host: str | None = None) -> None:
     """Refuse, before sending, a trace that pickles causalab_mini objects to a server
-    known to lack causalab_mini or nnterp at this client's versions."""
-    env = server_env()
+    (at ``host``, default nnsight's configured one) known to lack causalab_mini or
+    nnterp at this client's versions."""
+    env = server_env(host)
     if env is None:
         return
     packages = env.get("packages") or {}
@@ -228,12 +237,52 @@ def _server_says(text: str) -> str | None:
     return None
 
 
-def backend(model: Any, blocking: bool = True) -> Any:
-    """nnsight's RemoteBackend for ``model``, whose failures name what the server
-    lacks or runs differently (the check before sending only knows where the server
-    says what it has)."""
-    require_ndif_client()
+def remote_host(remote: Any = None, backend: Any = None) -> str | None:
+    """The host a ``remote=``/``backend=`` spelling names, if it names one: nnsight
+    takes a URL as ``remote="http://host"`` (0.8) or ``backend="http://host"``
+    (0.6/0.7); both go through :func:`backend` here, on every release."""
+    for value in (backend, remote):
+        if isinstance(value, str) and value != "local":
+            if not value.startswith(("http://", "https://")):
+                raise RemoteRefused(
+                    f"remote={value!r} names no NDIF host: write remote=True (nnsight's "
+                    "configured host), remote='http://host:port', or remote='local'"
+                )
+            return value
+    return None
+
+
+def wants_backend(remote: Any = None, backend: Any = None) -> bool:
+    """Whether a ``trace``/``Plan.run`` spelling asks for NDIF through a backend this
+    module builds: ``remote=True``, ``remote="http://host"`` or ``backend="http://host"``
+    (not ``remote="local"``, nnsight's in-process simulation, nor a backend object the
+    caller built)."""
+    if isinstance(backend, str):
+        return True
+    return backend is None and bool(remote) and remote != "local"
+
+
+def backend(
+    model: Any,
+    blocking: bool = True,
+    host: str | None = None,
+    job_id: str | None = None,
+    verbose: bool = False,
+) -> Any:
+    """nnsight's RemoteBackend for ``model`` (at ``host``, default nnsight's
+    configured one), built as the installed nnsight builds it
+    (``compat.remote_backend``), whose failures name what the server lacks or runs
+    differently (the check before sending only knows where the server says what it
+    has)."""
     from nnsight.intervention.backends.remote import RemoteBackend
+
+    from . import compat
+
+    ensure_model_key(model)
+    if hasattr(model, "internals"):  # a causalab_mini model: checked against host's /env
+        key = model.to_model_key(host=host)
+    else:
+        key = model.to_model_key()
 
     class _Backend(RemoteBackend):  # type: ignore[misc]
         def __call__(self, tracer: Any = None) -> Any:
@@ -242,7 +291,9 @@ def backend(model: Any, blocking: bool = True) -> Any:
             except Exception as exc:
                 raise _explained(exc) from None
 
-    return _Backend(model.to_model_key(), blocking=blocking)
+    return compat.remote_backend(
+        _Backend, model, key, host=host, blocking=blocking, job_id=job_id, verbose=verbose
+    )
 
 
 def _explained(exc: Exception) -> Exception:
@@ -298,150 +349,7 @@ def shipped() -> dict[str, Any]:
     return namespace
 
 
-# ---------------------------------------------------------------------- lowering
-
-
-def _select(select: Any) -> tuple[Any, ...] | None:
-    from causalab_mini.address import FirstIfTuple, Index
-
-    if select is None:
-        return None
-    if isinstance(select, FirstIfTuple):
-        return ("first",)
-    if isinstance(select, Index):
-        return ("index", select.key)
-    raise RemoteRefused(f"a select of type {type(select).__name__} cannot be sent as plain code")
-
-
-def _where(address: Any) -> str:
-    where = address.component if address.layer is None else f"{address.component}[{address.layer}]"
-    where += f".head[{address.head}]" if address.head is not None else ""
-    return where + (f".stream[{address.stream}]" if address.stream is not None else "")
-
-
-def _heads_merged(address: Any) -> RemoteRefused:
-    return RemoteRefused(
-        f"{address.component} is held with batch and heads merged, (batch*heads, ...), "
-        "which plain remote steps do not view apart: read it in a local trace"
-    )
-
-
-def lower_step(model: Any, address: Any, *, write: bool, value: Any, held: bool) -> dict[str, Any]:
-    """One plan step as plain data: the Envoy, the operations below it, the side, and
-    what a read or write does with the tensor there."""
-    from causalab_mini.address import IOType
-
-    internals = model.internals
-    step: dict[str, Any] = {
-        "write": write,
-        "value": value,
-        "held": held,
-        "where": _where(address),
-        "layout": address.layout,
-        "head": None,
-        "nested": [],
-        "take": None,
-        "attr": None,
-        "select": None,
-        "copy": False,
-        "scale": None,
-        "in_place": False,
-        "snapshot": False,
-    }
-    if address.stream_layout is not None:
-        step["layout"] = f"streams_{address.stream_layout}"
-        if address.stream is not None:
-            size = address.width
-            step["head"] = ("last", address.stream * size, size)
-    if address.head is not None:
-        if address.layout == "bhsk":
-            step["head"] = ("axis1", address.head, None)
-        else:
-            step["head"] = ("last", address.head * address.head_dim, address.head_dim)
-    if write and not address.writable:
-        raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    if address.kind == "boundary":
-        place = internals[address.accessor]
-        row = place.address_at(address.layer)
-        if row.io is IOType.MODULE:
-            raise RemoteRefused(
-                f"{address.component} is a module, not a tensor: a plan reads tensors"
-            )
-        if write and row.read_only is not None:
-            raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
-        if row.merged_heads or address.merged_heads:
-            raise _heads_merged(address)
-        if row.flat_tokens:
-            raise RemoteRefused(
-                f"{address.component} is held flat, (batch*seq, ...), and is viewed back with "
-                "the batch and sequence of the layer's input, which only the local forward "
-                "records: read it in a local trace"
-            )
-        if row.views_tokens:
-            raise RemoteRefused(
-                f"{address.component}'s row leaves positions out of the tensor there "
-                "(leading_positions or trailing_streams), which a plan sent as plain code "
-                "does not do: read it in a trace of the model (remote=True sends the model's "
-                "own places) or locally"
-            )
-        envoy = child(internals.row_base(row, address.layer), row.module)
-        side = "input" if row.io is IOType.INPUT else "output"
-        step.update(
-            envoy=None if envoy is model else envoy,
-            ops=tuple(row.source),
-            # a module with a child named input/output has its boundary at nns_*; an
-            # operation has no children
-            attr=side if row.source else boundary(side, envoy),
-            select=_select(row.select),
-            # Place.get/set's contract: a read where the tensor changes in place later
-            # (the forward's own add, or an in-place write) is a copy; a write at a
-            # snapshot place hands the model a copy of the value
-            copy=_copied(row),
-            snapshot=bool(row.snapshot),
-            scale=internals.scale(row.scale) if row.scale is not None else None,
-            in_place=row.write == "in_place",
-        )
-        return step
-    if address.merged_heads:
-        raise _heads_merged(address)
-    envoy = child(internals.layer_envoy(address.layer), address.module)
-    step.update(envoy=envoy, ops=tuple(address.needles), take=tuple(address.take))
-    return step
-
-
-def lower(
-    plan: Any, model: Any, held: bool = False
-) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
-    """The plan's steps as plain data, in its order, and the addresses of its reads
-    in the order the program returns them. Where an interior opens a nested
-    ``.source``, the step ``Plan.run`` opens it at opens it (the first step at its outer
-    operation on nnsight 0.6/0.7, the first step inside it on 0.8: ``_nested_sources_due``;
-    the server runs the client's nnsight, which ``check_versions`` holds it to)."""
-    from .plan import _nested_sources_due
-
-    steps = []
-    reads = []
-    opened: set[Any] = set()
-    nested: dict[tuple[Any, str], list[Any]] = {}
-    for s in plan.steps:
-        if len(s.address.needles) > 1:
-            nested.setdefault((s.address.layer, s.address.module), []).append(s.address)
-    for s in plan.steps:
-        step = lower_step(model, s.address, write=s.write, value=s.value, held=held)
-        for address in _nested_sources_due(s.address, nested, opened):
-            envoy = child(model.internals.layer_envoy(address.layer), address.module)
-            step["nested"].append((envoy, address.needles[0]))
-        steps.append(step)
-        if not s.write:
-            reads.append(s.address)
-    return tuple(steps), reads
-
-
 # ---------------------------------------------------------------------- running
-
-
-class RemoteIncomplete(RuntimeError):
-    """A remote run that came back without every value it read."""
 
 
 def run_plan(
@@ -450,30 +358,33 @@ def run_plan(
     inputs: Any,
     *,
     held: bool = False,
-    remote: bool = False,
+    remote: bool | str = False,
     backend: Any = None,
     blocking: bool = True,
+    indices: Mapping[Any, Any] | None = None,
 ) -> dict[Any, Any]:
     """Run ``plan`` as plain nnsight module accesses in one trace: on NDIF with
-    ``remote=True`` (or on ``backend``), else locally. Returns every read, by address,
+    ``remote=True`` or ``remote="http://host"`` (or on ``backend``), else locally. Returns every read, by address,
     or raises: never an empty result for a plan that reads."""
     if not blocking:
         raise RemoteRefused(
             "Plan.run(remote=True) waits for its reads: blocking=False would return before "
             "they exist; submit a trace of your own with blocking=False instead"
         )
-    program, addresses = lower(plan, model, held)
+    program, addresses = lower(plan, model, held, indices)
     wanted = expected(model)
     run = shipped()["run"]
+    plain = plain_model(model)
     kwargs: dict[str, Any] = {}
-    if backend is not None:
+    if wants_backend(remote, backend):
+        kwargs["backend"] = globals()["backend"](plain, host=remote_host(remote, backend))
+    elif backend is not None:
         require_ndif_client()
         kwargs["backend"] = backend
-    elif remote:
-        ensure_model_key(model)
-        kwargs["remote"] = True
+    elif remote:  # "local": nnsight's in-process simulation of the request
+        kwargs["remote"] = remote
     try:
-        reads = _execute(plain_model(model), inputs, program, wanted, run, kwargs)
+        reads = _execute(plain, inputs, program, wanted, run, kwargs)
     except Exception as exc:
         raise _explained(exc) from None
     if not isinstance(reads, list) or len(reads) != len(addresses):
@@ -503,8 +414,10 @@ __all__ = [
     "lower",
     "plain_model",
     "preflight_packages",
+    "remote_host",
     "require_ndif_client",
     "run_plan",
     "server_env",
     "shipped",
+    "wants_backend",
 ]

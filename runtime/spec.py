@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .classes import DEFAULT_AUTO_CLASS, auto_class_for, auto_class_maps, group_auto_class
+
 TINY_PREFIX = "tiny:"
 
 
@@ -104,23 +106,6 @@ def _reached(exc: Exception) -> bool:
     return response is not None and getattr(response, "status_code", None) is not None
 
 
-DEFAULT_AUTO_CLASS = "AutoModelForCausalLM"
-
-
-def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str:
-    """The transformers auto class that loads (and ``tiny:`` builds) a model: the last
-    matching family's ``auto_class`` (registry/families/*.yaml, ``rename``), else
-    ``AutoModelForCausalLM``."""
-    from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
-
-    found = DEFAULT_AUTO_CLASS
-    for name, match in FAMILY_MATCH.items():
-        auto = FAMILY_RENAME[name].auto_class
-        if auto is not None and match.matches(class_names, model_type, config):
-            found = auto
-    return found
-
-
 def prepare_model_spec(
     spec: str, kwargs: dict[str, Any] | None = None
 ) -> tuple[str, dict[str, Any]]:
@@ -182,5 +167,7 @@ __all__ = [
     "TINY_PREFIX",
     "ModelSpecError",
     "auto_class_for",
+    "auto_class_maps",
+    "group_auto_class",
     "prepare_model_spec",
 ]

@@ -1,6 +1,11 @@
 """The client half of the NDIF loopback: nnsight's real ``RemoteBackend`` talks to a
-stand-in NDIF worker (``ndif_server.py``) in a separate, fresh interpreter.
+stand-in NDIF worker in a separate, fresh interpreter. On nnsight 0.6/0.7
+(``Worker``, ``Loopback``) the worker is ``ndif_server.py`` and the wire is replaced
+in-process, as below; on nnsight 0.8 (``HttpServer``, ``HttpLoopback``, at the end)
+the server is ``ndif_server08.py``, on real HTTP and a real websocket, and nothing of
+the client is replaced.
 
+0.6/0.7:
 Only the wire is replaced, in-process: the backend's HTTP client gets an
 ``httpx.MockTransport`` (POST /request, GET of the result URL) and its Socket.IO
 client a queue of the pickled ``ResponseModel`` messages an NDIF API would push
@@ -113,6 +118,11 @@ class Loopback:
         self.ids = itertools.count()
         self.sent: list[dict[str, Any]] = []
         self.downloads = 0
+        self.inline = 0  # 0.6/0.7's client downloads every result
+
+    @property
+    def requests(self) -> int:
+        return len(self.sent)
 
     # ------------------------------------------------------------ the wire
 
@@ -189,3 +199,109 @@ class Loopback:
             remote.httpx, remote.socketio, ndif.NDIF_ENV, ndif.get_remote_env = saved
             CONFIG.API.HOST, CONFIG.APP.REMOTE_LOGGING = saved_host, saved_logging
             self.pushed.clear()
+
+
+# ---------------------------------------------------------------------- nnsight 0.8
+
+SERVER_08 = Path(__file__).with_name("ndif_server08.py")
+
+
+class HttpServer:
+    """nnsight 0.8: the stand-in NDIF server (``ndif_server08.py``) in a fresh
+    interpreter, serving ``model_key`` on 127.0.0.1 over real HTTP and a real
+    websocket; nnsight's unmodified client talks to it. It stops when this process
+    closes its stdin (or dies), or after ``lifetime`` seconds."""
+
+    def __init__(self, model_key: str, block: tuple[str, ...] = (), lifetime: float = 900) -> None:
+        args = [sys.executable, str(SERVER_08), "--model-key", model_key]
+        args += ["--lifetime", str(lifetime)]
+        for name in block:
+            args += ["--block", name]
+        self.block = block
+        self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.port: int | None = None
+
+    def ready(self) -> HttpServer:
+        """Wait for the server's ``{"port": N}`` line (it has loaded the model)."""
+        if self.port is None:
+            assert self.process.stdout is not None
+            line = self.process.stdout.readline()
+            if not line:
+                raise ServerError(f"the server exited with {self.process.wait()}")
+            self.port = int(json.loads(line)["port"])
+        return self
+
+    @property
+    def host(self) -> str:
+        return f"http://127.0.0.1:{self.ready().port}"
+
+    def control(self, **settings: Any) -> dict[str, Any]:
+        answer: dict[str, Any] = httpx.post(f"{self.host}/control", json=settings).json()
+        return answer
+
+    def stats(self) -> dict[str, int]:
+        answer: dict[str, int] = httpx.get(f"{self.host}/stats").json()
+        return answer
+
+    def call(self, command: str, on: Any) -> None:
+        """The stand-in worker's ``("stub", on)``, as a setting of this server."""
+        self.control(**{command: on})
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.process.stdin.close()  # type: ignore[union-attr]
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class HttpLoopback:
+    """nnsight 0.8's remote client pointed at an ``HttpServer`` (its configured host),
+    with what crossed the wire counted by the server itself."""
+
+    def __init__(self, server: HttpServer) -> None:
+        self.worker = server
+        self.base = server.stats()
+
+    def _count(self, name: str) -> int:
+        return self.worker.stats()[name] - self.base[name]
+
+    @property
+    def requests(self) -> int:
+        return self._count("requests")
+
+    @property
+    def downloads(self) -> int:
+        return self._count("downloads")
+
+    @property
+    def inline(self) -> int:
+        return self._count("inline")
+
+    @contextlib.contextmanager
+    def installed(self, env: bool = True) -> Iterator[HttpLoopback]:
+        """nnsight's configured host is this server. Without ``env`` the server's /env
+        answers 503, as a server that does not say (the client's per-host memory of
+        /env answers is set aside meanwhile, so it asks)."""
+        from nnsight import CONFIG
+
+        from causalab_mini import remote
+
+        host = self.worker.host
+        saved_host, saved_logging = CONFIG.API.HOST, CONFIG.APP.REMOTE_LOGGING
+        CONFIG.API.HOST, CONFIG.APP.REMOTE_LOGGING = host, False
+        answer = remote._ANSWERS.pop(host, None)
+        if not env:
+            self.worker.control(env=False)
+        try:
+            yield self
+        finally:
+            if not env:
+                self.worker.control(env=True)
+                remote._UNANSWERED.discard(host)
+                remote._ANSWERS.pop(host, None)
+            if answer is not None:
+                remote._ANSWERS[host] = answer
+            CONFIG.API.HOST, CONFIG.APP.REMOTE_LOGGING = saved_host, saved_logging

@@ -115,11 +115,12 @@ class Case:
 
 @cache
 def _installed_model_types() -> frozenset[str]:
-    """The causal-LM model types of the installed transformers (an older one, as
-    `nox -s drift` installs, lacks some the registry names)."""
-    from causalab_mini.tools.tiny import causal_lm_model_types
+    """The model types of the installed transformers that tiny builds, in every group of
+    registry/tiny.yaml (an older one, as `nox -s drift` installs, lacks some the
+    registry names)."""
+    from causalab_mini.tools.tiny import group_model_types
 
-    return frozenset(causal_lm_model_types())
+    return frozenset(t for types in group_model_types().values() for t in types)
 
 
 @cache

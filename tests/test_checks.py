@@ -63,6 +63,7 @@ TAMPER: dict[str, tuple[tuple[str, int | None], str]] = {
     "final_norm": (("ln_final", None), "v"),
     "model_outputs": (("embeddings", None), "v"),
     "unembedding": (("lm_head", None), "v"),
+    "lens_identity": (("block_output", 2), "v"),  # the last of tiny:llama's 3 layers
 }
 
 

@@ -66,7 +66,15 @@ def test_both_entry_points_list_the_same_commands() -> None:
 
     registry = str(Path(sys.executable).with_name("registry"))
     assert commands(sys.executable, "-m", "causalab_mini.codegen") == commands(registry)
-    assert commands(registry) == ["lint", "gen", "model", "sweep", "new-family", "diagram"]
+    assert commands(registry) == [
+        "lint",
+        "gen",
+        "model",
+        "sweep",
+        "new-family",
+        "diagram",
+        "positions",
+    ]
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:

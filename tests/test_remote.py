@@ -20,7 +20,7 @@ from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 
 from .conftest import load_model as load
-from .ndif_loopback import Loopback, Worker
+from .ndif_loopback import HttpLoopback, HttpServer, Loopback, Worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
@@ -30,12 +30,10 @@ def eager(family: str) -> StandardizedTransformer:
     return load(f"tiny:{family}", True)
 
 
-# The NDIF loopback stands in for a server of nnsight 0.6/0.7 (their client internals
-# and request format); remote runs under nnsight 0.8 are refused with the fix
-# (test_remote_runs_under_nnsight_08_are_refused_with_the_fix).
-ndif_07 = pytest.mark.skipif(
-    compat.is_08(), reason="remote runs are not ported to nnsight 0.8's NDIF client"
-)
+# The NDIF loopback is the installed nnsight's: on 0.6/0.7 a stand-in worker behind
+# the client's own wire replaced in-process (ndif_server.py); on 0.8 a real HTTP and
+# websocket server on 127.0.0.1 that nnsight's unmodified client talks to
+# (ndif_server08.py). The same tests run against either.
 
 
 def every_address(model: StandardizedTransformer, heads: bool = True) -> list[ComponentAddress]:
@@ -118,22 +116,37 @@ def test_plain_program_writes_what_the_plan_writes(family: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def workers() -> Iterator[dict[str, Worker]]:
-    """Two stand-in NDIF workers serving tiny:llama from its checkpoint: one where
-    causalab_mini and nnterp are importable, and a stock one where they are not."""
+def workers() -> Iterator[dict[str, Any]]:
+    """Two stand-in NDIF servers serving tiny:llama from its checkpoint: one where
+    causalab_mini and nnterp are importable, and a stock one where they are not (on
+    nnsight 0.8 it hands results back inline, the full one by URL)."""
     client = remote_llama()
     remote.ensure_model_key(client)
-    key = "nnsight.modeling.language.LanguageModel:" + client._remoteable_model_key()
-    started = {"full": Worker(), "stock": Worker(block=("causalab_mini", "nnterp"))}
+    started: dict[str, Any]
+    if compat.is_08():
+        key = remote.plain_model(client).to_model_key()
+        started = {"full": HttpServer(key), "stock": HttpServer(key, ("causalab_mini", "nnterp"))}
+    else:
+        key = "nnsight.modeling.language.LanguageModel:" + client._remoteable_model_key()
+        started = {"full": Worker(), "stock": Worker(block=("causalab_mini", "nnterp"))}
     try:
-        for worker in started.values():  # both load at once
-            worker.send("load", key, {"device_map": "cpu"})
-        for worker in started.values():
-            worker.receive()
+        if compat.is_08():  # both load at once
+            for server in started.values():
+                server.ready()
+            started["stock"].control(inline_limit=1 << 24)
+        else:
+            for worker in started.values():
+                worker.send("load", key, {"device_map": "cpu"})
+            for worker in started.values():
+                worker.receive()
         yield started
     finally:
         for worker in started.values():
             worker.close()
+
+
+def loopback(server: Any) -> Any:
+    return HttpLoopback(server) if compat.is_08() else Loopback(server)
 
 
 @functools.cache
@@ -161,15 +174,12 @@ def plan_for(model: StandardizedTransformer, local: dict[str, Any] | None) -> Pl
     return Plan.of(reads, writes)
 
 
-@ndif_07
 @pytest.mark.parametrize("server", ["full", "stock"])
-def test_loopback_returns_every_read_as_a_local_trace(
-    workers: dict[str, Worker], server: str
-) -> None:
+def test_loopback_returns_every_read_as_a_local_trace(workers: dict[str, Any], server: str) -> None:
     local = load("tiny:llama")
     client = remote_llama()
     inputs = c.sample_inputs(local)
-    loop = Loopback(workers[server])
+    loop = loopback(workers[server])
     clean = local_reads(local, inputs, write=False)
     written = local_reads(local, inputs, write=True)
     with local.trace(inputs):
@@ -185,14 +195,17 @@ def test_loopback_returns_every_read_as_a_local_trace(
         assert torch.equal(got_plan[locate(client, address.component, address.layer)], value)
     for address, value in local_written.items():
         assert torch.equal(got_written[locate(client, address.component, address.layer)], value)
-    assert loop.downloads == 2
+    # the full server hands results back by URL, the stock one (on 0.8) inline
+    assert (loop.downloads, loop.inline) == (
+        (0, 2) if server == "stock" and compat.is_08() else (2, 0)
+    )
 
     if server == "stock":
-        sent = len(loop.sent)
+        sent = loop.requests
         with loop.installed(), pytest.raises(remote.RemoteRefused, match=r"causalab-mini==0\.1\.0"):
             with client.trace(inputs, remote=True):
                 client.layers_mid[1].save()
-        assert len(loop.sent) == sent, "refused before sending: the server said what it has"
+        assert loop.requests == sent, "refused before sending: the server said what it has"
         # a server that does not say: sent, and its failure names what to install
         with (
             loop.installed(env=False),
@@ -200,7 +213,7 @@ def test_loopback_returns_every_read_as_a_local_trace(
         ):
             with client.trace(inputs, remote=True):
                 client.layers_mid[1].save()
-        assert len(loop.sent) == sent + 1
+        assert loop.requests == sent + 1
         return
 
     for write in (False, True):
@@ -219,56 +232,105 @@ def test_loopback_returns_every_read_as_a_local_trace(
     assert all(p.device.type == "meta" for p in client._model.parameters())
 
 
-@ndif_07
-def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, Worker]) -> None:
-    """The client resolved its places under eager attention; the server runs sdpa."""
+@pytest.mark.parametrize("server", ["full", "stock"])
+def test_loopback_runs_a_plan_at_positions_as_a_local_one(
+    workers: dict[str, Any], server: str
+) -> None:
+    """Positions are resolved on the client (a remote model has its tokenizer) and
+    travel as index tensors: a read at the last token, a per-head read at a span and
+    a write at one token give what the same plan gives locally."""
+    local = load("tiny:llama")
+    client = remote_llama()
+    texts = ["The quick brown fox", "Hello, world! The fox"]
+
+    def plan(model: StandardizedTransformer, value: Any) -> Plan:
+        reads = [
+            locate(model, "block_output", 1, position={"index": -1}),
+            locate(model, "attention_query", 1, 0, position={"span": "fox"}),
+            locate(model, "logits", position={"index": -1}),
+        ]
+        return Plan.of(reads, [(locate(model, "block_mid", 0, position={"index": 1}), value)])
+
+    value = torch.full((2, 1, local.hidden_size), 0.5)
+    want = plan(local, value).run(local, texts)
+    with loopback(workers[server]).installed():
+        got = plan(client, value).run(client, texts, remote=True)
+    assert [a.component for a in got] == [a.component for a in want]
+    for (a, v), w in zip(got.items(), want.values(), strict=True):
+        assert torch.equal(v, w), a
+
+
+def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, Any]) -> None:
+    """The client resolved its places under eager attention; the server runs sdpa. On
+    nnsight 0.6/0.7 that is refused; 0.8's request carries the attention implementation
+    (``env``), which the server switches its model to first (as NDIF's does), so the run
+    is the eager one."""
     client = remote_llama(probs=True)
     inputs = c.sample_inputs(client)
-    loop = Loopback(workers["full"])
-    with loop.installed(), pytest.raises(remote.RemoteMismatch, match="'sdpa' attention"):
-        plan_for(client, None).run(client, inputs, remote=True)
-    with loop.installed(), pytest.raises(remote.RemoteMismatch, match="'sdpa' attention"):
+    loop = loopback(workers["full"])
+    if not compat.is_08():
+        with loop.installed(), pytest.raises(remote.RemoteMismatch, match="'sdpa' attention"):
+            plan_for(client, None).run(client, inputs, remote=True)
+        with loop.installed(), pytest.raises(remote.RemoteMismatch, match="'sdpa' attention"):
+            with client.trace(inputs, remote=True):
+                client.layers_mid[1].save()
+        return
+    local = eager("llama")
+    assert local._model.config._attn_implementation == "eager"
+    want = plan_for(local, None).run(local, inputs)
+    with loop.installed():
+        got = plan_for(client, None).run(client, inputs, remote=True)
+        attribute = None
         with client.trace(inputs, remote=True):
-            client.layers_mid[1].save()
+            attribute = client.layers_mid[1].save()
+    for address, value in want.items():
+        assert torch.equal(got[locate(client, address.component, address.layer)], value)
+    with local.trace(inputs):
+        mid = local.layers_mid[1].save()
+    assert torch.equal(attribute, mid)
+    # and back: a client under sdpa switches the shared server model back
+    sdpa = remote_llama()
+    with loop.installed():
+        back = plan_for(sdpa, None).run(sdpa, inputs, remote=True)
+    plain = load("tiny:llama")
+    for address, value in plan_for(plain, None).run(plain, inputs).items():
+        assert torch.equal(back[locate(sdpa, address.component, address.layer)], value)
 
 
-@ndif_07
-def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, Worker]) -> None:
+def test_loopback_refuses_a_server_that_holds_another_dtype(workers: dict[str, Any]) -> None:
     client = StandardizedTransformer("tiny:llama", remote=True, dtype=torch.bfloat16)
     inputs = c.sample_inputs(client)
-    loop = Loopback(workers["stock"])
+    loop = loopback(workers["stock"])
     with loop.installed(), pytest.raises(remote.RemoteMismatch, match=r"dtype=torch\.float32"):
         plan_for(client, None).run(client, inputs, remote=True)
 
 
-@ndif_07
-def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Worker]) -> None:
+def test_loopback_refuses_a_write_that_does_not_fit(workers: dict[str, Any]) -> None:
     from causalab_mini.components import WriteRefused
 
     client = remote_llama()
     inputs = c.sample_inputs(client)
     wrong = torch.zeros(1, 3, client.hidden_size)
     plan = Plan.of([locate(client, "logits")], [(locate(client, "block_mid", 0), wrong)])
-    with Loopback(workers["stock"]).installed(), pytest.raises(WriteRefused, match="nothing is"):
+    with loopback(workers["stock"]).installed(), pytest.raises(WriteRefused, match="nothing is"):
         plan.run(client, inputs, remote=True)
 
 
-@ndif_07
 def test_a_server_with_other_versions_is_refused_before_sending(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import nnsight.ndif
-
     from causalab_mini import __version__
 
     client = remote_llama()
     nnterp = remote.versions()["nnterp"]
     said = {"packages": {"causalab_mini": "0.0.9", "nnterp": nnterp, "nnsight": "0.7.0"}}
-    monkeypatch.setattr(nnsight.ndif, "NDIF_ENV", said)
+    asked: list[str | None] = []
+    monkeypatch.setattr(remote, "server_env", lambda host=None: asked.append(host) or said)
     with pytest.raises(remote.RemoteRefused, match=r"causalab_mini \S+ \(the server has 0\.0\.9\)"):
         remote.preflight_packages(client)
     said["packages"]["causalab_mini"] = __version__
-    remote.preflight_packages(client)  # the same versions: nothing to refuse
+    remote.preflight_packages(client, "http://elsewhere.test")  # the same versions
+    assert asked == [None, "http://elsewhere.test"]
 
 
 def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operations() -> None:
@@ -282,9 +344,8 @@ def test_a_needle_the_server_forward_does_not_call_is_refused_with_its_operation
     assert find(source, "self.o_proj(", "layers.0.self_attn") is not None
 
 
-@ndif_07
 def test_loopback_notices_a_stubbed_server_or_download(
-    workers: dict[str, Worker], monkeypatch: pytest.MonkeyPatch
+    workers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The loopback proves something only if it fails when the server does not run the
     request or its result is not downloaded."""
@@ -293,7 +354,7 @@ def test_loopback_notices_a_stubbed_server_or_download(
     client = remote_llama()
     inputs = c.sample_inputs(client)
     worker = workers["full"]
-    loop = Loopback(worker)
+    loop = loopback(worker)
     worker.call("stub", True)
     try:
         with loop.installed(), pytest.raises(remote.RemoteIncomplete, match="handed back"):
@@ -304,24 +365,108 @@ def test_loopback_notices_a_stubbed_server_or_download(
         assert attribute is None
     finally:
         worker.call("stub", False)
-    monkeypatch.setattr(RemoteBackend, "get_result", lambda self, *a, **k: {})
+    # the result is "downloaded" as nothing: 0.8's download_result, 0.6/0.7's get_result
+    download = "download_result" if compat.is_08() else "get_result"
+    monkeypatch.setattr(RemoteBackend, download, lambda self, *a, **k: {})
     with loop.installed(), pytest.raises(remote.RemoteIncomplete, match="handed back"):
         plan_for(client, None).run(client, inputs, remote=True)
 
 
-def test_remote_runs_under_nnsight_08_are_refused_with_the_fix() -> None:
+def test_remote_runs_are_refused_only_outside_the_supported_ndif_clients(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The installed nnsight (0.6, 0.7 or 0.8) has a client this module speaks: a local
+    checkpoint gets its absolute path as its key, and the backend is built. A release
+    outside them is refused with the fix, before anything is built."""
+    import os
+
+    from packaging.version import Version
+
     client = remote_llama()
     plan = Plan.of([locate(client, "logits")])
-    if not compat.is_08():
-        remote.require_ndif_client()  # nothing to refuse
-        return
+    remote.require_ndif_client()
+    assert compat.ndif_client() in compat.NDIF_CLIENTS
+    key = remote.plain_model(client).to_model_key() if compat.is_08() else None
+    remote.ensure_model_key(client)
+    assert compat.model_id_cache()[client.repo_id] == os.path.abspath(client.repo_id)
+    if key is not None:
+        assert os.path.abspath(client.repo_id) in key
+    built = remote.backend(client, host="http://127.0.0.1:9")
+    assert built.model_key == remote.plain_model(client).to_model_key()
+    if compat.is_08():  # the per-request environment nnsight 0.8 itself sends
+        assert built.env == client._remoteable_get_env()
+        assert built.env["attn_implementation"] == client._model.config._attn_implementation
+    monkeypatch.setattr(compat, "nnsight_version", lambda: Version("0.9.0"))
     for run in (
         lambda: plan.run(client, c.sample_inputs(client), remote=True),
         lambda: client.to_model_key(),
         lambda: remote.backend(client),
     ):
-        with pytest.raises(remote.RemoteRefused, match=r"nnsight>=0\.6,<0\.8.*without remote=True"):
+        with pytest.raises(remote.RemoteRefused, match=r"nnsight>=0\.6,<0\.9.*without remote=True"):
             run()
+
+
+def test_remote_host_strings_go_through_the_explained_backend(
+    workers: dict[str, Any],
+) -> None:
+    """``remote="http://host"`` (0.8's spelling) and ``backend="http://host"`` (0.6/0.7's)
+    reach the same backend, with the same explanations, as remote=True: a stock server
+    named by URL refuses a trace of a causalab_mini model before anything is sent."""
+    client = remote_llama()
+    inputs = c.sample_inputs(client)
+    with pytest.raises(remote.RemoteRefused, match="names no NDIF host"):
+        client.trace(inputs, remote="ndif.example")
+    if not compat.is_08():
+        assert remote.wants_backend(backend="http://h") and remote.remote_host(backend="http://h")
+        return
+    server = workers["stock"]
+    loop = loopback(server)
+    for spelling in ({"remote": server.host}, {"backend": server.host}):
+        with pytest.raises(remote.RemoteRefused, match=r"causalab-mini==0\.1\.0"):
+            with client.trace(inputs, **spelling):
+                client.layers_mid[1].save()
+    assert loop.requests == 0
+    local = load("tiny:llama")
+    want = plan_for(local, None).run(local, inputs)
+    got = plan_for(client, None).run(client, inputs, remote=server.host)
+    assert loop.requests == 1
+    for address, value in want.items():
+        assert torch.equal(got[locate(client, address.component, address.layer)], value)
+
+
+def test_loopback_runs_a_non_blocking_trace(workers: dict[str, Any]) -> None:
+    """``blocking=False``: nnsight 0.8 submits over HTTP (no websocket) and each later
+    call of the backend polls ``GET /response/{id}`` until the result is there."""
+    if not compat.is_08():
+        pytest.skip("0.6/0.7's non-blocking client is not served by their loopback")
+    import time
+
+    local = load("tiny:llama")
+    client = remote_llama()
+    inputs = c.sample_inputs(local)
+    want = local_reads(local, inputs, write=True)
+    loop = loopback(workers["full"])
+    subscribed = loop._count("subscribed")
+    with loop.installed():
+        with client.trace(inputs, remote=True, blocking=False) as tracer:
+            client.layers_mid[0] = client.layers_mid[0] * 0.5
+            # bound by name: the server hands back saved values under their names
+            attribute = client.layers_mid[1].save()  # noqa: F841
+            logits = client.logits.save()  # noqa: F841
+        backend = tracer.backend
+        assert backend.job_id is not None
+        result = None
+        deadline = time.monotonic() + 120
+        while result is None and time.monotonic() < deadline:
+            result = backend()
+            if result is None:
+                time.sleep(0.05)
+    assert result is not None, "the job did not complete in 120 s"
+    assert sorted(result) == ["attribute", "logits"]
+    assert torch.equal(result["attribute"], want["attribute"])
+    assert torch.equal(result["logits"], want["logits"])
+    assert loop._count("polls") >= 1
+    assert loop._count("subscribed") == subscribed, "a non-blocking run opens no websocket"
 
 
 # ---------------------------------------------------------------------- loading

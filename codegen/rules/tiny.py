@@ -1,7 +1,9 @@
 """tiny.yaml: sizes that fit together (X018), keep_off naming keys of the generic
-table (X007), side inputs that can be made (X020), tokenizers of a kind the builder
-knows, naming chat templates that exist (X021). A model type need not be one the installed transformers has (an
-override for a type it lacks is simply not used), so none is checked against it."""
+table (X007), side inputs that can be made (X020), groups that can each take model
+types, the causal LMs' first (X021), tokenizers of a kind the builder knows, naming
+chat templates that exist (X023). A model type need not be one the installed
+transformers has (an override for a type it lacks is simply not used), so none is
+checked against it."""
 
 from __future__ import annotations
 
@@ -92,12 +94,39 @@ def tiny(ctx: Context) -> None:
                     "layer of each layer type: only a shape under per_layer_type may use it "
                     "(the per_layer_type path itself names the whole list)",
                 )
+    groups = list(data.get("groups", {}).items())
+    if groups and groups[0][1]["auto_class"] != "AutoModelForCausalLM":
+        name = groups[0][0]
+        ctx.err(
+            ti,
+            d,
+            ("groups", name, "auto_class"),
+            "X021",
+            name,
+            f"the first group ({name}) is built with {groups[0][1]['auto_class']}: the first "
+            "group is the causal LMs (AutoModelForCausalLM, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), "
+            "whose model types every later group leaves to it; put that group first",
+        )
+    seen: dict[str, str] = {}
+    for name, group in groups:
+        earlier = seen.setdefault(group["mapping"], name)
+        if earlier != name:
+            ctx.err(
+                ti,
+                d,
+                ("groups", name, "mapping"),
+                "X021",
+                name,
+                f"group {name} takes the model types of {group['mapping']}, which group "
+                f"{earlier} already takes: a model type is in the first group whose mapping "
+                f"has it, so {name} would be empty; name another mapping or drop the group",
+            )
     _tokenizers(ctx, ti, d, data)
     ctx.reg.tiny = model.tiny(data)
 
 
 def _tokenizers(ctx: Context, ti: Loaded, d: str, data: dict[str, Any]) -> None:
-    """X021: every ``adds`` is one of model.TOKENIZER_KINDS; every chat_template names
+    """X023: every ``adds`` is one of model.TOKENIZER_KINDS; every chat_template names
     a template of chat_templates. (Whether a template renders is the builder's check:
     parsing Jinja here would import jinja2 on every lint, cached or not.)"""
     import difflib
@@ -115,7 +144,7 @@ def _tokenizers(ctx: Context, ti: Loaded, d: str, data: dict[str, Any]) -> None:
             ti,
             d,
             path,
-            "X021",
+            "X023",
             row,
             f"adds {value!r}, which is not a kind of tiny tokenizer{hint}; write one of "
             "none (adds nothing), bos (a BOS token before the text), eos (an EOS token "
@@ -135,7 +164,7 @@ def _tokenizers(ctx: Context, ti: Loaded, d: str, data: dict[str, Any]) -> None:
                 ti,
                 d,
                 ("tokenizers", model_type, "chat_template"),
-                "X021",
+                "X023",
                 model_type,
                 f"chat_template {name!r} is not a template of chat_templates (it holds: "
                 f"{known}); add it there or name one of those",

@@ -18,6 +18,7 @@ from typing import Any
 
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
+from causalab_mini.tools import position_checks
 from causalab_mini.tools.certify import close
 
 
@@ -52,6 +53,9 @@ class Context:
     places: dict[tuple[str, int | None], Any] = field(default_factory=dict)
     attn_inputs: dict[tuple[str, int | None], Any] = field(default_factory=dict)
     unordered: dict[Any, str] = field(default_factory=dict)
+    # per component, figures a check records beside its outcomes (the sweep keeps
+    # them in the component's entry of the report: the lens identity's error)
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -315,6 +319,36 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
             )
 
 
+LENS_IDENTITY = "lens(layers_output[last]) == logits"
+LENS_ATOL = 1e-6
+
+
+def lens_identity(ctx: Context) -> Iterator[Outcome]:
+    """The model's own head (``model.lens``: the family's lens rows) applied to the
+    last block's output gives the model's logits; where the family refuses the lens,
+    its reason is noted (nothing is certified by it)."""
+    from causalab_mini.logit_lens import LensRefused
+
+    ran = ctx.model.internals.layers_run_on_text()
+    if not ran or not ctx.have("logits") or not ctx.have("block_output", layer=ran[-1]):
+        return
+    note = ctx.notes.setdefault("logits", {})
+    try:
+        got = ctx.model.lens(ctx.v[("block_output", ran[-1])])
+    except LensRefused as exc:
+        note["lens"] = f"refused: {exc}"
+        return
+    except Exception as exc:  # a lens row that does not fit the model: broken, said
+        note["lens"] = f"broken: {type(exc).__name__}: {exc}"
+        yield Outcome(("logits",), LENS_IDENTITY, False, note["lens"])
+        return
+    # the same modules on the same tensor: exact up to float rounding, far below the
+    # identities' tolerance (a tiny model's soft-capping moves its logits by 1e-4)
+    ok, d = close(got, ctx.v[("logits", None)], atol=LENS_ATOL)
+    note["lens"] = f"{'ok' if ok else 'broken'}: {d}"
+    yield Outcome(("logits",), LENS_IDENTITY, ok, d)
+
+
 # ---------------------------------------------------------------- per layer
 
 
@@ -395,6 +429,18 @@ def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
         )
 
 
+def position_reads_and_writes(ctx: Context) -> Iterator[Outcome]:
+    """Reads and writes at positions (``position_checks``)."""
+    for found in position_checks.position_reads_and_writes(ctx):
+        yield Outcome(*found)
+
+
+def interchange_identities(ctx: Context) -> Iterator[Outcome]:
+    """The interchange identities (``position_checks``)."""
+    for found in position_checks.interchange_identities(ctx):
+        yield Outcome(*found)
+
+
 # The checks the sweep runs, in this order, on every architecture.
 CHECKS: tuple[Check, ...] = (
     read_alone,
@@ -408,9 +454,12 @@ CHECKS: tuple[Check, ...] = (
     final_norm,
     model_outputs,
     unembedding,
+    lens_identity,
     write_reaches_stream,
     write_keeps_earlier_reads,
     attention_write_shifts_mid,
+    position_reads_and_writes,
+    interchange_identities,
 )
 
-__all__ = ["CHECKS", "Check", "Context", "Outcome", "row_components"]
+__all__ = ["CHECKS", "LENS_IDENTITY", "Check", "Context", "Outcome", "row_components"]

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "sweep": "causalab_mini.tools.sweep:sweep_command",
     "new-family": "causalab_mini.tools.scaffold:new_family_command",
     "diagram": "causalab_mini.tools.diagram:diagram_command",
+    "positions": "causalab_mini.tools.positions:positions_command",
 }
 
 
@@ -49,6 +50,7 @@ def main() -> None:
       registry model tiny:llama
       registry new-family starcoder2
       registry diagram tiny:gpt_neox parallel.svg
+      registry positions tiny:llama "The quick brown fox" --position '{"index": -1}'
 
     \b
     Shell completion (bash; zsh_source and fish_source for the others):

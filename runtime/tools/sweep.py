@@ -1,5 +1,6 @@
-"""``registry sweep``: every causal-LM architecture of the installed transformers,
-each of the 21 components certified on real tensors or refused with a reason.
+"""``registry sweep``: every causal-LM architecture of the installed transformers (and
+of every other group registry/tiny.yaml names: image-text-to-text wrappers), each of
+the 21 components certified on real tensors or refused with a reason.
 
 Each architecture runs in its own process (``python -m causalab_mini.tools.sweep TYPE``)
 with a timeout, so a hang or a crash never stops the sweep. A component is
@@ -52,6 +53,7 @@ class Result:
     layers: int | None = None
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
+    group: str | None = None  # registry/tiny.yaml groups (None: causal_lm, older reports)
 
     def counts(self) -> dict[str, int]:
         out = {"ok": 0, "refused": 0, "broken": 0}
@@ -144,6 +146,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             result[name].update(extra)
         if name in heads_refused:
             result[name]["heads_refused"] = heads_refused[name]
+    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
+        if name in result:
+            result[name].update(notes)
     return result
 
 
@@ -892,7 +897,15 @@ def _mlp_checks(
 
 
 def run_one(spec: str) -> Result:
-    """Build, load and certify one architecture (in this process)."""
+    """Build, load and certify one architecture (in this process), in its group."""
+    from causalab_mini.tools.tiny import group_of
+
+    result = _run_one(spec)
+    result.group = group_of(result.model_type)
+    return result
+
+
+def _run_one(spec: str) -> Result:
     import logging
     import warnings
 
@@ -1048,6 +1061,12 @@ def sweep(
     return sorted(results, key=lambda r: r.model_type)
 
 
+def group_name(result: Result | dict[str, Any]) -> str:
+    """The group of a result (a report without groups is the causal LMs')."""
+    group = result.get("group") if isinstance(result, dict) else result.group
+    return group or "causal_lm"
+
+
 def summarize(results: list[Result]) -> dict[str, Any]:
     totals = {
         "architectures": len(results),
@@ -1072,15 +1091,22 @@ def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
     from causalab_mini.internals import _installed
-    from causalab_mini.tools.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import group_model_types
 
+    every = group_model_types()
     data = {
         "transformers": transformers.__version__,
         "nnsight": _installed("nnsight"),
         "nnterp": _installed("nnterp"),
         "seconds": round(seconds, 1),
         "summary": summarize(results),
-        "all_model_types": len(causal_lm_model_types()),
+        "groups": {
+            g: summarize([r for r in results if group_name(r) == g])
+            for g in every
+            if any(group_name(r) == g for r in results)
+        },
+        "all_model_types": sum(len(types) for types in every.values()),
+        "group_model_types": {g: len(types) for g, types in every.items()},
         "results": [r.__dict__ for r in results],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -1159,19 +1185,98 @@ def differences_markdown(report: dict[str, Any], other: dict[str, Any]) -> list[
     return lines
 
 
+def _lens(result: dict[str, Any]) -> str:
+    """The lens identity's figure for one architecture (checks.lens_identity): ok or
+    broken with the worst error, or refused with the family's reason."""
+    return str(result.get("components", {}).get("logits", {}).get("lens", ""))
+
+
+def _lens_summary(report: dict[str, Any]) -> str:
+    from causalab_mini.tools.checks import LENS_IDENTITY
+
+    states = [_lens(r).split(":", 1)[0] for r in report["results"] if _lens(r)]
+    return (
+        f"Lens identity `{LENS_IDENTITY}` (`model.lens`, the family's lens rows): "
+        f"**{states.count('ok')} ok**, **{states.count('refused')} refused** with the "
+        f"family's reason, **{states.count('broken')} broken** (column lens)."
+    )
+
+
 def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = None) -> str:
     """docs/coverage.md from a sweep report and the registry's block structures; with
     ``against`` (another run's report), where that run differs."""
     from causalab_mini.generated import BLOCK_STRUCTURES
+    from causalab_mini.generated.tiny import TINY_GROUPS
 
-    s = report["summary"]
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for r in report["results"]:
+        by_group.setdefault(group_name(r), []).append(r)
+    order = [g for g in TINY_GROUPS if g in by_group]
+    order += sorted(g for g in by_group if g not in TINY_GROUPS)
     lines = [
         "<!-- DO NOT EDIT: written by `registry sweep --doc docs/coverage.md` from the sweep "
         "report and the registry. -->",
         "# Coverage",
         "",
-        f"{_versions_of(report)}: {s['architectures']} causal-LM architectures swept "
-        f"in {report['seconds']} s. {s['certified']} loaded and certified component by component; "
+    ]
+    several = len(order) > 1
+    if several:
+        counts = ", ".join(f"{len(by_group[g])} {_group_label(g)}" for g in order)
+        lines += [
+            f"{_versions_of(report)}: {len(report['results'])} architectures swept in "
+            f"{report['seconds']} s, in {len(order)} groups (registry/tiny.yaml groups), each "
+            f"reported on its own below: {counts}.",
+            "",
+        ]
+    structures = "Structures: " + ", ".join(f"`{k}`" for k in BLOCK_STRUCTURES) + "."
+    if several:
+        lines += [structures, ""]
+    reasons: dict[str, int] = {}
+    for group in order:
+        part = _group_markdown(report, group, by_group[group], several, reasons)
+        if not several:  # one group: the layout of a causal-LM sweep alone
+            at = next(i for i, line in enumerate(part) if line.startswith("Lens identity"))
+            part[at:at] = [structures, ""]
+        lines += part
+    lines += ["", "## Refusals, by reason", "", "| times | reason |", "|---|---|"]
+    for text, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
+        cell = text[:400].replace("|", "\\|")
+        lines.append(f"| {count} | {cell} |")
+    if against is not None:
+        lines += differences_markdown(report, against)
+    return "\n".join(lines) + "\n"
+
+
+def _group_label(group: str) -> str:
+    """``causal-LM`` for the causal LMs, else the group's name in words."""
+    return "causal-LM" if group == "causal_lm" else group.replace("_", "-")
+
+
+def _group_markdown(
+    report: dict[str, Any],
+    group: str,
+    results: list[dict[str, Any]],
+    several: bool,
+    reasons: dict[str, int],
+) -> list[str]:
+    """One group's paragraph and table (its refusals counted into ``reasons``)."""
+    from causalab_mini.generated.tiny import TINY_GROUPS
+
+    s = summarize([Result(**r) for r in results])
+    label = _group_label(group)
+    lines: list[str] = []
+    if several:
+        lines += [f"## {label[0].upper()}{label[1:]} architectures", ""]
+        if group in TINY_GROUPS:
+            lines += [f"{TINY_GROUPS[group][2][0].upper()}{TINY_GROUPS[group][2][1:]}.", ""]
+    swept = (
+        f"{s['architectures']} {label} architectures swept"
+        if several
+        else f"{_versions_of(report)}: {s['architectures']} {label} architectures swept "
+        f"in {report['seconds']} s"
+    )
+    lines += [
+        f"{swept}. {s['certified']} loaded and certified component by component; "
         f"{s.get('unfinished', 0)} load but are unfinished (a place refused only because no "
         "block-structure rule gives their structure); "
         f"{s['unbuildable']} cannot be built tiny, {s['unloadable']} do not load, "
@@ -1180,13 +1285,12 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
         f"Components: **{s['ok']} ok** (certified on real tensors), **{s['refused']} refused** "
         f"with a reason, **{s['broken']} broken**.",
         "",
-        "Structures: " + ", ".join(f"`{k}`" for k in BLOCK_STRUCTURES) + ".",
+        _lens_summary({"results": results}),
         "",
-        "| architecture | class | structure | ok | refused | broken | note |",
-        "|---|---|---|---|---|---|---|",
+        "| architecture | class | structure | ok | refused | broken | lens | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    reasons: dict[str, int] = {}
-    for r in report["results"]:
+    for r in results:
         counts = {"ok": 0, "refused": 0, "broken": 0}
         for item in r["components"].values():
             counts[item["state"]] += 1
@@ -1202,23 +1306,25 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
         lines.append(
             f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
             f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
+            f"{_cell(_lens(r), 120)} | "
             f"{'' if r['outcome'] == 'certified' else r['outcome'] + ': '}{note} |"
         )
         for item in r["components"].values():
             if item["state"] == "refused":
                 text = item["reason"].split("\n", 1)[0]
                 reasons[text] = reasons.get(text, 0) + 1
-    lines += ["", "## Refusals, by reason", "", "| times | reason |", "|---|---|"]
-    for text, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
-        cell = text[:400].replace("|", "\\|")
-        lines.append(f"| {count} | {cell} |")
-    if against is not None:
-        lines += differences_markdown(report, against)
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 @click.command("sweep")
 @click.option("--only", default=None, help="Comma-separated model types (default: all).")
+@click.option(
+    "--group",
+    "groups",
+    default=None,
+    help="Comma-separated groups of registry/tiny.yaml (causal_lm, image_text_to_text; "
+    "default: every group).",
+)
 @click.option("--jobs", type=int, default=2, show_default=True, help="Architectures at once.")
 @click.option(
     "--timeout",
@@ -1255,14 +1361,18 @@ def sweep_command(
     doc: Path | None,
     as_json: bool = False,
     against: Path | None = None,
+    groups: str | None = None,
 ) -> None:
-    """Certify every causal-LM architecture of the installed transformers: each of
-    the 21 components ok (identities and oracles pass), refused (with the reason),
-    or broken. Each architecture runs in its own process with a timeout.
+    """Certify every causal-LM architecture of the installed transformers, and every
+    architecture of the other groups registry/tiny.yaml names (image-text-to-text
+    wrappers, on their text stacks): each of the 21 components ok (identities and
+    oracles pass), refused (with the reason), or broken. Each architecture runs in
+    its own process with a timeout; the report and the table give each group apart.
 
     \b
     Example:
       registry sweep --only llama,gpt2,bloom
+      registry sweep --group image_text_to_text
       registry sweep --jobs 2 --out docs/coverage.json --doc docs/coverage.md
       registry sweep --doc docs/coverage.md --against nnsight-0.8.json
     """
@@ -1270,14 +1380,23 @@ def sweep_command(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from causalab_mini.tools.tiny import causal_lm_model_types
+    from causalab_mini.tools.tiny import group_model_types
 
-    every = causal_lm_model_types()
+    by_group = group_model_types()
+    picked = [g.strip() for g in groups.split(",") if g.strip()] if groups else list(by_group)
+    wrong = [g for g in picked if g not in by_group]
+    if wrong:
+        raise click.UsageError(
+            f"not groups of registry/tiny.yaml: {', '.join(wrong)} (its groups: "
+            f"{', '.join(by_group)})"
+        )
+    every = [t for g in picked for t in by_group[g]]
     chosen = [t.strip() for t in only.split(",") if t.strip()] if only else every
     unknown = [t for t in chosen if t not in every]
     if unknown:
         raise click.UsageError(
-            f"not causal-LM model types of this transformers: {', '.join(unknown)}"
+            f"not model types of the groups {', '.join(picked)} of this transformers: "
+            f"{', '.join(unknown)}"
         )
     console = Console(stderr=True)
     started = time.perf_counter()

@@ -34,6 +34,7 @@ from causalab_mini.generated.tiny import (
     TINY_BUILDS_WITH,
     TINY_CHAT_TEMPLATES,
     TINY_GENERIC,
+    TINY_GROUPS,
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
@@ -56,6 +57,8 @@ __all__ = [
     "build_tiny",
     "cache_root",
     "causal_lm_model_types",
+    "group_model_types",
+    "group_of",
     "resolve_model_spec",
     "tiny_config",
     "tiny_tokenizer",
@@ -149,10 +152,10 @@ def cache_root() -> Path:
 def build_class(model_type: str) -> str:
     """The transformers auto class a tiny ``model_type`` is built (and loaded back) with:
     its family's ``auto_class`` (a multimodal wrapper's image-text-to-text class, vision
-    tower included), else AutoModelForCausalLM."""
+    tower included), else its group's (registry/tiny.yaml ``groups``)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from causalab_mini.spec import auto_class_for
+    from causalab_mini.classes import auto_class_for
 
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
@@ -181,7 +184,7 @@ def _recipe(model_type: str) -> dict[str, Any]:
     override rows of its config and sub-configs, a build class other than
     AutoModelForCausalLM, its row of tokenizers): part of the cache key, so that changing a type's own rows
     rebuilds that type and no other."""
-    from causalab_mini.spec import DEFAULT_AUTO_CLASS
+    from causalab_mini.classes import DEFAULT_AUTO_CLASS
 
     recipe: dict[str, Any] = {}
     rows = {t: _overrides(t) for t in _config_types(model_type) if t in TINY_OVERRIDES}
@@ -222,6 +225,26 @@ def causal_lm_model_types() -> list[str]:
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def group_model_types() -> dict[str, list[str]]:
+    """Group (registry/tiny.yaml ``groups``, in order) -> its sorted model types: those of
+    the group's transformers auto mapping that no earlier group takes (a mapping the
+    installed transformers lacks gives none)."""
+    from transformers.models.auto import modeling_auto
+
+    out: dict[str, list[str]] = {}
+    taken: set[str] = set()
+    for name, (mapping, _, _) in TINY_GROUPS.items():
+        types = sorted(set(getattr(modeling_auto, mapping, {})) - taken)
+        out[name] = types
+        taken.update(types)
+    return out
+
+
+def group_of(model_type: str) -> str | None:
+    """The group ``model_type`` is in (the first whose mapping has it), or None."""
+    return next((g for g, types in group_model_types().items() if model_type in types), None)
+
+
 def builds_outside(model_type: str) -> str | None:
     """Why ``model_type`` is not built tiny with the installed transformers, where
     registry/tiny.yaml's builds_with gives the releases its build is verified with and
@@ -251,14 +274,15 @@ def _check_model_type(model_type: str) -> None:
     outside = builds_outside(model_type)
     if outside is not None:
         raise TinyBuildError(outside)
-    if model_type in causal:
+    if model_type in causal or group_of(model_type) is not None:
         return
     close = difflib.get_close_matches(model_type, causal, n=5, cutoff=0.6)
     hint = f"; close matches: {', '.join(close)}" if close else ""
     if model_type in CONFIG_MAPPING:
+        mappings = ", ".join(f"{g} ({m})" for g, (m, _, _) in TINY_GROUPS.items())
         raise TinyBuildError(
-            f"model type {model_type!r} is not a causal LM in transformers "
-            f"(no entry in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES){hint}"
+            f"model type {model_type!r} is not a causal LM in transformers, nor in another "
+            f"group tiny builds (registry/tiny.yaml groups: {mappings}){hint}"
         )
     raise TinyBuildError(f"unknown model type {model_type!r}{hint}")
 

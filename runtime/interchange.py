@@ -1,0 +1,301 @@
+"""Interchange interventions: the value of a component at a position in a *source* run,
+put into a *base* run at the same component, in one forward.
+
+Every (base, source) pair is a row of one batch: the base rows first, then each
+source's rows, tokenized together (so padding, BOS and ``position_ids`` are the
+tokenizer's own, per row) and traced once per ``batch_size`` pairs. A patch reads the
+whole place, moves the source rows' tokens at the patch's position into the base rows'
+tokens at the same position spec (each row resolves it in its own content frame:
+``{"span": "Paris", "index": -1}`` is the last token of "Paris" in either prompt, at
+whatever index), and writes the place back; the source rows are never changed, so a
+later patch still reads the clean source. Reads and the logits are the base run's
+(and the sources', on request).
+
+    result = interchange(
+        model,
+        [locate(model, "block_output", 3, position={"span": "Paris", "index": -1})],
+        bases=["The Eiffel Tower is in Paris"],
+        sources=["The Colosseum is in Rome, not Paris"],
+    )
+    result.logits          # (pairs, vocab): the base rows' last content token
+    result.reads[address]  # (pairs, ...): what each read address held in the base run
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .geometry import ComponentError
+from .locate import ComponentAddress, locate
+from .plan import _prepare_sources, read, write
+from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One interchange: ``address`` (with its positions) takes its value from source
+    ``source`` of each pair (0: the first, where a pair has several)."""
+
+    address: ComponentAddress
+    source: int = 0
+
+
+@dataclass
+class InterchangeResult:
+    """What the base runs read, by address, each (pairs, ...) in the order of the pairs;
+    ``logits`` (pairs, vocab) at each base row's last content token; and, where asked,
+    the same of every source (``sources[k]``: source k's reads and logits)."""
+
+    reads: dict[ComponentAddress, Any] = field(default_factory=dict)
+    logits: Any = None
+    sources: list[InterchangeResult] = field(default_factory=list)
+
+
+def handed_axis(address: ComponentAddress) -> int:
+    """The sequence axis of the tensor ``read`` hands out at ``address`` (one head of a
+    (batch, heads, queries, keys) place loses the head axis)."""
+    assert address.sequence_axis is not None
+    if address.head is not None and address.layout == "bhsk":
+        return address.sequence_axis - 1
+    return address.sequence_axis
+
+
+def _patches(model: Any, patches: Sequence[Any], slots: int) -> list[Patch]:
+    out = [
+        p if isinstance(p, Patch) else Patch(*p) if isinstance(p, tuple) else Patch(p)
+        for p in patches
+    ]
+    if not out:
+        raise ComponentError("an interchange needs at least one patch: give a located address")
+    seen: dict[tuple[Any, ...], Patch] = {}
+    for p in out:
+        if not p.address.position:
+            raise ComponentError(
+                f"patch {p.address} names no position: say which tokens move "
+                '(locate(..., position={"index": -1}), or position="all")'
+            )
+        if not p.address.writable:
+            raise ComponentError(
+                f"patch {p.address}: {p.address.component} is read-only: {p.address.why_read_only}"
+            )
+        if not 0 <= p.source < slots:
+            raise ComponentError(
+                f"patch {p.address} takes source {p.source}, and each pair has {slots} "
+                f"source{'' if slots == 1 else 's'} (0..{slots - 1})"
+            )
+        key = (p.address.component, p.address.layer, p.address.head, p.address.stream)
+        if key in seen:
+            raise ComponentError(
+                f"two patches at one place ({p.address} and {seen[key].address}): give one "
+                "patch with both positions (position=[...])"
+            )
+        seen[key] = p
+    return out
+
+
+def _pairs(bases: Sequence[str], sources: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
+    """The bases, and per source slot its texts (one per base)."""
+    if isinstance(bases, str) or isinstance(sources, str):
+        raise PositionError("bases and sources are lists of texts, one source (or tuple) per base")
+    if len(bases) != len(sources):
+        raise PositionError(
+            f"{len(bases)} bases and {len(sources)} sources: give one source (or one tuple of "
+            "sources) per base"
+        )
+    if not bases:
+        raise PositionError("no pairs: give at least one base and its source")
+    rows = [list(s) if isinstance(s, (list, tuple)) else [s] for s in sources]
+    slots = {len(r) for r in rows}
+    if len(slots) != 1:
+        raise PositionError(
+            f"every base needs the same number of sources, and they have {sorted(slots)}"
+        )
+    n = slots.pop()
+    return list(bases), [[r[k] for r in rows] for k in range(n)]
+
+
+def interchange(
+    model: Any,
+    patches: Sequence[Any],
+    bases: Sequence[str],
+    sources: Sequence[Any],
+    *,
+    reads: Sequence[ComponentAddress] = (),
+    batch_size: int = 32,
+    return_sources: bool = False,
+    frame: str = "plain",
+) -> InterchangeResult:
+    """Run every (base, source) pair with ``patches`` applied to the base (see the
+    module's text); ``batch_size`` pairs per trace. ``patches`` are located addresses
+    with positions (or ``Patch(address, source=k)`` where a pair has several sources:
+    ``sources[i]`` is then a tuple). Returns the base runs' reads and last-token logits,
+    and the sources' with ``return_sources``."""
+    if type(batch_size) is not int or batch_size < 1:
+        raise ValueError(f"batch_size is a positive int, not {batch_size!r}")
+    base_texts, slot_texts = _pairs(bases, sources)
+    plan = _patches(model, patches, len(slot_texts))
+    logits_at = locate(model, "logits")
+    chunks: list[InterchangeResult] = []
+    for start in range(0, len(base_texts), batch_size):
+        stop = start + batch_size
+        chunks.append(
+            _chunk(
+                model,
+                plan,
+                list(reads),
+                logits_at,
+                base_texts[start:stop],
+                [texts[start:stop] for texts in slot_texts],
+                return_sources,
+                frame,
+            )
+        )
+    return _joined(chunks, len(slot_texts) if return_sources else 0)
+
+
+def _joined(chunks: list[InterchangeResult], slots: int) -> InterchangeResult:
+    import torch
+
+    first = chunks[0]
+    out = InterchangeResult(
+        reads={a: _cat([c.reads[a] for c in chunks]) for a in first.reads},
+        logits=torch.cat([c.logits for c in chunks]),
+    )
+    for k in range(slots):
+        out.sources.append(_joined([c.sources[k] for c in chunks], 0))
+    return out
+
+
+def _cat(parts: list[Any]) -> Any:
+    """Chunks of a read joined: one tensor where they stack, else every pair's own."""
+    import torch
+
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        try:
+            return torch.cat(parts)
+        except RuntimeError:  # other numbers of tokens per chunk
+            pass
+    return [row for p in parts for row in p]
+
+
+def _row_index(model: Any, encoded: Any, address: ComponentAddress, rows: range) -> Any:
+    """The (rows, n) token index of ``address``'s positions in ``rows``, or one index
+    list per row where the rows name different numbers of tokens."""
+    indices = resolve(model, encoded, address.position)
+    mine = [indices[r] for r in rows]
+    if len({len(r) for r in mine}) > 1:
+        return mine
+    return stacked(mine, address.position)
+
+
+def _chunk(
+    model: Any,
+    plan: list[Patch],
+    reads: list[ComponentAddress],
+    logits_at: ComponentAddress,
+    bases: list[str],
+    slots: list[list[str]],
+    return_sources: bool,
+    frame: str,
+) -> InterchangeResult:
+
+    k = len(bases)
+    encoded = encode(model, [*bases, *(t for texts in slots for t in texts)], frame)
+    groups = [range(0, k), *(range(k * (s + 1), k * (s + 2)) for s in range(len(slots)))]
+    moves = []
+    for p in plan:
+        indices = resolve(model, encoded, p.address.position)
+        source_rows = groups[p.source + 1]
+        for i, row in enumerate(source_rows):
+            if len(indices[i]) != len(indices[row]):
+                raise PositionError(
+                    f"patch {p.address}: the position names {len(indices[i])} tokens in base "
+                    f"{bases[i]!r} and {len(indices[row])} in its source "
+                    f"{slots[p.source][i]!r}; name as many in both (a span with an index, or "
+                    "texts of as many tokens)"
+                )
+        pairs = [(indices[i], row, indices[row]) for i, row in enumerate(source_rows)]
+        moves.append((p.address, pairs))
+    # the logits at every row's last content token (the base's, and each source's)
+    last = stacked(resolve(model, encoded, {"index": -1}), {"index": -1})
+    wanted = [
+        (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
+        for a in reads
+    ]
+    # (rank, reads after writes at one rank, what): patches, reads, then the logits
+    steps: list[tuple[tuple[int, int], bool, int]] = [
+        (m[0].rank, False, -1 - i) for i, m in enumerate(moves)
+    ]
+    steps += [(a.rank, True, i) for i, (a, _) in enumerate(wanted)]
+    steps.append((logits_at.rank, True, len(wanted)))
+    steps.sort(key=lambda s: (s[0], s[1]))
+    saved: list[tuple[int, Any]] = []  # bound before the trace: nnsight hands saves back
+    _prepare_sources(model, [m[0] for m in moves] + [a for a, _ in wanted])
+    with model.trace(trace_inputs(model, encoded)):
+        for _, _, what in steps:
+            if what < 0:
+                address, pairs = moves[-1 - what]
+                whole = replace(address, position=())
+                axis = handed_axis(address) - 1  # of one row
+                full = read(model, whole)
+                patched = full.clone()
+                for i, (at, row, source_at) in enumerate(pairs):
+                    # a view of row i with its sequence first: writing it writes patched
+                    patched[i].movedim(axis, 0)[at] = full[row].movedim(axis, 0)[source_at]
+                write(model, whole, patched)
+            elif what < len(wanted):
+                address, indices = wanted[what]
+                full = read(model, replace(address, position=()))
+                axis = handed_axis(address) if address.position else None
+                saved.append((what, [_saved(t) for t in _per_group(full, groups, indices, axis)]))
+            else:
+                full = read(model, logits_at)
+                lasts = [last[g.start : g.stop] for g in groups]
+                saved.append((what, [_saved(t) for t in _per_group(full, groups, lasts, 1)]))
+    values = {what: [_value(t) for t in v] for what, v in saved}
+    results = []
+    for g in range(len(groups) if return_sources else 1):
+        results.append(
+            InterchangeResult(
+                reads={a: values[i][g] for i, a in enumerate(reads)},
+                logits=values[len(wanted)][g][:, 0],
+            )
+        )
+    base = results[0]
+    base.sources = results[1:]
+    return base
+
+
+def _saved(value: Any) -> Any:
+    return [v.save() for v in value] if isinstance(value, list) else value.save()
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [getattr(v, "value", v) for v in value]
+    return getattr(value, "value", value)
+
+
+def _per_group(full: Any, groups: list[range], indices: list[Any], axis: int | None) -> list[Any]:
+    """``full`` (every row of the batch) cut into its groups of rows, each at its own
+    positions where ``indices`` has them."""
+    out: list[Any] = []
+    for g, index in zip(groups, indices, strict=True):
+        part = full[g.start : g.stop]
+        if index is None or axis is None:
+            out.append(part)
+        elif isinstance(index, list):  # ragged: each row its own tokens, a tensor each
+            out.append(
+                [
+                    part[i].movedim(axis - 1, 0)[at].movedim(0, axis - 1)
+                    for i, at in enumerate(index)
+                ]
+            )
+        else:
+            out.append(take(part, index, axis))
+    return out
+
+
+__all__ = ["InterchangeResult", "Patch", "handed_axis", "interchange"]

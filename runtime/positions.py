@@ -1,0 +1,539 @@
+"""Positions in a content frame: which tokens of an input a study means.
+
+A position is pure data, written the way documents write it::
+
+    {"index": 0}                   the first content token
+    {"index": -1}                  the last content token
+    {"span": "fox"}                the tokens covering that text (it must occur once)
+    {"span": "fox", "index": -1}   the last token of that span
+    {"anchor": "bos"}              the special token the tokenizer put first
+    {"anchor": "eos"}              the special token the tokenizer put last
+    "all"                          every content token
+    [ ... ]                        several of these, in the order given
+
+The content frame is every token of a row that the user's text produced: the tokens
+the tokenizer adds (BOS, EOS, separators) and padding are outside it, read from the
+loaded tokenizer's own special-tokens mask and offsets, never from a table of
+families. So ``{"index": 0}`` is the first word on a tokenizer that prepends ``<s>``
+and on one that prepends nothing, and on a left-padded short row alike. The ``chat``
+frame renders the tokenizer's chat template around a user message and keeps only the
+message's tokens as content (the template's scaffolding is outside it).
+
+``encode`` tokenizes texts into the batch a trace runs (with ``position_ids`` counted
+from each row's first real token, so an absolute-position model sees each row as it
+would alone, whatever the padding side and the nnsight release); ``resolve`` gives the
+token indices a position names, per row of that batch. Nothing is clamped: a position
+the input does not have is refused with the position, the row and what to write.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import plain
+
+ANCHORS = ("bos", "eos")
+FRAMES = ("plain", "chat")
+
+
+class PositionError(ValueError):
+    """A position that the input does not have, or that is not well written."""
+
+
+@functools.total_ordering
+@dataclass(frozen=True)
+class Position:
+    """One position spec, as data: ``index`` alone counts content tokens (negative
+    from the end); ``span`` names text that must occur once (``index`` then counts
+    the span's tokens); ``anchor`` is a special token the tokenizer added; ``every``
+    is every content token."""
+
+    index: int | None = None
+    span: str | None = None
+    anchor: str | None = None
+    every: bool = False
+
+    def __post_init__(self) -> None:
+        kinds = sum(
+            (self.anchor is not None, self.every, self.index is not None or bool(self.span))
+        )
+        if self.span is not None and not self.span:
+            raise PositionError('{"span": ""} names no text: write the words the span covers')
+        if kinds != 1:
+            raise PositionError(
+                f"{self.spec()!r} mixes kinds of position: write one of "
+                '{"index": i}, {"span": "text"} (with an optional "index"), '
+                '{"anchor": "bos"|"eos"} or "all"'
+            )
+        if self.anchor is not None and self.anchor not in ANCHORS:
+            raise PositionError(
+                f"unknown anchor {self.anchor!r}: the anchors are {', '.join(ANCHORS)}"
+            )
+        if self.index is not None and type(self.index) is not int:
+            raise PositionError(
+                f"an index is an int, and {self.index!r} is a {type(self.index).__name__}"
+            )
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.every,
+            self.anchor or "",
+            self.span or "",
+            self.index is not None,
+            self.index or 0,
+        )
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Position):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def spec(self) -> Any:
+        """The position as a document writes it."""
+        if self.every:
+            return "all"
+        if self.anchor is not None:
+            return {"anchor": self.anchor}
+        out: dict[str, Any] = {}
+        if self.span is not None:
+            out["span"] = self.span
+        if self.index is not None:
+            out["index"] = self.index
+        return out
+
+    def __str__(self) -> str:
+        return _text(self.spec())
+
+
+def _text(spec: Any) -> str:
+    if isinstance(spec, str):
+        return repr(spec)
+    if isinstance(spec, (list, tuple)):
+        return "[" + ", ".join(_text(s) for s in spec) + "]"
+    inner = ", ".join(f"{k!r}: {v!r}" for k, v in spec.items())
+    return "{" + inner + "}"
+
+
+_KEYS = frozenset({"index", "span", "anchor"})
+
+
+def parse(spec: Any) -> tuple[Position, ...]:
+    """A position spec (a dict, ``"all"``, a ``Position`` or a list of them) as a
+    tuple of ``Position``; refuses unknown keys, wrong types, an empty list and a
+    list that names the same position twice."""
+    if isinstance(spec, Position):
+        return (spec,)
+    if isinstance(spec, str):
+        if spec == "all":
+            return (Position(every=True),)
+        raise PositionError(
+            f'unknown position {spec!r}: write "all", {{"index": i}}, '
+            '{"span": "text"} or {"anchor": "bos"|"eos"}'
+        )
+    if isinstance(spec, Mapping):
+        extra = set(spec) - _KEYS
+        if extra:
+            raise PositionError(
+                f"position {dict(spec)!r} has unknown keys {sorted(extra)}: a position "
+                "takes index, span and anchor"
+            )
+        if "anchor" in spec and len(spec) > 1:
+            raise PositionError(
+                f"position {dict(spec)!r}: an anchor stands alone (write "
+                f'{{"anchor": {spec["anchor"]!r}}})'
+            )
+        span = spec.get("span")
+        if span is not None and not isinstance(span, str):
+            raise PositionError(f"a span is text, and {span!r} is a {type(span).__name__}")
+        return (Position(index=spec.get("index"), span=span, anchor=spec.get("anchor")),)
+    if isinstance(spec, (list, tuple)):
+        if not spec:
+            raise PositionError("an empty list of positions names no token: name at least one")
+        out: list[Position] = []
+        for item in spec:
+            out.extend(parse(item))
+        seen: set[Position] = set()
+        for p in out:
+            if p in seen:
+                raise PositionError(
+                    f"the list of positions names {p} twice: name each position once"
+                )
+            seen.add(p)
+        return tuple(out)
+    raise PositionError(
+        f'a position is a dict, "all" or a list of them, not a {type(spec).__name__}'
+    )
+
+
+# ---------------------------------------------------------------------- frames
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One row of a batch as positions see it: every token (in the batch's own
+    coordinates, padding included), which of them are content, and the anchors."""
+
+    text: str
+    tokens: tuple[str, ...]
+    content: tuple[int, ...]  # batch indices of the content tokens, in order
+    offsets: tuple[tuple[int, int], ...]  # per token, character offsets into ``text``
+    anchors: Mapping[str, int] = field(default_factory=dict)
+    real: tuple[int, ...] = ()  # batch indices the attention mask keeps
+
+    def describe(self, row: int | None = None) -> str:
+        head = f"row {row}: " if row is not None else ""
+        return f"{head}{self.text!r}"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A tokenized batch, ready for a trace (``inputs``), with the frame of each row."""
+
+    inputs: Mapping[str, Any]
+    frames: tuple[Frame, ...]
+    frame: str = "plain"
+
+
+def _tokenizer_of(model: Any) -> Any:
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is None and hasattr(model, "convert_ids_to_tokens"):
+        tokenizer = model  # a tokenizer itself
+    if tokenizer is None:
+        raise PositionError(
+            "positions are resolved with the model's tokenizer, and this model has none: "
+            "load it with its tokenizer (a checkpoint directory with tokenizer files)"
+        )
+    if not getattr(tokenizer, "is_fast", False):
+        raise PositionError(
+            f"positions read token offsets, which only a fast tokenizer gives, and "
+            f"{type(tokenizer).__name__} is not one: load the fast tokenizer (use_fast=True)"
+        )
+    return tokenizer
+
+
+def _texts(inputs: Any) -> list[str]:
+    if isinstance(inputs, str):
+        texts = [inputs]
+    elif isinstance(inputs, Sequence) and all(isinstance(t, str) for t in inputs):
+        texts = list(inputs)
+    else:
+        raise PositionError(
+            "positions are resolved on text (a string or a list of strings), so that a "
+            f"span can be found in it; got a {type(inputs).__name__}. Pass the text, and "
+            "run the trace on positions.encode(model, texts).inputs"
+        )
+    if not texts:
+        raise PositionError("the input has no rows: give at least one text")
+    for i, text in enumerate(texts):
+        if not text:
+            raise PositionError(
+                f"row {i} is the empty text, which has no content token: give it words"
+            )
+    return texts
+
+
+def _chat_render(tokenizer: Any, text: str) -> tuple[str, tuple[int, int]]:
+    """The chat template rendered around ``text`` as the user message, and the
+    characters of the rendering that are the message."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise PositionError(
+            f"the chat frame renders the tokenizer's chat template, and "
+            f"{type(tokenizer).__name__} has none: use the plain frame (frame='plain')"
+        )
+
+    def render(message: str) -> str:
+        out = tokenizer.apply_chat_template(
+            [{"role": "user", "content": message}], tokenize=False, add_generation_prompt=True
+        )
+        return str(out)
+
+    rendered = render(text)
+    # the template's scaffolding is what two renderings of other messages share
+    a, b = render("\x00A\x00"), render("\x00B\x00")
+    prefix = 0
+    while prefix < min(len(a), len(b)) and a[prefix] == b[prefix]:
+        prefix += 1
+    suffix = 0
+    while suffix < min(len(a), len(b)) - prefix and a[-1 - suffix] == b[-1 - suffix]:
+        suffix += 1
+    start, end = prefix - 1, len(rendered) - (suffix - 1)  # back over the shared \x00
+    if rendered[start:end] != text:
+        raise PositionError(
+            "the chat template does not put the user message into the rendering as "
+            "written (it changes or repeats it), so its tokens cannot be told apart: use "
+            "the plain frame"
+        )
+    return rendered, (start, end)
+
+
+def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
+    """Tokenize ``inputs`` (a text or a list of texts) into the batch a trace runs:
+    ``input_ids``, ``attention_mask`` and ``position_ids`` (each row counted from its
+    first real token, so padding moves no position), padded on the tokenizer's side;
+    and each row's frame (``plain``: everything the user wrote; ``chat``: the user
+    message inside the tokenizer's chat template)."""
+    if frame not in FRAMES:
+        raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
+    tokenizer = _tokenizer_of(model)
+    texts = _texts(inputs)
+    windows: list[tuple[int, int]] = []
+    if frame == "chat":
+        rendered = [_chat_render(tokenizer, t) for t in texts]
+        sources = [r for r, _ in rendered]
+        windows = [w for _, w in rendered]
+        add_special = False  # the template writes its own specials
+    else:
+        sources = texts
+        add_special = True
+    batch = tokenizer(
+        sources,
+        return_tensors="pt",
+        padding=True,
+        add_special_tokens=add_special,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    ids = batch["input_ids"]
+    mask = batch["attention_mask"]
+    special = batch["special_tokens_mask"]
+    offsets = batch["offset_mapping"]
+    frames: list[Frame] = []
+    specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+    for row, source in enumerate(sources):
+        real = [i for i in range(ids.shape[1]) if int(mask[row, i])]
+        spans = [(int(offsets[row, i, 0]), int(offsets[row, i, 1])) for i in range(ids.shape[1])]
+        if frame == "chat":
+            lo, hi = windows[row]
+            content = [
+                i
+                for i in real
+                if spans[i][1] > spans[i][0] and spans[i][0] < hi and spans[i][1] > lo
+            ]
+            text = texts[row]
+            spans = [(max(a - lo, 0), max(min(b, hi) - lo, 0)) for a, b in spans]
+        else:
+            content = [i for i in real if not int(special[row, i])]
+            text = source
+        anchors = _anchors(frame, real, content, ids[row], special[row], specials)
+        if not content:
+            raise PositionError(
+                f"row {row} ({text!r}) has no content token after tokenization: give it words"
+            )
+        frames.append(
+            Frame(
+                text=text,
+                tokens=tuple(tokenizer.convert_ids_to_tokens([int(t) for t in ids[row]])),
+                content=tuple(content),
+                offsets=tuple(spans),
+                anchors=anchors,
+                real=tuple(real),
+            )
+        )
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
+    return Encoded(inputs=out, frames=tuple(frames), frame=frame)
+
+
+def _anchors(
+    frame: str,
+    real: list[int],
+    content: list[int],
+    ids: Any,
+    special: Any,
+    specials: Mapping[str, int | None],
+) -> dict[str, int]:
+    """The special tokens at either end of a row: in the plain frame the ones the
+    tokenizer added (its special-tokens mask), in the chat frame the template's own
+    BOS and EOS tokens outside the message."""
+    inside = set(content)
+    out: dict[str, int] = {}
+    for name, at in (("bos", real[0]), ("eos", real[-1])):
+        if at in inside:
+            continue
+        if frame == "plain" and int(special[at]):
+            out[name] = at
+        elif frame == "chat" and specials[name] is not None and int(ids[at]) == specials[name]:
+            out[name] = at
+    return out
+
+
+def trace_inputs(model: Any, encoded: Encoded) -> dict[str, Any]:
+    """The batch to trace: ``encoded.inputs``, without ``position_ids`` where the model's
+    forward takes none (its positions then come from the mask, or it has none)."""
+    import inspect
+
+    inputs = dict(encoded.inputs)
+    module = getattr(model, "_model", model)
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return inputs
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    if "position_ids" not in parameters and not takes_any:
+        inputs.pop("position_ids")
+    return inputs
+
+
+def _one(position: Position, frame: Frame, row: int) -> list[int]:
+    where = frame.describe(row)
+    if position.every:
+        return list(frame.content)
+    if position.anchor is not None:
+        at = frame.anchors.get(position.anchor)
+        if at is None:
+            raise PositionError(
+                f"{position}: the tokenizer added no {position.anchor.upper()} token to "
+                f'{where}; address a content token instead ({{"index": 0}} or '
+                f'{{"index": -1}})'
+            )
+        return [at]
+    tokens = list(frame.content)
+    if position.span is not None:
+        tokens = _span(position, frame, row)
+    if position.index is None:
+        return tokens
+    n = len(tokens)
+    i = position.index
+    if i >= n or i < -n:
+        what = f"the span {position.span!r}" if position.span is not None else where
+        first, last = 0, n - 1
+        raise PositionError(
+            f"{position} is outside {what}, which has {n} content token"
+            f"{'' if n == 1 else 's'} (indices {first}..{last}, or {-n}..-1 from the end); "
+            "nothing is clamped: write an index in that range"
+        )
+    return [tokens[i]]
+
+
+def _span(position: Position, frame: Frame, row: int) -> list[int]:
+    assert position.span is not None
+    text, span = frame.text, position.span
+    found = []
+    start = text.find(span)
+    while start >= 0:
+        found.append(start)
+        start = text.find(span, start + 1)
+    if not found:
+        raise PositionError(
+            f"{position}: {span!r} does not occur in {frame.describe(row)}; write a span "
+            "that is in the text"
+        )
+    if len(found) > 1:
+        raise PositionError(
+            f"{position}: {span!r} occurs {len(found)} times in {frame.describe(row)} "
+            f"(at characters {found}); write a longer span that occurs once"
+        )
+    lo, hi = found[0], found[0] + len(span)
+    content = set(frame.content)
+    covering = [
+        i
+        for i in frame.real
+        if frame.offsets[i][1] > frame.offsets[i][0]
+        and frame.offsets[i][0] < hi
+        and frame.offsets[i][1] > lo
+    ]
+    if any(i not in content for i in covering) or not covering:
+        raise PositionError(
+            f"{position}: the span {span!r} in {frame.describe(row)} is split by a token "
+            "the tokenizer added; write a span inside the content"
+        )
+    if covering != list(range(covering[0], covering[-1] + 1)):
+        raise PositionError(
+            f"{position}: the tokens covering {span!r} in {frame.describe(row)} are not "
+            "contiguous; write a span inside the content"
+        )
+    return covering
+
+
+def resolve(model: Any, inputs: Any, position: Any, frame: str = "plain") -> list[list[int]]:
+    """The token indices ``position`` names in each row of the batch a trace runs on
+    ``inputs`` (a text, a list of texts, or an ``Encoded`` from ``encode``): one list
+    per row, in the order the position spec gives, in the batch's own coordinates
+    (padding counted). Refuses, with the position, the row and what to write, any
+    position a row does not have."""
+    positions = parse(position)
+    encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
+    out: list[list[int]] = []
+    for row, fr in enumerate(encoded.frames):
+        indices: list[int] = []
+        for p in positions:
+            for i in _one(p, fr, row):
+                if i in indices:
+                    raise PositionError(
+                        f"{_text(_spec_of(positions))} names token {i} of "
+                        f"{fr.describe(row)} twice ({fr.tokens[i]!r}); name each token once"
+                    )
+                indices.append(i)
+        out.append(indices)
+    return out
+
+
+def stacked(indices: Sequence[Sequence[int]], position: Any) -> Any:
+    """``indices`` (one list per row, from ``resolve``) as a (batch, n) index tensor,
+    refused where the rows name different numbers of tokens (they would not stack
+    into one tensor)."""
+    import torch
+
+    counts = [len(r) for r in indices]
+    if len(set(counts)) > 1:
+        raise PositionError(
+            f"{_text(_spec_of(parse(position)))} names a different number of tokens in each "
+            f"row ({counts}), so the positions do not stack into one tensor: address a fixed "
+            'number of tokens per row ({"index": i}, or a span with an index)'
+        )
+    return torch.tensor([list(r) for r in indices], dtype=torch.long)
+
+
+# the tokens of a tensor at positions, and a copy with them replaced: one definition,
+# in the module whose functions a server runs (plain), used here and there alike
+take = plain.take_positions
+put = plain.put_positions
+
+
+def _spec_of(positions: Iterable[Position]) -> Any:
+    specs = [p.spec() for p in positions]
+    return specs[0] if len(specs) == 1 else specs
+
+
+def describe_frame(encoded: Encoded) -> str:
+    """Each row's tokens, their content index (and from the end) and the anchors: what
+    ``registry positions`` prints."""
+    lines: list[str] = []
+    for row, fr in enumerate(encoded.frames):
+        lines.append(f"row {row} ({encoded.frame} frame): {fr.text!r}")
+        content = {t: k for k, t in enumerate(fr.content)}
+        anchors = {v: k for k, v in fr.anchors.items()}
+        n = len(fr.content)
+        for i, token in enumerate(fr.tokens):
+            if i in content:
+                k = content[i]
+                tag = f"index {k:>3} / {k - n:>4}"
+            elif i in anchors:
+                tag = f"anchor {anchors[i]}"
+            elif i not in fr.real:
+                tag = "padding"
+            else:
+                tag = "added (not content)"
+            lines.append(f"  {i:>4}  {token!r:<24} {tag}")
+    return "\n".join(lines)
+
+
+__all__ = [
+    "ANCHORS",
+    "FRAMES",
+    "Encoded",
+    "Frame",
+    "Position",
+    "PositionError",
+    "describe_frame",
+    "encode",
+    "parse",
+    "put",
+    "resolve",
+    "stacked",
+    "take",
+    "trace_inputs",
+]

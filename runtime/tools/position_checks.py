@@ -1,0 +1,129 @@
+"""The sweep's checks of positions and interchange interventions, on real tensors of
+every architecture the text frame feeds (a model whose forward needs inputs beside the
+token ids, a drafter's target states, is fed by ``sample_inputs`` and not by text:
+these checks do not apply there, and say nothing).
+
+- a read at ``{"index": -1}`` is the last content token of the whole read, per row;
+- a write at one token of ``block_input`` changes ``block_output`` of that layer at
+  that token and after it, never before, and a read saved before it keeps its value;
+- every content token of the first block's input moved from a source reproduces the
+  source's logits, and the last block's output at the last token reproduces the
+  source's last-token logits (``causalab_mini.interchange``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from causalab_mini.tools.certify import close
+
+# what a check here yields: (components it covers, its name, whether it held, detail);
+# tools.checks makes each an Outcome
+Found = tuple[tuple[str, ...], str, bool, str]
+
+# sentences of the tiny tokenizer's corpus; pairs of as many tokens are found per model
+SENTENCES = (
+    "The cat sat on the mat",
+    "The dog slept by the door",
+    "Rome is the capital of Italy",
+    "Berlin is the capital of Germany",
+    "Good morning! Good night.",
+    "Hello, world! How are you?",
+    "The weather is nice today",
+    "She said that he would come",
+    "Please open the window",
+    "They were happy because",
+    "The quick brown fox",
+    "Every layer adds an update",
+)
+
+READ = "a read at {'index': -1} is each row's last content token of the whole read"
+WRITE = "a write at one token changes block_output there and after, never before"
+ALL_TOKENS = "interchange: every token of block_input[0] from the source gives its logits"
+LAST_TOKEN = "interchange: block_output[last] at the last token gives the source's logits there"
+
+
+def text_fed(ctx: Any) -> bool:
+    """Whether the model's forward runs on text alone (no side inputs)."""
+    return set(ctx.inputs) <= {"input_ids", "attention_mask"}
+
+
+def _pairs(model: Any) -> tuple[list[str], list[str]] | None:
+    from causalab_mini.positions import resolve
+
+    by: dict[int, list[str]] = {}
+    for text in SENTENCES:
+        by.setdefault(len(resolve(model, [text], "all")[0]), []).append(text)
+    pairs = [(v[0], v[1]) for v in by.values() if len(v) >= 2]
+    if not pairs:
+        return None
+    bases, sources = zip(*pairs, strict=True)
+    return list(bases), list(sources)
+
+
+def position_reads_and_writes(ctx: Any) -> Iterator[Found]:
+    from causalab_mini.components import ComponentError, locate
+    from causalab_mini.plan import Plan
+    from causalab_mini.positions import encode, put, resolve, stacked, take
+
+    if not text_fed(ctx) or ("block_input", 0) not in ctx.addresses:
+        return
+    model = ctx.model
+    layer = min(1, ctx.n - 1)
+    texts = list(SENTENCES[:2])
+    try:
+        last = locate(model, "block_output", layer, position={"index": -1})
+        whole = locate(model, "block_output", layer)
+        at = locate(model, "block_input", layer, position={"index": 2})
+        place = locate(model, "block_input", layer)
+        earlier = locate(model, "block_input", 0)
+    except ComponentError:
+        return
+    clean = Plan.of([earlier, place, whole, last]).run(model, texts)
+    index = stacked(resolve(model, texts, last.position), last.position)
+    ok, err = close(clean[last], take(clean[whole], index, 1))
+    yield (("block_output",), READ, ok, err)
+    value = clean[place].new_ones((len(texts), 1, clean[place].shape[-1]))
+    written = Plan.of([earlier, place, whole], [(at, value)]).run(model, texts)
+    where = stacked(resolve(model, texts, at.position), at.position)
+    kept = bool((written[earlier] == clean[earlier]).all())
+    back = bool((written[place] == put(clean[place], where, 1, value)).all())
+    # padding is no token of the text (a fully masked query's output is the kernel's
+    # to choose): the real tokens before the written one must not move
+    real = encode(model, texts).inputs["attention_mask"].bool()
+    moved = (written[whole] - clean[whole]).abs().amax(-1)
+    before = max(
+        float(moved[r, : int(where[r, 0])][real[r, : int(where[r, 0])]].max())
+        for r in range(len(texts))
+    )
+    there = min(float(moved[r, int(where[r, 0])]) for r in range(len(texts)))
+    ok = kept and back and before == 0.0 and there > 0.0
+    detail = f"kept={kept} read back={back} before={before:.3g} at={there:.3g}"
+    yield (("block_input",), WRITE, ok, detail)
+
+
+def interchange_identities(ctx: Any) -> Iterator[Found]:
+    from causalab_mini.components import ComponentError, locate
+    from causalab_mini.interchange import interchange
+
+    if not text_fed(ctx) or ("block_input", 0) not in ctx.addresses:
+        return
+    model = ctx.model
+    try:
+        first = locate(model, "block_input", 0, position="all")
+        last = locate(model, "block_output", ctx.n - 1, position={"index": -1})
+    except ComponentError:
+        return
+    pairs = _pairs(model)
+    if pairs is not None:
+        result = interchange(model, [first], *pairs, return_sources=True)
+        ok, err = close(result.logits, result.sources[0].logits)
+        yield (("block_input",), ALL_TOKENS, ok, err)
+    result = interchange(
+        model, [last], list(SENTENCES[:3]), list(SENTENCES[3:6]), return_sources=True
+    )
+    ok, err = close(result.logits, result.sources[0].logits)
+    yield (("block_output",), LAST_TOKEN, ok, err)
+
+
+__all__ = ["interchange_identities", "position_reads_and_writes", "text_fed"]

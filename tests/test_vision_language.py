@@ -1,0 +1,159 @@
+"""Image-text-to-text wrappers (families/vision_language.yaml) fed an image: tiny
+vision towers, random pixel tensors given to the model classes directly (no image
+processor: several need torchvision). The text places keep their identities and
+transformers' own hidden states with the image in the input, and the image enters
+the stream where the family's rows say: after embeddings_output (the placeholder
+tokens' own embeddings), at the placeholders of layers_input[0].
+
+The text-only certification of these types is the generic one (tests/test_families.py,
+tests/test_internals.py, the sweep); this adds what only an image input shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from causalab_mini.generated import FAMILY_MATCH
+from causalab_mini.tools import certify
+
+from .test_multimodal import _failed, _loaded, _text_ids
+
+pytestmark = [pytest.mark.slow, pytest.mark.semantic, pytest.mark.wide]
+
+FAMILY = "vision_language"
+# the ten most used (issue 24), fed an image here; the family's other types are
+# certified on text
+IMAGE_FED = (
+    "llava",
+    "llava_next",
+    "llava_onevision",
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "mistral3",
+    "idefics3",
+    "paligemma",
+    "smolvlm",
+)
+
+
+def _pixels(model_type: str, config: Any, generator: Any) -> dict[str, Any]:
+    """The pixel inputs of one random image, in the layout the model class takes
+    (what its image processor would hand it)."""
+    import torch
+
+    vision = config.vision_config
+    size = getattr(vision, "image_size", 32)
+    if model_type in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        # flattened patches (t * h * w, channels * temporal * patch * patch), a grid of
+        # 1 x 4 x 4 patches that the merger pools 2 x 2
+        t, h, w = 1, 2 * vision.spatial_merge_size, 2 * vision.spatial_merge_size
+        width = vision.in_channels * vision.temporal_patch_size * vision.patch_size**2
+        return {
+            "pixel_values": torch.randn(t * h * w, width, generator=generator),
+            "image_grid_thw": torch.tensor([[t, h, w]]),
+        }
+    if model_type in ("idefics3", "smolvlm"):  # (batch, images, channels, h, w)
+        return {"pixel_values": torch.randn(1, 1, 3, size, size, generator=generator)}
+    if model_type == "mistral3":
+        return {
+            "pixel_values": torch.randn(1, 3, size, size, generator=generator),
+            "image_sizes": torch.tensor([[size, size]]),
+        }
+    if model_type in ("llava_next", "llava_onevision"):  # the base image and its tiles
+        size = config.image_grid_pinpoints[0][0]
+        tiles = 1 + (config.image_grid_pinpoints[0][0] // vision.image_size) * (
+            config.image_grid_pinpoints[0][1] // vision.image_size
+        )
+        side = vision.image_size
+        return {
+            "pixel_values": torch.randn(1, tiles, 3, side, side, generator=generator),
+            "image_sizes": torch.tensor([config.image_grid_pinpoints[0]]),
+        }
+    return {"pixel_values": torch.randn(1, 3, size, size, generator=generator)}
+
+
+def _feature_rows(features: Any) -> int:
+    """How many placeholder tokens the image's features fill: the rows of what
+    get_image_features returns (a tensor, a list of them, or a model output)."""
+    import torch
+
+    if not isinstance(features, (torch.Tensor, list, tuple)):
+        features = features.pooler_output
+    if isinstance(features, (list, tuple)):
+        return sum(_feature_rows(f) for f in features)
+    return int(features.reshape(-1, features.shape[-1]).shape[0])
+
+
+def _image_inputs(model: Any, seed: int) -> dict[str, Any]:
+    """``<s>``, the image's placeholder tokens (as many as its features), the text."""
+    import torch
+
+    config = model._model.config
+    pixels = _pixels(model.model_type, config, torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        rows = _feature_rows(model._model.model.get_image_features(**pixels))
+    ids = _text_ids(model)
+    image_id = getattr(config, "image_token_id", None)
+    if image_id is None:
+        image_id = config.image_token_index
+    image = torch.full((1, rows), image_id)
+    input_ids = torch.cat([ids[:, :1], image, ids[:, 1:]], dim=1)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), **pixels}
+    if model.model_type == "paligemma":  # the image and the prompt are its prefix
+        inputs["token_type_ids"] = torch.zeros_like(input_ids)
+    if "image_grid_thw" in pixels:  # which tokens are the image's (multimodal rotary)
+        inputs["mm_token_type_ids"] = (input_ids == image_id).long()
+    return inputs
+
+
+def _image_id(model: Any) -> int:
+    config = model._model.config
+    found = getattr(config, "image_token_id", None)
+    return int(found if found is not None else config.image_token_index)
+
+
+def test_the_image_fed_types_are_the_familys() -> None:
+    assert set(IMAGE_FED) <= set(FAMILY_MATCH[FAMILY].model_types)
+
+
+@pytest.mark.parametrize("model_type", IMAGE_FED)
+def test_an_image_enters_at_the_placeholders_after_the_embeddings(model_type: str) -> None:
+    """With an image in the input every identity and transformers' hidden states still
+    hold; embeddings_output holds the placeholder tokens' own embeddings whatever the
+    pixels, and other pixels change layers_input[0] at the image's positions only."""
+    import torch
+
+    model = _loaded(f"tiny:{model_type}")
+    inputs = _image_inputs(model, seed=0)
+    image = inputs["input_ids"][0] == _image_id(model)
+    assert int(image.sum()) > 0
+    values = certify.read_places(model, inputs)
+    checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
+    assert checks and not _failed(checks)
+    assert any(c.name.startswith("hidden_states") for c in checks)
+
+    embedded = values[("embeddings_output", None)][0]
+    merged = values[("layers_input", 0)][0]
+    with torch.no_grad():
+        placeholder = model._model.get_input_embeddings()(inputs["input_ids"])[0]
+    assert certify.difference(embedded, placeholder)[0]  # the ids' own embeddings
+    assert not certify.difference(merged[image], embedded[image])[0]  # the image is in
+
+    other = certify.read_places(
+        model, _image_inputs(model, seed=1), ["embeddings_output", "layers_input"]
+    )
+    assert torch.equal(other[("embeddings_output", None)][0], embedded)
+    moved = (other[("layers_input", 0)][0] - merged).abs().amax(-1)
+    assert bool((moved[~image] == 0).all())
+    # every image row moves but the learned row LLaVA-NeXT puts at the end of each
+    # line of tiles (image_newline, the same whatever the pixels)
+    still = merged[image][moved[image] == 0]
+    newline = getattr(model._model.model, "image_newline", None)
+    if newline is None:
+        assert not len(still)
+    else:
+        assert len(still) < int(image.sum()) // 2
+        assert bool((still == newline.detach()).all())
