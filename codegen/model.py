@@ -32,6 +32,7 @@ from causalab_mini.address import (
 )
 
 __all__ = [
+    "TOKENIZER_KINDS",
     "FamilyDef",
     "Registry",
     "TinyTables",
@@ -95,6 +96,23 @@ class TinyTables:
     groups: tuple[tuple[str, tuple[str, str, str]], ...] = ()
     side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
+    # the kind of special tokens a tiny tokenizer adds where tokenizers lists no row
+    tokenizer_default: str = "bos"
+    # model type -> (the kind its tokenizer adds, the name of its chat template or None)
+    tokenizers: tuple[tuple[str, tuple[str, str | None]], ...] = ()
+    # chat template name -> its Jinja text
+    chat_templates: tuple[tuple[str, str], ...] = ()
+
+
+# What each kind of tiny tokenizer adds around a single sequence (registry/tiny.yaml
+# tokenizer_default and tokenizers name one of these): a BOS token before it, an EOS
+# token after it. The builder (causalab_mini.tools.tiny) reads the emitted table.
+TOKENIZER_KINDS: dict[str, dict[str, bool]] = {
+    "none": {"bos": False, "eos": False},
+    "bos": {"bos": True, "eos": False},
+    "eos": {"bos": False, "eos": True},
+    "bos_eos": {"bos": True, "eos": True},
+}
 
 
 def frozen(value: Any) -> Any:
@@ -128,6 +146,12 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
             for g, v in raw.get("groups", {}).items()
         ),
         vision_extra=table(raw["vision_extra"]),
+        tokenizer_default=raw.get("tokenizer_default", {}).get("adds", "bos"),
+        tokenizers=tuple(
+            (t, (row["adds"], row.get("chat_template")))
+            for t, row in raw.get("tokenizers", {}).items()
+        ),
+        chat_templates=tuple(raw.get("chat_templates", {}).items()),
     )
 
 
