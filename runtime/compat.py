@@ -368,6 +368,34 @@ def several_invokes(model: Any) -> bool | None:
     return answer if isinstance(answer, bool) else None
 
 
+def location(envoy: Any, attr: str) -> str | None:
+    """The location nnsight parks on to read ``envoy``'s ``attr`` (``model.layers.1.
+    input``, an operation's ``...source.attention_interface_0.output``): 0.8 names it
+    by the descriptor (``eproperty``) that serves it; None where this nnsight does not
+    say."""
+    for klass in type(envoy).__mro__:
+        descriptor = vars(klass).get(attr)
+        if descriptor is not None:
+            where = getattr(descriptor, "_location", None)
+            if callable(where):
+                try:
+                    return str(where(envoy))
+                except Exception:
+                    return None
+            return None
+    return None
+
+
+def out_of_order_error() -> type[BaseException] | None:
+    """nnsight's error for a location the model already ran past (0.8's
+    ``OutOfOrderError``), or None where this nnsight has none of that name."""
+    try:
+        from nnsight.intervention.interleaver import OutOfOrderError
+    except ImportError:
+        return None
+    return OutOfOrderError  # type: ignore[no-any-return]
+
+
 __all__ = [
     "OVERLOAD_PREFIX",
     "alias_target",
@@ -379,7 +407,9 @@ __all__ = [
     "forward_key",
     "install",
     "is_08",
+    "location",
     "nnsight_version",
+    "out_of_order_error",
     "parsed_source",
     "several_invokes",
     "shared_path",

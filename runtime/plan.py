@@ -15,7 +15,7 @@ from causalab_mini.address import replace_part
 from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
-from .locate import ComponentAddress, _refuse
+from .locator import ComponentAddress, _refuse
 from .ops import OperationNotFound, inner_op
 
 

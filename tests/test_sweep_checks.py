@@ -238,7 +238,7 @@ def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read(
 def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.MonkeyPatch) -> None:
     # the config's head_dim of a latent-attention model is the rope part (8), not the
     # q/k (16) or value (16) head size: a per-head component stating it is broken
-    from causalab_mini import locate
+    from causalab_mini import locator as locate
 
     model = StandardizedTransformer("tiny:deepseek_v3", enable_attention_probs=True)
     assert model.text_config.head_dim == 8
