@@ -392,7 +392,12 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         import torch
 
         internals = self.__dict__.get("internals")
-        if internals is None or name.startswith("_") or isinstance(value, torch.nn.Module):
+        if (
+            internals is None
+            or name.startswith("_")
+            or isinstance(value, torch.nn.Module)
+            or name in SPELLINGS.values()  # a property whose setter writes the place
+        ):
             super().__setattr__(name, value)  # construction, private state, a module
             return
         spelled = {row: spelling for row, spelling in SPELLINGS.items() if row != spelling}
