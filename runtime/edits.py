@@ -91,7 +91,7 @@ def _visits(runner: Any, location: str | None) -> int | None:
 class Edit:
     """What an in-place edit of a read does: who read it, where, and the write."""
 
-    __slots__ = ("where", "write", "root", "runner", "location", "visits", "storage")
+    __slots__ = ("location", "root", "runner", "storage", "visits", "where", "write")
 
     def __init__(
         self, where: str, write: Callable[[Any], None], root: Any, location: str | None
@@ -219,7 +219,9 @@ def _keep_views(result: Any, args: tuple[Any, ...]) -> Any:
     """``result`` with each tensor that views an editable read's storage handed out
     editable too (so ``x[:, 2].zero_()`` is an edit of ``x``); every other result
     plain."""
-    edits = [a.__dict__["_edit"] for a in args if isinstance(a, EditableRead) and "_edit" in a.__dict__]
+    edits = [
+        a.__dict__["_edit"] for a in args if isinstance(a, EditableRead) and "_edit" in a.__dict__
+    ]
     if not edits:
         return result
     if isinstance(result, torch.Tensor) and not isinstance(result, EditableRead):

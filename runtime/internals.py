@@ -378,7 +378,12 @@ class Place:
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
         value = self._fetch(envoy, attr, layer)
-        return self._finish(address, value, self._internals._layer(self, layer)), envoy, attr, address
+        return (
+            self._finish(address, value, self._internals._layer(self, layer)),
+            envoy,
+            attr,
+            address,
+        )
 
     def _fetch(self, envoy: Any, attr: str, layer: int | None) -> Any:
         """``envoy``'s ``attr`` in the running trace; nnsight's out-of-order error said

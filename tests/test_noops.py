@@ -79,7 +79,9 @@ def test_an_in_place_edit_at_every_place_is_its_write(
             with model.trace(PROMPT):
                 box["before"] = model.internals[name][at].save()
                 # the spelling a user writes: model.<name>[i] where the place has one
-                read = getattr(model, name)[at] if isinstance(at, int) else model.internals[name][at]
+                read = (
+                    getattr(model, name)[at] if isinstance(at, int) else model.internals[name][at]
+                )
                 edit(read)
                 box["after"] = model.internals[name][at].save()
                 box["logits"] = model.logits.save()
@@ -341,8 +343,15 @@ def test_the_root_exports_what_the_readme_uses_and_no_module_shadows_a_function(
 
     assert callable(locate) and not isinstance(locate, types.ModuleType)
     assert Plan is PlanClass and StandardizedTransformer.__name__ == "StandardizedTransformer"
-    for error in ("PlaceUnavailable", "WriteRefused", "EditRefused", "PlaceOutOfOrder",
-                  "RenameError", "OperationNotFound", "ComponentError"):
+    for error in (
+        "PlaceUnavailable",
+        "WriteRefused",
+        "EditRefused",
+        "PlaceOutOfOrder",
+        "RenameError",
+        "OperationNotFound",
+        "ComponentError",
+    ):
         assert issubclass(getattr(causalab_mini, error), BaseException), error
     submodules = {m.name for m in pkgutil.iter_modules(causalab_mini.__path__)}
     for name in submodules:  # imported: each binds itself on the package
@@ -353,4 +362,3 @@ def test_the_root_exports_what_the_readme_uses_and_no_module_shadows_a_function(
     from causalab_mini import locate as again
 
     assert again is locate
-

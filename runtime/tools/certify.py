@@ -691,8 +691,12 @@ def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | No
     same = bool(torch.equal(logits, assigned))
     return [
         compare(f"{where} read before an in-place edit == its clean read", layer, before, clean),
-        compare(f"{where} read after an in-place edit == the read, edited there", layer,
-                _value(box["again"]).detach(), want),
+        compare(
+            f"{where} read after an in-place edit == the read, edited there",
+            layer,
+            _value(box["again"]).detach(),
+            want,
+        ),
         Check(
             f"logits after an in-place edit of {where} == after the same write by assignment",
             None,
