@@ -1,11 +1,12 @@
 """In-place edits of a read: what a read of a place hands out inside a trace.
 
-A read of a place is a copy (so a value saved before a write keeps its value), and an
-in-place edit of a copy would change nothing in the model. So a read hands out an
-``EditableRead``: a copy of the place's tensor whose in-place operations
+A read at a place the row copies (``snapshot``, ``write: in_place``, a scale) is a
+copy, so a value saved before a write keeps its value, and an in-place edit of a copy
+would change nothing in the model. So a read hands out an ``EditableRead``: the
+place's tensor as read (that copy, or the model's tensor) whose in-place operations
 (``x[:, 2] += v``, ``x[:, 2] = v``, ``x.mul_(2)``, ``x.zero_()``, ``out=x``,
 ``inplace=True``), on it or on a view of it, are the write of the place: the edit is
-made on the copy and the whole copy is then written with the place's own write
+made on the read and the whole read is then written with the place's own write
 (``model.internals[name][layer] = x``, the same checks, the same snapshot contract).
 Where that write cannot happen (the trace ran past the place, another invoke or trace
 is running, the place is read-only) the edit raises and says the assignment to write.
@@ -256,22 +257,17 @@ def plain(value: Any) -> Any:
     return value
 
 
-def editable(
-    value: Any,
-    where: str,
-    write: Callable[[Any], None],
-    location: str | None,
-    fresh: bool,
-) -> Any:
-    """``value`` (a read of the place ``where``) as handed out: a tensor becomes a copy
-    (unless ``fresh``: already one, made for this read) whose in-place edits call
-    ``write`` with the edited copy; anything else as it is. Outside a trace body,
-    ``value`` as it is."""
+def editable(value: Any, where: str, write: Callable[[Any], None], location: str | None) -> Any:
+    """``value`` (a read of the place ``where``) as handed out inside a trace body: a
+    tensor whose in-place edits call ``write`` with the edited tensor; anything else,
+    or anything outside a trace body, as it is. Not a copy of its own: where the row
+    copies (``snapshot``, ``write: in_place``, a scale) the read already is one, so a
+    value saved before keeps its value; elsewhere it is the model's tensor, which the
+    forward may still change in place as it carries it on (XLM masks its block output
+    in place), as a read there has always held."""
     if not isinstance(value, torch.Tensor) or _runner() is None:
         return value
     value = plain(value)
-    if not fresh:
-        value = value.clone()
     return _editable(value, Edit(where, write, value, location))
 
 

@@ -327,28 +327,23 @@ class Place:
         return address, envoy
 
     def get(self, layer: int | None = None) -> Any:
-        """The tensor here (inside a trace): a copy, so that a value read and saved
-        keeps what it was when read, whose in-place edits (``x[:, 2] += v``,
-        ``x.zero_()``) are this place's write (``edits``); a module place's Envoy."""
+        """The tensor here (inside a trace), whose in-place edits (``x[:, 2] += v``,
+        ``x.zero_()``) are this place's write (``edits.editable``); a copy where the row
+        copies (a value read and saved keeps what it was when read); a module place's
+        Envoy."""
         value, envoy, attr, address = self._value(layer)
         if address is not None and address.io is IOType.MODULE:
             return value
         from .edits import editable  # torch: only once a trace reads
 
         at = self._internals._layer(self, layer)
-        fresh = address is not None and (_copied(address) or address.scale is not None)
         return editable(
-            value,
-            self.where(at),
-            lambda edited: self.set(at, edited),
-            compat.location(envoy, attr),
-            fresh,
+            value, self.where(at), lambda edited: self.set(at, edited), compat.location(envoy, attr)
         )
 
     def read(self, layer: int | None = None) -> Any:
-        """The tensor here as the model holds it (a copy only where the row says the
-        forward or a write changes it later): what ``get`` copies, for the library's
-        own reads (a ``Plan``, the checks) that never edit it."""
+        """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
+        row copies), for the library's own reads that never edit it."""
         return self._value(layer)[0]
 
     def _value(self, layer: int | None) -> tuple[Any, Any, str, Address | None]:

@@ -397,8 +397,8 @@ def in_place_edits(ctx: Context) -> Iterator[Outcome]:
         if component is None:
             continue
         layer = probe if place.per_layer else None
-        if place.unavailable_on(layer) is not None:
-            continue
+        if place.unavailable_on(layer) is not None or (component, layer) not in ctx.v:
+            continue  # refused, or not read: its own check says why
         checks = cert.in_place_edit(ctx.model, ctx.inputs, row_name, layer)
         if checks:
             failed = [c for c in checks if not c.ok]
