@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .geometry import ComponentError
-from .locate import ComponentAddress, locate
+from .locator import ComponentAddress, locate
 from .plan import _prepare_sources, read, write
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from packaging.version import Version
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
+from . import compat
 from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
 from .ops import find_op, inner_op
 
@@ -325,17 +327,40 @@ class Place:
         return address, envoy
 
     def get(self, layer: int | None = None) -> Any:
+        """The tensor here (inside a trace), whose in-place edits (``x[:, 2] += v``,
+        ``x.zero_()``) are this place's write (``edits.editable``); a copy where the row
+        copies (a value read and saved keeps what it was when read); a module place's
+        Envoy."""
+        value, envoy, attr, address = self._value(layer)
+        if address is not None and address.io is IOType.MODULE:
+            return value
+        from .edits import editable  # torch: only once a trace reads
+
+        at = self._internals._layer(self, layer)
+        return editable(
+            value, self.where(at), lambda edited: self.set(at, edited), compat.location(envoy, attr)
+        )
+
+    def read(self, layer: int | None = None) -> Any:
+        """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
+        row copies), for the library's own reads that never edit it."""
+        return self._value(layer)[0]
+
+    def _value(self, layer: int | None) -> tuple[Any, Any, str, Address | None]:
+        """(the value, the Envoy it is read from, the attribute, the resolved row or
+        None where it is a plain module boundary read before)."""
         if layer is None or type(layer) is int:  # never a bool: it would hash as 0 or 1
             read = self._reads.get(layer)
             if read is not None:  # a module boundary read before: no resolving again
                 envoy, attr, needs = read
-                value = getattr(envoy, attr)
+                value = self._fetch(envoy, attr, layer)
                 if needs is None:
-                    return value
-                return self._finish(needs, value, self._internals._layer(self, layer))
+                    return value, envoy, attr, None
+                at = self._internals._layer(self, layer)
+                return self._finish(needs, value, at), envoy, attr, needs
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
-            return envoy
+            return envoy, envoy, "", address
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
             plain = (
@@ -347,7 +372,31 @@ class Place:
                 and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
-        return self._finish(address, getattr(envoy, attr), self._internals._layer(self, layer))
+        value = self._fetch(envoy, attr, layer)
+        return (
+            self._finish(address, value, self._internals._layer(self, layer)),
+            envoy,
+            attr,
+            address,
+        )
+
+    def _fetch(self, envoy: Any, attr: str, layer: int | None) -> Any:
+        """``envoy``'s ``attr`` in the running trace; nnsight's out-of-order error said
+        in places (which place was asked for, which later one the trace passed)."""
+        try:
+            value = getattr(envoy, attr)
+        except Exception as exc:
+            from .edits import PlaceOutOfOrder, _runner
+
+            error = compat.out_of_order_error()
+            if error is None or not isinstance(exc, error) or isinstance(exc, PlaceOutOfOrder):
+                raise
+            runner = _runner()
+            if getattr(runner, "iteration", 0) not in (0, None):
+                raise  # a tracer.iter loop that outran the run: nnsight's own end
+            raise self._internals.out_of_order(self, layer, runner) from None
+        self._internals.passed(self, layer)
+        return value
 
     def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
@@ -396,8 +445,12 @@ class Place:
         refused = self.refuses_writes() if address.io is IOType.MODULE else address.read_only
         if refused is not None:
             raise WriteRefused(f"{where} is read-only: {refused}")
+        if type(value).__name__ == "EditableRead":  # written as the tensor it holds
+            from .edits import plain
+
+            value = plain(value)
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
-        whole = getattr(envoy, attr)
+        whole = self._fetch(envoy, attr, layer)
         current = address.select.get(whole) if address.select is not None else whole
         full = current
         if address.flat_tokens or address.merged_heads:
@@ -449,6 +502,10 @@ class Internals(Mapping[str, Place]):
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
+        # per running trace body (nnsight's mediator), the furthest place it reached
+        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = (
+            weakref.WeakKeyDictionary()
+        )
         # per layer, the batch and sequence of its input, where a row is flat_tokens
         self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
         if any(row.flat_tokens and row.per_layer for row in rows.values()):
@@ -473,6 +530,28 @@ class Internals(Mapping[str, Place]):
         self._layer_envoys = None
         if self._tokens:
             self._watch_tokens()
+        self.install_sources()
+
+    def install_sources(self) -> None:
+        """Open the ``.source`` of every module a row reads an operation of, on every
+        layer where the row is available, before any trace: nnsight instruments a
+        module's forward when its ``.source`` is first opened, and one opened inside a
+        trace while that module's forward already runs (XLNet's rel_attn, after a read
+        of its dropout) is not the forward that runs, so the first trace after a load
+        would miss the operation. Opened once per module; cheap where it is open."""
+        for name in self._order:
+            place = self._places[name]
+            if not place.row.source:
+                continue
+            layers: list[int | None] = list(range(self.num_layers)) if place.per_layer else [None]
+            for layer in layers:
+                if place.unavailable_on(layer) is not None:
+                    continue
+                try:
+                    _, envoy = place._module_target(layer)
+                    envoy.source  # noqa: B018 - instruments the module's forward
+                except Exception:
+                    continue  # the read says why, with the row, where it is asked for
 
     def unmerge_heads(self, name: str, layer: int | None, merged: Any) -> Any:
         """``merged`` (batch*heads, ...) at a merged_heads row of ``layer``, viewed as
@@ -606,6 +685,56 @@ class Internals(Mapping[str, Place]):
                 raise ValueError(f"{name} is per layer: say which layer")
             return (self._layer(self[name], layer), row.order)
         return (-1 if row.order < 0 else self.num_layers, row.order)
+
+    # ------------------------------------------------------------ order
+
+    def passed(self, place: Place, layer: int | None) -> None:
+        """Remember the furthest place (by rank) the running trace body has reached,
+        to say which one an out-of-order read came after."""
+        from .edits import _runner
+
+        runner = _runner()
+        if runner is None:
+            return
+        at = self._layer(place, layer)
+        rank = self.rank(place.name, at)
+        try:
+            best = self._furthest.get(runner)
+        except TypeError:
+            return
+        if best is None or rank > best[0]:
+            self._furthest[runner] = (rank, place.where(at))
+
+    def out_of_order(self, place: Place, layer: int | None, runner: Any) -> Exception:
+        """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""
+        from .edits import PlaceOutOfOrder
+
+        at = self._layer(place, layer)
+        asked, rank = place.where(at), self.rank(place.name, at)
+        families = ", ".join(self.model.families) or "no family file"
+        try:
+            best = self._furthest.get(runner) if runner is not None else None
+        except TypeError:
+            best = None
+        fix = (
+            "read (and write) places in forward order, the order of "
+            "model.internals.rank(name, layer), or put the reads and writes in a Plan "
+            "(causalab_mini.Plan), which runs them in that order"
+        )
+        if best is not None and best[0] > rank:
+            later, later_rank = best[1], best[0]
+            return PlaceOutOfOrder(
+                f"{asked} (rank {rank}) was asked for after {later} (rank {later_rank}) on "
+                f"{self.model_class} (family {families}): {later} comes later in the forward, "
+                f"so the model had already run past {asked} when it was asked for. Fix: {fix}"
+            )
+        since = f" (the furthest place read before it: {best[1]}, rank {best[0]})" if best else ""
+        return PlaceOutOfOrder(
+            f"{asked} (rank {rank}) was asked for and the model ran past it{since} on "
+            f"{self.model_class} (family {families}): something read after it in this trace "
+            "comes earlier in the forward (a place, a component or an Envoy read by hand), "
+            f"or the forward does not reach it. Fix: {fix}"
+        )
 
     # ------------------------------------------------------------ status
 

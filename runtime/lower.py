@@ -16,7 +16,7 @@ from .errors import RemoteRefused
 from .internals import WriteRefused, _copied, boundary, child
 
 if TYPE_CHECKING:
-    from .locate import ComponentAddress
+    from .locator import ComponentAddress
 
 
 def _select(select: Any) -> tuple[Any, ...] | None:

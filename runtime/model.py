@@ -26,7 +26,7 @@ from causalab_mini.generated import (  # noqa: E402
 
 from . import remote as _remote  # noqa: E402
 from .classes import auto_class_maps, group_auto_class  # noqa: E402
-from .internals import Internals, Place, RenameError  # noqa: E402
+from .internals import Internals, Place, RenameError, has_attr  # noqa: E402
 from .loading import LoadRefused, LoadReport  # noqa: E402
 from .loading import check as check_load  # noqa: E402
 from .loading import recorded as recorded_loads  # noqa: E402
@@ -364,6 +364,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         final_rows = self._rows(names, self.model_type, self.text_config, rename_config)
         self.internals = Internals(self, final_rows)
         self._attach(self.internals)
+        if not kwargs.get("remote"):
+            self.internals.install_sources()
 
     # ------------------------------------------------------------ construction
 
@@ -411,6 +413,66 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     f"RenameConfig(addresses={{'my_{name}': ...}}))"
                 )
             object.__setattr__(self, name, internals[name])
+
+    # ------------------------------------------------------------ assignment
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """An assignment to a place name, a spelling of one or a component name writes
+        the place (its write contract) or raises with the spelling to use; inside a
+        trace body nothing new is set on the model."""
+        import torch
+
+        internals = self.__dict__.get("internals")
+        if (
+            internals is None
+            or name.startswith("_")
+            or isinstance(value, torch.nn.Module)
+            or name in SPELLINGS.values()  # a property whose setter writes the place
+        ):
+            super().__setattr__(name, value)  # construction, private state, a module
+            return
+        spelled = {row: spelling for row, spelling in SPELLINGS.items() if row != spelling}
+        if name in spelled:
+            raise AttributeError(
+                f"the place {name!r} is spelled model.{spelled[name]} on the model: write "
+                f"model.{spelled[name]} = v inside a trace"
+            )
+        if name in internals and name not in SPELLINGS:
+            place = internals[name]
+            if place.per_layer:
+                raise AttributeError(
+                    f"{name} is a place per layer: write model.{name}[layer] = v inside a "
+                    "trace (model.internals[name] is the place itself and is not replaced)"
+                )
+            if not _in_trace_body():
+                raise AttributeError(
+                    f"{name} is a place of the model: write model.{name} = v inside a trace"
+                )
+            place.set(None, value)
+            return
+        from causalab_mini.generated import COMPONENTS
+
+        spec = COMPONENTS.get(name)
+        if spec is not None:
+            target = spec.target if spec.kind == "boundary" else None
+            per_layer = "[layer]" if spec.per_layer else ""
+            via = f"model.{target}{per_layer} = v, or " if target in internals else ""
+            raise AttributeError(
+                f"{name!r} is a component, not an attribute of the model: write {via}"
+                f"write(model, locate(model, {name!r}{', layer' if spec.per_layer else ''}), v) "
+                "(from causalab_mini.components import locate, write) inside a trace"
+            )
+        if _in_trace_body() and name not in self.__dict__ and not has_attr(self, name):
+            import difflib
+
+            close = difflib.get_close_matches(name, [*internals, *SPELLINGS.values()], n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise AttributeError(
+                f"model.{name} = ... inside a trace would set a new attribute on the model, "
+                f"which the forward never reads: {name!r} is neither a place, a spelling of "
+                f"one nor an attribute of the model.{hint}"
+            )
+        super().__setattr__(name, value)
 
     # ------------------------------------------------------------ remote
 
@@ -504,6 +566,13 @@ def _mounted(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [compat.container_path(v) if isinstance(v, str) else v for v in value]
     return value
+
+
+def _in_trace_body() -> bool:
+    """Whether a trace body is running now (nnsight's worker)."""
+    from .edits import _runner
+
+    return _runner() is not None
 
 
 def _has(obj: Any, name: str) -> bool:

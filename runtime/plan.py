@@ -14,7 +14,7 @@ from causalab_mini.address import replace_part
 
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
-from .locate import ComponentAddress, _refuse
+from .locator import ComponentAddress, _refuse
 from .lower import _nested_sources_due, _prepare_sources
 from .ops import OperationNotFound, inner_op
 from .positions import Encoded, encode, put, resolve, stacked, take, trace_inputs

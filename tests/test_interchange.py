@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from causalab_mini import locate
 from causalab_mini.interchange import Patch, interchange
-from causalab_mini.locate import locate
 from causalab_mini.plan import Plan
 from causalab_mini.positions import PositionError, resolve
 

@@ -17,6 +17,9 @@ from .conftest import gpt2_with_a_moved_op
 
 pytestmark = pytest.mark.slow
 
+# the sweep check in_place_edits (tests/test_noops.py), on every writable place
+IN_PLACE = "an in-place edit of a read is the place's write, and keeps earlier reads"
+
 
 def test_a_nested_needle_that_names_no_operation_is_refused_not_a_crash() -> None:
     # the second needle is looked up inside the function attention_interface
@@ -146,8 +149,14 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     # as mamba.yaml says: the boundaries are checked against those entries
     components = certified("tiny:mamba").components
     assert components["block_input"]["state"] == "ok"
-    assert components["block_input"]["checks"] == ["output_hidden_states[i-1] == block_input[i]"]
-    assert components["block_output"]["checks"] == ["output_hidden_states[i] == block_output[i]"]
+    assert components["block_input"]["checks"] == [
+        IN_PLACE,
+        "output_hidden_states[i-1] == block_input[i]",
+    ]
+    assert components["block_output"]["checks"] == [
+        IN_PLACE,
+        "output_hidden_states[i] == block_output[i]",
+    ]
     # without the declaration the inputs' convention does not hold on Mamba ...
     undeclared = StandardizedTransformer(
         "tiny:mamba", rename_config=RenameConfig(hidden_states_are_block_outputs=False)
@@ -212,10 +221,14 @@ def test_neurons_with_no_mlp_output_are_held_to_the_activation(
     xmod = certified("tiny:xmod").components
     assert xmod["mlp_output"]["state"] == "refused"
     assert xmod["mlp_neuron_output"]["state"] == "ok"
-    assert xmod["mlp_neuron_output"]["checks"] == ["mlp_neuron_output == mlp_activation (x a gate)"]
+    assert xmod["mlp_neuron_output"]["checks"] == [
+        IN_PLACE,
+        "mlp_neuron_output == mlp_activation (x a gate)",
+    ]
     bert = certified("tiny:bert").components
     assert bert["mlp_neuron_output"]["checks"] == [
-        "down projection(mlp_neuron_output) == the MLP's output"
+        IN_PLACE,
+        "down projection(mlp_neuron_output) == the MLP's output",
     ]
 
 
@@ -229,6 +242,7 @@ def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read(
     assert mid["state"] == "ok", mid
     assert mid["checks"] == [
         "a write keeps every earlier read, reads back, and reaches the stream",
+        IN_PLACE,
         "the MLP's norm(layers_mid) == mlps_norm_output",
     ]
     llama = certified("tiny:llama").components["block_mid"]
@@ -238,7 +252,7 @@ def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read(
 def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.MonkeyPatch) -> None:
     # the config's head_dim of a latent-attention model is the rope part (8), not the
     # q/k (16) or value (16) head size: a per-head component stating it is broken
-    from causalab_mini import locate
+    from causalab_mini import locator as locate
 
     model = StandardizedTransformer("tiny:deepseek_v3", enable_attention_probs=True)
     assert model.text_config.head_dim == 8

@@ -419,6 +419,32 @@ def write_keeps_earlier_reads(ctx: Context) -> Iterator[Outcome]:
             )
 
 
+def in_place_edits(ctx: Context) -> Iterator[Outcome]:
+    """At every writable place a component reads, an in-place edit of a read
+    (``x[:, 2] += 0.5``) is the write of the place: the logits equal those of the same
+    write by assignment, the read saved before keeps its value, the read after shows
+    the edit (certify.in_place_edit)."""
+    row_of = row_components()
+    probe = min(1, ctx.n - 1)
+    for row_name, place in ctx.model.internals.items():
+        component = row_of.get(row_name)
+        if component is None:
+            continue
+        layer = probe if place.per_layer else None
+        if place.unavailable_on(layer) is not None or (component, layer) not in ctx.v:
+            continue  # refused, or not read: its own check says why
+        checks = cert.in_place_edit(ctx.model, ctx.inputs, row_name, layer)
+        if checks:
+            failed = [c for c in checks if not c.ok]
+            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
+            yield Outcome(
+                (component,),
+                "an in-place edit of a read is the place's write, and keeps earlier reads",
+                not failed,
+                detail,
+            )
+
+
 def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
     """Where no identity names attentions_output (Falcon-H1's mixers side by side), a
     write to it shifts layers_mid by exactly the delta."""
@@ -457,6 +483,7 @@ CHECKS: tuple[Check, ...] = (
     lens_identity,
     write_reaches_stream,
     write_keeps_earlier_reads,
+    in_place_edits,
     attention_write_shifts_mid,
     position_reads_and_writes,
     interchange_identities,

@@ -459,7 +459,7 @@ def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, l
     trace); a call the forward does not make is left out (the check that needs the
     operand then says what it lacks)."""
     from causalab_mini.compat import parsed_source
-    from causalab_mini.locate import operands_of
+    from causalab_mini.locator import operands_of
     from causalab_mini.ops import OperationNotFound, find_op, op_path
 
     envoy = _module(model, layer, query.module)
