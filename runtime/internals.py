@@ -8,170 +8,32 @@ the model) and reads or writes the resolved place inside an nnsight trace.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
-
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
 from . import compat
-from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
+from .compat import several_invokes
+from .errors import PlaceUnavailable, RenameError, WriteRefused, check_value
 from .ops import find_op, inner_op
+from .tree import (
+    _shared_on,
+    _shared_reason,
+    boundary,
+    child,
+    child_names,
+    has_attr,
+    layer_config,
+)
+from .versions import _installed, outside_versions
 
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
 # fact of the model, so the sweep does not count such a model as certified.
 NO_STRUCTURE_RULE = "no rule in registry/block_structures.yaml"
-
-
-class PlaceUnavailable(LookupError):
-    """A place that does not exist on this model (or this layer), with the reason."""
-
-
-class RenameError(ValueError):
-    """A row whose name the model already uses for something else."""
-
-
-class WriteRefused(ValueError):
-    """A write that does not fit its place (shape, dtype, device, read-only)."""
-
-
-def check_value(where: str, value: Any, current: Any) -> None:
-    """Refuse to write ``value`` at ``where`` (a place or component, with its layer)
-    unless it is a tensor of exactly ``current``'s shape, dtype and device. Nothing is
-    broadcast or cast: a user who means it says so (``v.expand_as(x)``, ``v.to(x)``).
-    Every spelling of a write (``model.<name>[i] = v``, ``model.internals[name][i] =
-    v``, a ``Plan``) checks with this one function, so they refuse alike."""
-    shape = getattr(value, "shape", None)
-    want = tuple(current.shape)
-    if shape is None:
-        raise WriteRefused(
-            f"cannot write a {type(value).__name__} to {where}, which holds a tensor of "
-            f"shape {want}; write a tensor of that shape (e.g. torch.full_like(x, value))"
-        )
-    got = tuple(shape)
-    if got != want:
-        raise WriteRefused(
-            f"cannot write a tensor of shape {got} to {where}, which has shape {want}; "
-            "nothing is broadcast (say v.expand_as(x) if that is what you mean)"
-        )
-    if getattr(value, "dtype", None) != current.dtype:
-        raise WriteRefused(
-            f"{where} holds {current.dtype}; the value is {value.dtype}. Nothing is cast: "
-            f"write v.to({current.dtype})"
-        )
-    if getattr(value, "device", None) != current.device:
-        raise WriteRefused(
-            f"{where} is on {current.device}; the value is on {value.device}: write "
-            f"v.to('{current.device}')"
-        )
-
-
-def has_attr(envoy: Any, name: str) -> bool:
-    """Whether ``getattr(envoy, name)`` can find ``name``, decided without calling
-    nnsight's ``Envoy.__getattr__`` on a miss: its AttributeError formats the whole
-    subtree into the message, which on an 80-layer model costs a quarter second."""
-    if name in envoy.__dict__ or any(name in vars(k) for k in type(envoy).__mro__):
-        return True
-    if alias_target(envoy, name) is not None:
-        return True
-    module = envoy.__dict__.get("_module")
-    return module is None or hasattr(module, name)
-
-
-def boundary(attr: str, envoy: Any) -> str:
-    """The attribute that reads a module's ``input``/``output`` boundary: nnsight 0.6/0.7
-    mount it at ``nns_input``/``nns_output`` on a module that has a child of that name
-    (a BERT layer's ``output`` submodule); 0.8 keeps it and mounts the child at
-    ``E_output`` instead (see ``child``)."""
-    return f"nns_{attr}" if attr in envoy.__dict__ else attr
-
-
-def _unset_module(envoy: Any, name: str) -> bool:
-    """Whether ``name`` (through the Envoy's alias) is an attribute of the module that
-    holds no module: a layer that sets ``self.self_attn = None`` where it has no
-    attention (GraniteMoeHybrid's Mamba layers). nnsight's alias of such a name
-    points back at itself, and getattr would recurse without end."""
-    module = envoy.__dict__.get("_module")
-    if module is None:
-        return False
-    target = alias_target(envoy, name) or name
-    value: Any = module
-    for atom in target.split("."):
-        if atom not in getattr(value, "__dict__", {}) and atom not in getattr(
-            value, "_modules", {}
-        ):
-            return False  # not a plain attribute: has_attr and getattr decide
-        value = getattr(value, atom)
-    return value is None
-
-
-def child(envoy: Any, path: str) -> Any | None:
-    """The Envoy at dotted ``path`` below ``envoy`` (standardized names), or None."""
-    from nnsight.intervention.envoy import Envoy
-
-    current = envoy
-    for name in path.split(".") if path else ():
-        part = child_attribute(current, name)  # a child named `output`: E_output on 0.8
-        try:
-            if part not in current.__dict__ and hasattr(Envoy, part):
-                return None  # nnsight's own attribute (output, input, source ...), no module
-            if not has_attr(current, part) or _unset_module(current, part):
-                return None
-            current = getattr(current, part)
-        except (AttributeError, IndexError, KeyError, TypeError):
-            return None
-        if not isinstance(current, Envoy):
-            return None
-    return current
-
-
-def _shared_on(base: Any, path: str) -> str | None:
-    """The first path of a module that ``path`` below ``base`` reaches through a second
-    path (``compat.shared_path``), or None."""
-    current = base
-    for name in path.split("."):
-        first = shared_path(current, name)
-        if first is not None:
-            return first
-        current = getattr(current, child_attribute(current, name), None)
-        if current is None:
-            return None
-    return None
-
-
-def _shared_reason(name: str, module: str, first: str) -> str:
-    return (
-        f"{name} reads {module!r}, which here is the module object at {first} (one module "
-        "called by several layers, as a shared activation): nnsight 0.8 gives it one envoy "
-        "and serves its calls in order, so a read here would see that first call. A family "
-        f"row (or RenameConfig(addresses={{{name!r}: Address(...)}})) can read the layer's "
-        "own use of it instead, such as the input of the module that consumes it"
-    )
-
-
-def child_names(envoy: Any, depth: int = 2) -> list[str]:
-    """The layer's module paths ``depth`` levels deep, in standardized names."""
-    out: list[str] = []
-
-    def walk(env: Any, prefix: str, level: int) -> None:
-        aliases = aliases_of(env)
-        for sub in env._children:
-            name = sub.path.split(".")[-1]
-            if name in aliases:
-                name = aliases[name][0]
-            path = f"{prefix}{name}"
-            out.append(path)
-            if level < depth:
-                walk(sub, f"{path}.", level + 1)
-
-    walk(envoy, "", 1)
-    return out
 
 
 class LayerTokens:
@@ -196,38 +58,6 @@ def _copied(address: Address) -> bool:
     place later in the same forward (``snapshot``), or a write at this place overwrites
     it in place (``write: in_place``), and a value already read must not change."""
     return address.snapshot or address.write == "in_place"
-
-
-def layer_config(config: Any, layer: int | None) -> Any:
-    """The config layer ``layer`` was built from. A heterogeneous config (transformers'
-    ``per_layer_config``) refuses to answer a per-layer attribute (head_dim, say) for
-    the whole model; layer i's own config answers it. Elsewhere, the config itself."""
-    if layer is not None and getattr(config, "is_heterogeneous", False):
-        return config.per_layer_config[layer]
-    return config
-
-
-@functools.cache
-def _installed(package: str) -> str | None:
-    """The installed version of ``package`` (read once per process: reading package
-    metadata costs milliseconds, and locate asks for every interior at every layer)."""
-    try:
-        from importlib.metadata import version
-
-        return version(package)
-    except Exception:
-        return None
-
-
-def outside_versions(versions: tuple[tuple[str, str], ...]) -> tuple[str, str, str] | None:
-    """The first (package, range, installed version) of ``versions`` whose installed
-    version is outside its range, or None where every installed one is inside (a
-    package not installed is not held against a row)."""
-    for package, spec in versions:
-        installed = _installed(package)
-        if installed is not None and Version(installed) not in SpecifierSet(spec):
-            return package, spec, installed
-    return None
 
 
 class Place:
@@ -941,3 +771,25 @@ class Internals(Mapping[str, Place]):
             f"{name} is ambiguous on this {structure!r} block: {', '.join(found)} all exist "
             f"(candidates {', '.join(entry.candidates)}). {fix}"
         )
+
+
+# the names other modules and research code import from here (errors, tree and
+# versions are their own modules; these stay where they have been found)
+__all__ = [
+    "NO_STRUCTURE_RULE",
+    "Internals",
+    "LayerTokens",
+    "Place",
+    "PlaceUnavailable",
+    "RenameError",
+    "WriteRefused",
+    "_copied",
+    "_installed",
+    "boundary",
+    "check_value",
+    "child",
+    "child_names",
+    "has_attr",
+    "layer_config",
+    "outside_versions",
+]

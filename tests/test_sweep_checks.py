@@ -11,6 +11,7 @@ from causalab_mini import RenameConfig
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
+from causalab_mini.tools.checks import positions
 from causalab_mini.tools.sweep import Result, certify
 
 from .conftest import gpt2_with_a_moved_op
@@ -73,7 +74,7 @@ def test_a_wrong_query_fails_the_query_key_check(
     with_scores: bool, tiny_model: Callable[..., StandardizedTransformer]
 ) -> None:
     from causalab_mini.components import Plan, locate
-    from causalab_mini.tools import sweep
+    from causalab_mini.tools.checks import recompute
 
     model = tiny_model("tiny:llama", probs=True)
     inputs = c.sample_inputs(model)
@@ -83,10 +84,10 @@ def test_a_wrong_query_fails_the_query_key_check(
     addresses = {(n, 1): locate(model, n, 1) for n in names}
     out = Plan.of(reads=addresses.values()).run(model, inputs)
     values = {key: out[a] for key, a in addresses.items()}
-    raw = sweep._raw_outputs(model, inputs, addresses)
+    raw = recompute._raw_outputs(model, inputs, addresses)
     for factor, holds in ((1.0, True), (1.1, False)):
         tampered = {**values, ("attention_query", 1): values[("attention_query", 1)] * factor}
-        outcomes = list(sweep._interior_checks(model, tampered, raw, 1))
+        outcomes = list(recompute._interior_checks(model, tampered, raw, 1))
         assert [o.ok for o in outcomes if "attention_query" in o.components] == [holds]
 
 
@@ -149,14 +150,22 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     # as mamba.yaml says: the boundaries are checked against those entries
     components = certified("tiny:mamba").components
     assert components["block_input"]["state"] == "ok"
-    assert components["block_input"]["checks"] == [
-        IN_PLACE,
-        "output_hidden_states[i-1] == block_input[i]",
-    ]
-    assert components["block_output"]["checks"] == [
-        IN_PLACE,
-        "output_hidden_states[i] == block_output[i]",
-    ]
+    assert components["block_input"]["checks"] == sorted(
+        [
+            IN_PLACE,
+            "output_hidden_states[i-1] == block_input[i]",
+            positions.WRITE,
+            positions.ALL_TOKENS,
+        ]
+    )
+    assert components["block_output"]["checks"] == sorted(
+        [
+            IN_PLACE,
+            "output_hidden_states[i] == block_output[i]",
+            positions.READ,
+            positions.LAST_TOKEN,
+        ]
+    )
     # without the declaration the inputs' convention does not hold on Mamba ...
     undeclared = StandardizedTransformer(
         "tiny:mamba", rename_config=RenameConfig(hidden_states_are_block_outputs=False)
