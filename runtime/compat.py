@@ -198,7 +198,10 @@ def _text_task(auto_class: str) -> str:
     the model class the caller names. A subclass of ``TextGenerationPipeline`` is
     registered, not the class itself (registration marks the class it is given)."""
     import transformers
-    from transformers.pipelines import PIPELINE_REGISTRY, TextGenerationPipeline
+    from transformers.pipelines import (  # type: ignore[attr-defined]  # not in its __all__
+        PIPELINE_REGISTRY,
+        TextGenerationPipeline,
+    )
 
     task = f"text-generation-{auto_class}"
     auto = getattr(transformers, auto_class)

@@ -204,12 +204,12 @@ class EditableRead(torch.Tensor):
 
     def __repr__(self, **kwargs: Any) -> str:  # type: ignore[override]
         with torch._C.DisableTorchFunctionSubclass():
-            return torch.Tensor.__repr__(self.as_subclass(torch.Tensor))
+            return repr(self.as_subclass(torch.Tensor))
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # pickles (a remote result, torch.save) as the plain tensor it holds
         with torch._C.DisableTorchFunctionSubclass():
-            return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)
+            return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)  # type: ignore[no-untyped-call]
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
         with torch._C.DisableTorchFunctionSubclass():
@@ -245,7 +245,7 @@ def _viewed(t: torch.Tensor, edits: list[Edit]) -> Any:
 def _editable(t: torch.Tensor, edit: Edit) -> EditableRead:
     out = t.as_subclass(EditableRead)
     out.__dict__["_edit"] = edit
-    return out  # type: ignore[return-value]
+    return out
 
 
 def plain(value: Any) -> Any:

@@ -57,7 +57,7 @@ def _copied(address: Address) -> bool:
     """Whether a read at ``address`` hands out a copy: the tensor there is modified in
     place later in the same forward (``snapshot``), or a write at this place overwrites
     it in place (``write: in_place``), and a value already read must not change."""
-    return address.snapshot or address.write == "in_place"
+    return bool(address.snapshot or address.write == "in_place")
 
 
 class Place:
@@ -76,7 +76,7 @@ class Place:
 
     @property
     def per_layer(self) -> bool:
-        return self.row.per_layer
+        return bool(self.row.per_layer)
 
     @property
     def address(self) -> Address:
@@ -262,7 +262,8 @@ class Place:
                 "it is a module, not a tensor; write its input or output place "
                 f"(e.g. {self.name}_input or {self.name}_output) instead"
             )
-        return self.row.read_only
+        read_only: str | None = self.row.read_only
+        return read_only
 
     def set(self, layer: int | None, value: Any) -> None:
         """Write ``value`` here: a tensor of exactly the place's shape, dtype and device
@@ -513,8 +514,10 @@ class Internals(Mapping[str, Place]):
         if row.per_layer:
             if layer is None:
                 raise ValueError(f"{name} is per layer: say which layer")
-            return (self._layer(self[name], layer), row.order)
-        return (-1 if row.order < 0 else self.num_layers, row.order)
+            at = self._layer(self[name], layer)
+            assert at is not None  # a per-layer place's layer
+            return (at, int(row.order))
+        return (-1 if row.order < 0 else self.num_layers, int(row.order))
 
     # ------------------------------------------------------------ order
 
@@ -686,9 +689,10 @@ class Internals(Mapping[str, Place]):
                     known = self._structure_unknown(name)
                     if known is not None:
                         return known
-                return item.message(name)
+                return str(item.message(name))
         _, reason = self._resolve(name, row, layer)
-        return reason
+        said: str | None = reason
+        return said
 
     def _structure_unknown(self, name: str) -> str | None:
         """Where no block structure applies to the model, the reason its family gives
@@ -698,7 +702,7 @@ class Internals(Mapping[str, Place]):
         for family in self.model.families:
             reason = FAMILY_STRUCTURE_UNKNOWN.get(family)
             if reason is not None:
-                return reason.replace("{place}", name)
+                return str(reason).replace("{place}", name)
         return None
 
     def _resolve(

@@ -103,7 +103,8 @@ def _structure_for(class_names: tuple[str, ...], model_type: str | None, config:
     """The block structure the first matching rule gives (None: no rule matches)."""
     for rule in BLOCK_STRUCTURE_RULES:
         if rule.match.matches(class_names, model_type, config):
-            return rule.structure
+            structure: str = rule.structure
+            return structure
     return None
 
 
@@ -140,7 +141,7 @@ def _class_names_before_load(
     return names, config.model_type, _text_config(config), architectures
 
 
-class _RowAttnProbs(AttnProbFunction):
+class _RowAttnProbs(AttnProbFunction):  # type: ignore[misc]
     """nnterp's attention-probability hook, answered by our row (so nnterp's own
     load-time check runs on the same place ``model.attention_probabilities`` reads)."""
 

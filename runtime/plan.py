@@ -22,6 +22,8 @@ from .positions import Encoded, encode, put, resolve, stacked, take, trace_input
 
 def _interior_op(model: Any, address: ComponentAddress) -> Any:
     envoy = child(model.internals.layer_envoy(address.layer), address.module)
+    if envoy is None:
+        raise _refuse(address.component, f"layer {address.layer} has no module {address.module!r}")
     return getattr(envoy.source, str(address.op))
 
 
@@ -69,7 +71,7 @@ def _unmerged(address: ComponentAddress, value: Any) -> Any:
 def _stream_layout(address: ComponentAddress) -> Any:
     from causalab_mini.address import Streams
 
-    return Streams(address.stream_layout, "")  # type: ignore[arg-type]
+    return Streams(address.stream_layout, "")
 
 
 def _flat(address: ComponentAddress, native: Any) -> Any:
