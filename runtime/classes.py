@@ -14,16 +14,12 @@ def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config:
     """The transformers auto class that loads (and ``tiny:`` builds) a model: the last
     matching family's ``auto_class`` (registry/families/*.yaml, ``rename``), else
     ``AutoModelForCausalLM``."""
-    from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+    from .family import families_for, merged_rename
 
-    found = DEFAULT_AUTO_CLASS
-    for name, match in FAMILY_MATCH.items():
-        auto = FAMILY_RENAME[name].auto_class
-        if auto is not None and match.matches(class_names, model_type, config):
-            found = auto
-    if found == DEFAULT_AUTO_CLASS:
-        return group_auto_class(model_type) or found
-    return found
+    found = merged_rename(families_for(class_names, model_type, config), None).auto_class
+    if found is None or found == DEFAULT_AUTO_CLASS:
+        return group_auto_class(model_type) or DEFAULT_AUTO_CLASS
+    return str(found)
 
 
 def group_auto_class(model_type: str | None) -> str | None:

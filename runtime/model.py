@@ -15,17 +15,10 @@ from nnterp.rename_utils import RenameConfig as NnterpRenameConfig  # noqa: E402
 
 from causalab_mini.address import Address, FamilyMatch, IOType, RenameConfig  # noqa: E402
 from causalab_mini.address import names as container_paths  # noqa: E402
-from causalab_mini.generated import (  # noqa: E402
-    BLOCK_STRUCTURE_RULES,
-    DEFAULT_ADDRESSES,
-    FAMILY_ADDRESSES,
-    FAMILY_MATCH,
-    FAMILY_RENAME,
-    STRUCTURE_ADDRESSES,
-)
 
 from . import remote as _remote  # noqa: E402
 from .classes import auto_class_maps, group_auto_class  # noqa: E402
+from .family import Resolution, families_for, resolve  # noqa: E402
 from .internals import Internals, Place, RenameError, has_attr  # noqa: E402
 from .loading import LoadRefused, LoadReport  # noqa: E402
 from .loading import check as check_load  # noqa: E402
@@ -50,25 +43,6 @@ NNTERP_ACCESSORS = frozenset(
 )
 # Rows that stay spelled as the tensor properties they are.
 SPELLINGS = {"logits": "logits", "embeddings_output": "token_embeddings"}
-CONTAINERS = (
-    "model_name",
-    "layers_name",
-    "embed_name",
-    "attn_name",
-    "mlp_name",
-    "ln_final_name",
-    "lm_head_name",
-    "attn_head_config_key",
-    "ignore_mlp",
-    "ignore_attn",
-    "ignore_ln_final",
-    "skip_nnterp_checks",
-    "hidden_states_are_block_outputs",
-    "oracles_from_last_calls",
-    "unbound_defaults",
-    "mixed_layers",
-    "auto_class",
-)
 
 
 def _text_config(config: Any) -> Any:
@@ -92,28 +66,6 @@ def _refused_by_config(row: Address, config: Any) -> bool:
         if kind == "always" or (kind == "config" and item.when.holds_for_config(config)):
             return True
     return False
-
-
-# every row some structure declares: a family row that replaces one applies only on a
-# model whose block is of that structure
-_STRUCTURE_ROWS = frozenset(name for rows in STRUCTURE_ADDRESSES.values() for name in rows)
-
-
-def _structure_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str | None:
-    """The block structure the first matching rule gives (None: no rule matches)."""
-    for rule in BLOCK_STRUCTURE_RULES:
-        if rule.match.matches(class_names, model_type, config):
-            structure: str = rule.structure
-            return structure
-    return None
-
-
-def _families(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
-    return [
-        name
-        for name, match in FAMILY_MATCH.items()
-        if match.matches(class_names, model_type, config)
-    ]
 
 
 def _class_names_before_load(
@@ -214,7 +166,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         names = tuple(c.__name__ for c in type(module).__mro__)
         config = getattr(module, "config", None)
         model_type = getattr(config, "model_type", None)
-        families = tuple(_families(names, model_type, _text_config(config)))
+        families = tuple(families_for(names, model_type, _text_config(config)))
         check_load(reports, families, list(self.__dict__.get("_architectures") or ()))
         self.__dict__["load_reports"] = reports
         return module
@@ -239,6 +191,32 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         enable_attention_probs: bool,
         kwargs: dict[str, Any],
     ) -> None:
+        """Construction in four steps: what is loaded and how (``_load_arguments``),
+        what the registry makes of it before the load (``resolve``, from its config),
+        what nnterp is told (``_nnterp_arguments``), nnterp's own construction
+        (``_construct``), and the rows resolved on the loaded model (``_settle``)."""
+        model = self._load_arguments(model, enable_attention_probs, kwargs)
+        # remote=True keeps the checkpoint off this machine whatever else is asked: a
+        # load-time check that needs a forward is deferred to the server, with why
+        deferred = _remote.defer_checks(kwargs, enable_attention_probs)
+        class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
+        self.__dict__["_architectures"] = architectures
+        before = resolve(class_names, model_type, config, rename_config)
+        nnterp_config, nnterp_probs = self._nnterp_arguments(
+            model,
+            before,
+            (class_names, model_type, config, architectures),
+            enable_attention_probs,
+            kwargs,
+        )
+        self._construct(model, nnterp_config, nnterp_probs, _renames(before.rename, kwargs), kwargs)
+        self._settle(before.rename, rename_config, deferred, enable_attention_probs, kwargs)
+
+    @staticmethod
+    def _load_arguments(model: Any, enable_attention_probs: bool, kwargs: dict[str, Any]) -> Any:
+        """``model`` as ``from_pretrained`` takes it (a spec built or checked), with the
+        keyword arguments it adds, and the attention implementation the probabilities
+        imply."""
         if isinstance(model, str):
             model, extra = prepare_model_spec(model, kwargs)
             kwargs.update(extra)
@@ -254,68 +232,37 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                     "enable_attention_probs=False"
                 )
         kwargs.setdefault("device_map", "cpu")
-        # remote=True keeps the checkpoint off this machine whatever else is asked: a
-        # load-time check that needs a forward is deferred to the server, with why
-        deferred = _remote.defer_checks(kwargs, enable_attention_probs)
-        class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
-        self.__dict__["_architectures"] = architectures
-        families = _families(class_names, model_type, config)
-        merged = self._merge_rename(families, rename_config)
-        rows = self._rows(class_names, model_type, config, rename_config)
+        return model
+
+    @staticmethod
+    def _nnterp_arguments(
+        model: Any,
+        before: Resolution,
+        seen: tuple[tuple[str, ...], str | None, Any, tuple[str, ...]],
+        enable_attention_probs: bool,
+        kwargs: dict[str, Any],
+    ) -> tuple[Any, bool]:
+        """nnterp's RenameConfig and whether nnterp checks the probabilities, from the
+        families' containers and our probabilities row (``seen``: the class names, model
+        type, config and architectures of what is loaded); the loading keyword arguments
+        they imply (auto class, eager attention, skipped checks) go into ``kwargs``."""
+        class_names, model_type, config, architectures = seen
+        merged = before.rename
         nnterp_config = NnterpRenameConfig(
-            **{
-                k: _mounted(getattr(merged, k))
-                for k in (
-                    "model_name",
-                    "layers_name",
-                    "attn_name",
-                    "mlp_name",
-                    "ln_final_name",
-                    "lm_head_name",
-                    "attn_head_config_key",
-                    "ignore_mlp",
-                    "ignore_attn",
-                )
-            },
+            **{k: _mounted(getattr(merged, k)) for k in _NNTERP_CONTAINERS},
         )
-        probs = rows.get("attention_probabilities")
-        if probs is not None and (
-            not _versions_hold(probs)
-            or _refused_by_config(probs, config)
-            or probs.io is not IOType.OUTPUT
-            or probs.merged_heads
-            or probs.flat_tokens
-        ):
-            # our row does not hold for the installed versions, or is refused on this
-            # model (with the reason), or holds the probabilities otherwise than as an
-            # operation's output of (batch, heads, queries, keys), which is what nnterp's
-            # check reads: nnterp is not asked to check a path we do not vouch for
-            if enable_attention_probs:
-                kwargs["attn_implementation"] = "eager"
-            probs = None
-            enable_for_nnterp = False
-        else:
-            enable_for_nnterp = True
+        probs = _vouched_probabilities(before.rows.get("attention_probabilities"), config)
+        if probs is None and enable_attention_probs:
+            kwargs["attn_implementation"] = "eager"
         if probs is not None and probs.source:
             model_class = class_names[0] if class_names else "model"
             nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
-        auto_class = merged.auto_class or group_auto_class(model_type)
-        if (
-            auto_class
-            and isinstance(model, str)
-            and "automodel" not in kwargs
-            and auto_class_maps(auto_class, architectures)
-        ):
-            # the family's transformers auto class (a language model inside a
-            # multimodal wrapper), else its group's, said the way the installed nnsight
-            # takes it; not for a checkpoint its config says the causal-LM class saved
-            for key, value in compat.auto_class_kwargs(auto_class).items():
-                kwargs.setdefault(key, value)
+        _auto_class_arguments(model, merged, model_type, architectures, kwargs)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
-        nnterp_probs = enable_attention_probs and enable_for_nnterp and not merged.ignore_attn
+        nnterp_probs = enable_attention_probs and probs is not None and not merged.ignore_attn
         if merged.ignore_ln_final or merged.skip_nnterp_checks:
             # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
             # model has none, and read .output where nnsight mounts it elsewhere; the
@@ -325,13 +272,17 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_probs = False
         if enable_attention_probs and not nnterp_probs:
             kwargs["attn_implementation"] = "eager"
-        rename = dict(kwargs.pop("rename", None) or {})
-        for embed in container_paths(merged.embed_name):
-            rename.setdefault(compat.container_path(embed), "embed_tokens")
-        for key in merged.unbound_defaults or ():
-            # a key of nnterp's built-in table, bound to its own name: no alias at all
-            # (nnterp's table is updated with this one, so the key's alias is replaced)
-            rename.setdefault(key, key)
+        return nnterp_config, bool(nnterp_probs)
+
+    def _construct(
+        self,
+        model: Any,
+        nnterp_config: Any,
+        nnterp_probs: bool,
+        rename: dict[str, str],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """nnterp's construction, quiet, and never loading a remote model's weights."""
         # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
         # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
@@ -350,6 +301,17 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         finally:
             fake_log.setLevel(level)
             self.__dict__["_no_dispatch"] = None
+
+    def _settle(
+        self,
+        merged: RenameConfig,
+        rename_config: RenameConfig | None,
+        deferred: dict[str, str],
+        enable_attention_probs: bool,
+        kwargs: dict[str, Any],
+    ) -> None:
+        """The model's own attributes, and its rows resolved again on the loaded class
+        (``model.resolution``), attached as ``model.internals``."""
         self.deferred_checks: dict[str, str] = deferred
         self.__dict__.setdefault("load_reports", [])  # none until weights are loaded
         self._attention_probs_enabled = bool(enable_attention_probs)
@@ -360,48 +322,13 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         names = tuple(c.__name__ for c in type(self._model).__mro__)
-        self.families: tuple[str, ...] = tuple(_families(names, self.model_type, self.text_config))
-        self.block_structure: str | None = self._structure(names)
-        final_rows = self._rows(names, self.model_type, self.text_config, rename_config)
-        self.internals = Internals(self, final_rows)
+        self.resolution = resolve(names, self.model_type, self.text_config, rename_config)
+        self.families: tuple[str, ...] = self.resolution.families
+        self.block_structure: str | None = self.resolution.structure
+        self.internals = Internals(self, dict(self.resolution.rows))
         self._attach(self.internals)
         if not kwargs.get("remote"):
             self.internals.install_sources()
-
-    # ------------------------------------------------------------ construction
-
-    @staticmethod
-    def _merge_rename(families: list[str], user: RenameConfig | None) -> RenameConfig:
-        values: dict[str, Any] = {}
-        for config in [*(FAMILY_RENAME[f] for f in families), *([user] if user else [])]:
-            for key in CONTAINERS:
-                value = getattr(config, key)
-                if value is not None:
-                    values[key] = value
-        return RenameConfig(**values)
-
-    @staticmethod
-    def _rows(
-        class_names: tuple[str, ...], model_type: str | None, config: Any, user: RenameConfig | None
-    ) -> dict[str, Address]:
-        """The default rows, the rows the model's block structure declares, every
-        matching family's rows, then the user's (later ones win)."""
-        structure = _structure_for(class_names, model_type, config)
-        own = STRUCTURE_ADDRESSES.get(structure, {}) if structure is not None else {}
-        rows = {**DEFAULT_ADDRESSES, **own}
-        for match, family_rows in FAMILY_ADDRESSES:
-            if match.matches(class_names, model_type, config):
-                rows.update(
-                    (name, row)
-                    for name, row in family_rows.items()
-                    if name not in _STRUCTURE_ROWS or name in own
-                )
-        if user is not None:
-            rows.update(user.addresses)
-        return rows
-
-    def _structure(self, class_names: tuple[str, ...]) -> str | None:
-        return _structure_for(class_names, self.model_type, self.text_config)
 
     def _attach(self, internals: Internals) -> None:
         for name in internals:
@@ -557,6 +484,68 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             self.embed_tokens.output = value
             return
         self.internals["embeddings_output"].set(None, value)
+
+
+# the RenameConfig fields nnterp's own RenameConfig takes
+_NNTERP_CONTAINERS = (
+    "model_name",
+    "layers_name",
+    "attn_name",
+    "mlp_name",
+    "ln_final_name",
+    "lm_head_name",
+    "attn_head_config_key",
+    "ignore_mlp",
+    "ignore_attn",
+)
+
+
+def _vouched_probabilities(probs: Address | None, config: Any) -> Address | None:
+    """Our attention-probabilities row where nnterp's load-time check may read it: it
+    holds for the installed versions, is not refused on this model, and holds the
+    probabilities as an operation's output of (batch, heads, queries, keys), which is
+    what nnterp's check reads. None otherwise: nnterp is not asked to check a path we
+    do not vouch for."""
+    if probs is None or (
+        not _versions_hold(probs)
+        or _refused_by_config(probs, config)
+        or probs.io is not IOType.OUTPUT
+        or probs.merged_heads
+        or probs.flat_tokens
+    ):
+        return None
+    return probs
+
+
+def _auto_class_arguments(
+    model: Any,
+    merged: RenameConfig,
+    model_type: str | None,
+    architectures: tuple[str, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """The family's transformers auto class (a language model inside a multimodal
+    wrapper), else its group's, said the way the installed nnsight takes it; not for a
+    checkpoint its config says the causal-LM class saved, nor where the caller chose."""
+    auto_class = merged.auto_class or group_auto_class(model_type)
+    if not auto_class or not isinstance(model, str) or "automodel" in kwargs:
+        return
+    if not auto_class_maps(auto_class, architectures):
+        return
+    for key, value in compat.auto_class_kwargs(auto_class).items():
+        kwargs.setdefault(key, value)
+
+
+def _renames(merged: RenameConfig, kwargs: dict[str, Any]) -> dict[str, str]:
+    """nnterp's ``rename`` table: the caller's, the family's embedding path bound to
+    ``embed_tokens``, and the keys of nnterp's own table the family leaves unbound (each
+    bound to its own name: no alias, nnterp's table updated with this one)."""
+    rename = dict(kwargs.pop("rename", None) or {})
+    for embed in container_paths(merged.embed_name):
+        rename.setdefault(compat.container_path(embed), "embed_tokens")
+    for key in merged.unbound_defaults or ():
+        rename.setdefault(key, key)
+    return rename
 
 
 def _mounted(value: Any) -> Any:

@@ -1,0 +1,100 @@
+"""What the registry makes of one model: the families that match its classes, model
+type and config, their container names merged (then the user's), every row that
+applies (the defaults, the rows of its block structure, each matching family's, then
+the user's), and its block structure. ``resolve`` is the one place this is decided;
+``StandardizedTransformer`` asks it before the load (from the checkpoint's config, for
+nnterp's container names) and after it (from the loaded class), and keeps the answer
+as ``model.resolution``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from causalab_mini.address import Address, RenameConfig
+from causalab_mini.generated import (
+    BLOCK_STRUCTURE_RULES,
+    DEFAULT_ADDRESSES,
+    FAMILY_ADDRESSES,
+    FAMILY_MATCH,
+    FAMILY_RENAME,
+    STRUCTURE_ADDRESSES,
+)
+
+# every field of RenameConfig but the rows: what a later config overrides when it says
+CONTAINERS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(RenameConfig) if f.name != "addresses"
+)
+
+# every row some structure declares: a family row that replaces one applies only on a
+# model whose block is of that structure
+_STRUCTURE_ROWS = frozenset(name for rows in STRUCTURE_ADDRESSES.values() for name in rows)
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """The registry's answer for one model (see the module's text)."""
+
+    families: tuple[str, ...]
+    rename: RenameConfig
+    rows: Mapping[str, Address]
+    structure: str | None
+
+
+def structure_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str | None:
+    """The block structure the first matching rule gives (None: no rule matches)."""
+    for rule in BLOCK_STRUCTURE_RULES:
+        if rule.match.matches(class_names, model_type, config):
+            structure: str = rule.structure
+            return structure
+    return None
+
+
+def families_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> list[str]:
+    """The families whose match holds, in registry order."""
+    return [
+        name
+        for name, match in FAMILY_MATCH.items()
+        if match.matches(class_names, model_type, config)
+    ]
+
+
+def merged_rename(families: list[str], user: RenameConfig | None) -> RenameConfig:
+    """The families' container names, later ones winning, then the user's."""
+    values: dict[str, Any] = {}
+    for config in [*(FAMILY_RENAME[f] for f in families), *([user] if user else [])]:
+        for key in CONTAINERS:
+            value = getattr(config, key)
+            if value is not None:
+                values[key] = value
+    return RenameConfig(**values)
+
+
+def resolve(
+    class_names: tuple[str, ...],
+    model_type: str | None,
+    config: Any,
+    user: RenameConfig | None = None,
+) -> Resolution:
+    """The families, merged container names, rows and block structure of a model with
+    these classes, model type and (text) config, with the user's ``RenameConfig``
+    applied last."""
+    structure = structure_for(class_names, model_type, config)
+    own = STRUCTURE_ADDRESSES.get(structure, {}) if structure is not None else {}
+    rows = {**DEFAULT_ADDRESSES, **own}
+    for match, family_rows in FAMILY_ADDRESSES:
+        if match.matches(class_names, model_type, config):
+            rows.update(
+                (name, row)
+                for name, row in family_rows.items()
+                if name not in _STRUCTURE_ROWS or name in own
+            )
+    if user is not None:
+        rows.update(user.addresses)
+    families = families_for(class_names, model_type, config)
+    return Resolution(tuple(families), merged_rename(families, user), rows, structure)
+
+
+__all__ = ["CONTAINERS", "Resolution", "families_for", "merged_rename", "resolve", "structure_for"]
