@@ -257,17 +257,17 @@ def plain(value: Any) -> Any:
     return value
 
 
-def editable(value: Any, where: str, write: Callable[[Any], None], location: str | None) -> Any:
+def editable(
+    value: Any, where: str, write: Callable[[Any], None], location: str | None, copy: bool
+) -> Any:
     """``value`` (a read of the place ``where``) as handed out inside a trace body: a
-    tensor whose in-place edits call ``write`` with the edited tensor; anything else,
-    or anything outside a trace body, as it is. Not a copy of its own: where the row
-    copies (``snapshot``, ``write: in_place``, a scale) the read already is one, so a
-    value saved before keeps its value; elsewhere it is the model's tensor, which the
-    forward may still change in place as it carries it on (XLM masks its block output
-    in place), as a read there has always held."""
+    tensor whose in-place edits call ``write`` with the edited tensor (a copy of it
+    first where ``copy``); anything else, or anything outside a trace body, as it is."""
     if not isinstance(value, torch.Tensor) or _runner() is None:
         return value
     value = plain(value)
+    if copy:
+        value = value.clone()
     return _editable(value, Edit(where, write, value, location))
 
 

@@ -60,6 +60,19 @@ def _copied(address: Address) -> bool:
     return bool(address.snapshot or address.write == "in_place")
 
 
+def _copied_for_edits(address: Address | None, attr: str) -> bool:
+    """Whether ``get`` copies a read that the row does not copy already: a module's
+    input, which the block holds elsewhere too (the residual it adds the sublayer to),
+    so that an in-place edit of it is written like the assignment (the module handed a
+    new input) and reaches nothing else, and a value read before keeps its value. A
+    module's or an operation's output is handed on as the model's tensor: an in-place
+    edit of it is the assignment (nothing else holds it yet), and a read there sees
+    what the forward does to it in place later (XLM masks its block output)."""
+    if address is not None and (_copied(address) or address.scale is not None):
+        return False  # a copy already
+    return attr.endswith("input") or attr.endswith("inputs")
+
+
 class Place:
     """One row of ``model.internals``: read with ``[layer]`` (or ``()`` for a
     whole-model place), write with ``[layer] = tensor``."""
@@ -158,9 +171,9 @@ class Place:
 
     def get(self, layer: int | None = None) -> Any:
         """The tensor here (inside a trace), whose in-place edits (``x[:, 2] += v``,
-        ``x.zero_()``) are this place's write (``edits.editable``); a copy where the row
-        copies (a value read and saved keeps what it was when read); a module place's
-        Envoy."""
+        ``x.zero_()``) are this place's write (``edits.editable``): a copy where the row
+        copies and at a module's input (``_copied_for_edits``), where a value read and
+        saved keeps what it was when read; a module place's Envoy."""
         value, envoy, attr, address = self._value(layer)
         if address is not None and address.io is IOType.MODULE:
             return value
@@ -168,7 +181,11 @@ class Place:
 
         at = self._internals._layer(self, layer)
         return editable(
-            value, self.where(at), lambda edited: self.set(at, edited), compat.location(envoy, attr)
+            value,
+            self.where(at),
+            lambda edited: self.set(at, edited),
+            compat.location(envoy, attr),
+            _copied_for_edits(address, attr),
         )
 
     def read(self, layer: int | None = None) -> Any:

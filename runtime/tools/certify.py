@@ -655,8 +655,9 @@ def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | No
     saved before the edit must equal the other trace's first read (it keeps its
     value), the read after must be it with the edit at that position only, and the
     logits must equal the assignment's bit for bit (the edit reached the model exactly
-    as the assignment did). The reads are held to their values where the row copies a
-    read (snapshot, in_place, a scale); elsewhere a read is the model's tensor. Returns
+    as the assignment did). The reads are held to their values where a read is a copy
+    (snapshot, in_place, a scale, a module's input); at an output a read is the model's
+    tensor. Returns
     [] where the place takes no write."""
     import torch
 
@@ -692,8 +693,9 @@ def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | No
     logits, assigned = _value(box["logits"]).detach(), _value(box["assigned"]).detach()
     same = bool(torch.equal(logits, assigned))
     kept = []
-    if place.row.snapshot or place.row.write == "in_place" or place.row.scale is not None:
-        # where the row copies a read; elsewhere a read is the model's tensor itself,
+    row = place.row
+    if row.snapshot or row.write == "in_place" or row.scale is not None or row.io.value == "input":
+        # where a read is a copy; at an output a read is the model's tensor itself,
         # which the forward may still change in place (XLM masks its block output)
         kept.append(
             compare(f"{where} read before an in-place edit == its clean read", layer, before, clean)
