@@ -403,6 +403,12 @@ class RenameConfig:
     mixed_layers: bool | None = None
     auto_class: str | None = None
     unbound_defaults: tuple[str, ...] | None = None
+    # facts of the family's forward that positions depend on (each a reason): tokens
+    # attend to later tokens (a write at one token reaches earlier ones), and the
+    # forward reads more of the input than the stream carries (the interchange
+    # identities do not hold there)
+    attends_ahead: str | None = None
+    interchange_unavailable: str | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
 
