@@ -359,6 +359,17 @@ class Internals(Mapping[str, Place]):
         if any(row.flat_tokens and row.per_layer for row in rows.values()):
             self._watch_tokens()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # a remote request pickles the model with its internals: the running traces'
+        # furthest places are this process's (weak references to its trace bodies)
+        state = dict(self.__dict__)
+        state["_furthest"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._furthest = weakref.WeakKeyDictionary()
+
     def _watch_tokens(self) -> None:
         """Hook every layer's module to remember its input's batch and sequence (for
         the flat_tokens rows); a module swapped since (dispatch) is hooked again."""
