@@ -106,8 +106,11 @@ def detect_containers(hf_model: Any) -> tuple[dict[str, str | bool], list[str]]:
     if embed is not None and id(embed) in names:
         out["embed_name"] = names[id(embed)]
     _sublayers(dict(modules[layers][0].named_children()), out, notes)
-    # a wrapper's final norm is its text decoder's, not a norm beside the towers
-    inner = decoder if decoder and decoder.startswith(model_name + ".") else model_name
+    # a wrapper's final norm sits beside its text stack's layers, not beside the towers
+    parent = layers.rsplit(".", 1)[0] if "." in layers else model_name
+    inner = parent if parent.startswith(model_name + ".") else model_name
+    if inner != model_name and not _norms(inner, modules[inner]):
+        inner = model_name
     base = modules.get(inner)
     if base is not None:
         _final_norm(inner, base, out, notes)
@@ -184,13 +187,18 @@ def _sublayers(children: dict[str, Any], out: dict[str, str | bool], notes: list
         notes.append(f"MLP: several children look like it: {', '.join(mlp)}")
 
 
-def _final_norm(model_name: str, base: Any, out: dict[str, str | bool], notes: list[str]) -> None:
-    """The final norm among the base model's children, into ``out``."""
-    norms = [
+def _norms(model_name: str, base: Any) -> list[str]:
+    """The children of ``base`` that look like norms, as paths."""
+    return [
         f"{model_name}.{n}"
         for n, m in base.named_children()
         if re.search(r"norm", type(m).__name__, re.I) or re.match(r"ln|norm", n)
     ]
+
+
+def _final_norm(model_name: str, base: Any, out: dict[str, str | bool], notes: list[str]) -> None:
+    """The final norm among the base model's children, into ``out``."""
+    norms = _norms(model_name, base)
     if len(norms) == 1:
         out["ln_final_name"] = norms[0]
     else:
