@@ -32,13 +32,20 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the codegen, the runtime types and the generated tables, in
+    """mypy --strict over the codegen, the library (runtime/, the tools' command line) and the generated tables, in
     the environment the tests run in (the same stubs and libraries as `.[dev]`: an
     environment with fewer makes other errors appear, or `type: ignore`s unused)."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
     session.run(
-        "mypy", "--strict", "codegen", "generated", "runtime/address.py", "runtime/tools/cli.py"
+        "mypy",
+        "--strict",
+        "--exclude",
+        "runtime/tools/",
+        "codegen",
+        "generated",
+        "runtime",
+        "runtime/tools/cli.py",
     )
 
 

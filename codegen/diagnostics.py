@@ -41,6 +41,8 @@ CODES: dict[str, str] = {
     "X019": "an identity outside the grammar, or naming a row no block of its structure has",
     "X020": "a tiny.yaml side input that cannot be made (its model type is not buildable, or @layer outside per_layer_type)",
     "X021": "a tiny.yaml group that takes no model type (its mapping is an earlier group's), or a first group that is not the causal LMs'",
+    "X022": "a lens step that applies a row that is not a whole-model place",
+    "X023": "a tiny.yaml tokenizer that cannot be built (adds no kind the builder knows, or names a chat template tiny.yaml does not hold)",
 }
 
 

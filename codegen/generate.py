@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from causalab_mini import __version__
 
 from . import emit
-from .model import Registry
+from .model import TOKENIZER_KINDS, Registry
 
 if TYPE_CHECKING:  # imported where they are used: a cached `gen --check` needs neither
     import jinja2
@@ -172,6 +172,13 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "tiny_groups": dict(registry.tiny.groups),
         "tiny_side_inputs": dict(registry.tiny.side_inputs),
         "tiny_vision_extra": dict(registry.tiny.vision_extra),
+        "tiny_tokenizer_kinds": TOKENIZER_KINDS,
+        "tiny_tokenizer_default": registry.tiny.tokenizer_default,
+        "tiny_tokenizers": {
+            t: {"adds": adds, "chat_template": template}
+            for t, (adds, template) in registry.tiny.tokenizers
+        },
+        "tiny_chat_templates": dict(registry.tiny.chat_templates),
         "family_names": tuple(f.name for f in families),
         "family_match": {f.name: f.match for f in families},
         "family_rename": {f.name: emit.call("RenameConfig", **dict(f.rename)) for f in families},
@@ -187,6 +194,8 @@ def _tables(registry: Registry) -> dict[str, Any]:
             if f.interiors
         },
         "family_operands": {f.name: dict(f.operands) for f in families if f.operands},
+        "lens": registry.lens,
+        "family_lens": {f.name: f.lens for f in families if f.lens is not None},
         "family_structure_unknown": {
             f.name: f.structure_unknown_reason for f in families if f.structure_unknown_reason
         },

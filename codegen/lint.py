@@ -133,10 +133,12 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         "builds_with",
         "side_inputs",
         "groups",
+        "tokenizers",
+        "chat_templates",
     )  # tiny.yaml
     if head in tiny_rows and len(path) > 1:
         return str(path[1])
-    if head in ("sizes", "generic", "keep_off", "vision_extra"):  # tiny.yaml
+    if head in ("sizes", "generic", "keep_off", "vision_extra", "tokenizer_default"):  # tiny.yaml
         return str(head)
     if head in ("family", "match", "rename", "doc"):
         family = data.get("family")

@@ -20,6 +20,8 @@ from causalab_mini.address import (
     IOType,
     LayerKind,
     LeadingPositions,
+    Lens,
+    LensStep,
     Operand,
     Select,
     Streams,
@@ -30,6 +32,7 @@ from causalab_mini.address import (
 )
 
 __all__ = [
+    "TOKENIZER_KINDS",
     "FamilyDef",
     "Registry",
     "TinyTables",
@@ -41,6 +44,7 @@ __all__ = [
     "frozen",
     "interior",
     "layer_kind",
+    "lens",
     "match",
     "operand",
     "rank_key",
@@ -71,6 +75,9 @@ class FamilyDef:
     # why no block structure applies to this family (the reason of every structural
     # place), where none does
     structure_unknown_reason: str | None = None
+    # what the model applies to the last block's output to make its logits, where it
+    # is not the default lens (places.yaml)
+    lens: Lens | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,23 @@ class TinyTables:
     groups: tuple[tuple[str, tuple[str, str, str]], ...] = ()
     side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
+    # the kind of special tokens a tiny tokenizer adds where tokenizers lists no row
+    tokenizer_default: str = "bos"
+    # model type -> (the kind its tokenizer adds, the name of its chat template or None)
+    tokenizers: tuple[tuple[str, tuple[str, str | None]], ...] = ()
+    # chat template name -> its Jinja text
+    chat_templates: tuple[tuple[str, str], ...] = ()
+
+
+# What each kind of tiny tokenizer adds around a single sequence (registry/tiny.yaml
+# tokenizer_default and tokenizers name one of these): a BOS token before it, an EOS
+# token after it. The builder (causalab_mini.tools.tiny) reads the emitted table.
+TOKENIZER_KINDS: dict[str, dict[str, bool]] = {
+    "none": {"bos": False, "eos": False},
+    "bos": {"bos": True, "eos": False},
+    "eos": {"bos": False, "eos": True},
+    "bos_eos": {"bos": True, "eos": True},
+}
 
 
 def frozen(value: Any) -> Any:
@@ -122,6 +146,12 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
             for g, v in raw.get("groups", {}).items()
         ),
         vision_extra=table(raw["vision_extra"]),
+        tokenizer_default=raw.get("tokenizer_default", {}).get("adds", "bos"),
+        tokenizers=tuple(
+            (t, (row["adds"], row.get("chat_template")))
+            for t, row in raw.get("tokenizers", {}).items()
+        ),
+        chat_templates=tuple(raw.get("chat_templates", {}).items()),
     )
 
 
@@ -144,6 +174,8 @@ class Registry:
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
     tiny: TinyTables = field(default_factory=TinyTables)
+    # the default lens (places.yaml): the last block's output to the logits
+    lens: Lens = field(default_factory=Lens)
 
     def structure_of(self, name: str) -> str | None:
         """The structure that declares the row ``name`` (None for a default row or no
@@ -370,4 +402,13 @@ def family(
         ),
         operands=tuple((name, operand(o)) for name, o in raw.get("operands", {}).items()),
         structure_unknown_reason=_joined(raw.get("structure_unknown_reason")),
+        lens=lens(raw["lens"]) if "lens" in raw else None,
     )
+
+
+def lens(raw: dict[str, Any]) -> Lens:
+    """A ``lens`` mapping (places.yaml, a family file) as a Lens."""
+    steps = tuple(
+        LensStep(kind, arg) for step in raw.get("steps", ()) for kind, arg in step.items()
+    )
+    return Lens(steps=steps, unavailable=_joined(raw.get("unavailable")))

@@ -2,7 +2,8 @@
 
 The package root is the runtime. Heavy names (the model class, which needs torch,
 nnsight and nnterp) load on first use, so `import causalab_mini.generated` stays
-free of torch.
+free of torch. No name here is also the name of a submodule: importing a submodule
+binds it on the package, and it would shadow the function of the same name.
 """
 
 from __future__ import annotations
@@ -20,8 +21,18 @@ _LAZY: dict[str, str] = {
     "RenameConfig": "causalab_mini.address",
     "Streams": "causalab_mini.address",
     "StandardizedTransformer": "causalab_mini.model",
+    "locate": "causalab_mini.locator",
+    "ComponentAddress": "causalab_mini.locator",
+    "Plan": "causalab_mini.plan",
+    "read": "causalab_mini.plan",
+    "write": "causalab_mini.plan",
+    "ComponentError": "causalab_mini.geometry",
+    "HeadSizeUnknown": "causalab_mini.geometry",
     "PlaceUnavailable": "causalab_mini.internals",
     "RenameError": "causalab_mini.internals",
+    "WriteRefused": "causalab_mini.internals",
+    "EditRefused": "causalab_mini.edits",
+    "PlaceOutOfOrder": "causalab_mini.edits",
     "OperationNotFound": "causalab_mini.ops",
     "find_op": "causalab_mini.ops",
     "build_tiny": "causalab_mini.tools.tiny",

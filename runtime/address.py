@@ -301,6 +301,27 @@ class Address:
 
 
 @dataclass(frozen=True)
+class LensStep:
+    """One step of what a model applies to the last block's output to make its logits
+    (the ``lens`` of places.yaml or a family file): ``apply`` the module of a
+    whole-model row (``ln_final_output``, ``lm_head_output``), ``multiply`` or
+    ``divide`` by a config attribute, ``softcap`` by one (``c * tanh(x / c)``), or
+    keep the first ``vocab`` logits (nothing where the attribute is None)."""
+
+    kind: str  # apply | multiply | divide | softcap | vocab
+    arg: str  # the row name (apply) or the config attribute
+
+
+@dataclass(frozen=True)
+class Lens:
+    """The steps from ``layers_output[last]`` to the logits, in order, or why the
+    family's head reads more than that stream (``unavailable``)."""
+
+    steps: tuple[LensStep, ...] = ()
+    unavailable: str | None = None
+
+
+@dataclass(frozen=True)
 class FamilyMatch:
     """Which models a family file applies to: every given part must hold."""
 

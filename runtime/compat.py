@@ -198,7 +198,10 @@ def _text_task(auto_class: str) -> str:
     the model class the caller names. A subclass of ``TextGenerationPipeline`` is
     registered, not the class itself (registration marks the class it is given)."""
     import transformers
-    from transformers.pipelines import PIPELINE_REGISTRY, TextGenerationPipeline
+    from transformers.pipelines import (  # type: ignore[attr-defined]  # not in its __all__
+        PIPELINE_REGISTRY,
+        TextGenerationPipeline,
+    )
 
     task = f"text-generation-{auto_class}"
     auto = getattr(transformers, auto_class)
@@ -453,6 +456,34 @@ def remote_backend(
     return cls(model_key, **kwargs)
 
 
+def location(envoy: Any, attr: str) -> str | None:
+    """The location nnsight parks on to read ``envoy``'s ``attr`` (``model.layers.1.
+    input``, an operation's ``...source.attention_interface_0.output``): 0.8 names it
+    by the descriptor (``eproperty``) that serves it; None where this nnsight does not
+    say."""
+    for klass in type(envoy).__mro__:
+        descriptor = vars(klass).get(attr)
+        if descriptor is not None:
+            where = getattr(descriptor, "_location", None)
+            if callable(where):
+                try:
+                    return str(where(envoy))
+                except Exception:
+                    return None
+            return None
+    return None
+
+
+def out_of_order_error() -> type[BaseException] | None:
+    """nnsight's error for a location the model already ran past (0.8's
+    ``OutOfOrderError``), or None where this nnsight has none of that name."""
+    try:
+        from nnsight.intervention.interleaver import OutOfOrderError
+    except ImportError:
+        return None
+    return OutOfOrderError  # type: ignore[no-any-return]
+
+
 __all__ = [
     "NDIF_CLIENTS",
     "OVERLOAD_PREFIX",
@@ -465,9 +496,11 @@ __all__ = [
     "forward_key",
     "install",
     "is_08",
+    "location",
     "model_id_cache",
     "ndif_client",
     "nnsight_version",
+    "out_of_order_error",
     "parsed_source",
     "remote_backend",
     "remote_env",

@@ -8,7 +8,7 @@ inside an nnsight trace; ``Plan`` runs several in forward order in one trace.
 Four components are interiors: tensors inside the attention module's forward that
 never cross a module boundary, reached through nnsight's ``.source``.
 
-This module is the one import research code makes; the parts live in ``locate``
+This module is the one import research code makes; the parts live in ``locator``
 (addresses), ``plan`` (reads, writes and plans in a trace) and ``geometry`` (heads,
 head sizes, widths).
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .geometry import ComponentError, HeadSizeUnknown, head_size, width_of
 from .internals import PlaceUnavailable, WriteRefused
-from .locate import ComponentAddress, component_status, locate
+from .locator import ComponentAddress, component_status, locate
 from .plan import Plan, Step, check_write, layout_mismatch, read, write
 
 __all__ = [

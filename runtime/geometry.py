@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .internals import child, layer_config
+from .tree import child, layer_config
 
 
 class ComponentError(LookupError):

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .geometry import ComponentError
-from .locate import ComponentAddress, locate
-from .plan import _prepare_sources, read, write
+from .locator import ComponentAddress, locate
+from .lower import _prepare_sources
+from .plan import read, write
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 
 
@@ -246,10 +247,11 @@ def _chunk(
                     patched[i].movedim(axis, 0)[at] = full[row].movedim(axis, 0)[source_at]
                 write(model, whole, patched)
             elif what < len(wanted):
-                address, indices = wanted[what]
+                address, read_at = wanted[what]
                 full = read(model, replace(address, position=()))
-                axis = handed_axis(address) if address.position else None
-                saved.append((what, [_saved(t) for t in _per_group(full, groups, indices, axis)]))
+                read_axis = handed_axis(address) if address.position else None
+                parts = _per_group(full, groups, read_at, read_axis)
+                saved.append((what, [_saved(t) for t in parts]))
             else:
                 full = read(model, logits_at)
                 lasts = [last[g.start : g.stop] for g in groups]

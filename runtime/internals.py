@@ -8,168 +8,32 @@ the model) and reads or writes the resolved place inside an nnsight trace.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
-
-from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
 
-from .compat import alias_target, aliases_of, child_attribute, several_invokes, shared_path
+from . import compat
+from .compat import several_invokes
+from .errors import PlaceUnavailable, RenameError, WriteRefused, check_value
 from .ops import find_op, inner_op
+from .tree import (
+    _shared_on,
+    _shared_reason,
+    boundary,
+    child,
+    child_names,
+    has_attr,
+    layer_config,
+)
+from .versions import _installed, outside_versions
 
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
 # fact of the model, so the sweep does not count such a model as certified.
 NO_STRUCTURE_RULE = "no rule in registry/block_structures.yaml"
-
-
-class PlaceUnavailable(LookupError):
-    """A place that does not exist on this model (or this layer), with the reason."""
-
-
-class RenameError(ValueError):
-    """A row whose name the model already uses for something else."""
-
-
-class WriteRefused(ValueError):
-    """A write that does not fit its place (shape, dtype, device, read-only)."""
-
-
-def check_value(where: str, value: Any, current: Any) -> None:
-    """Refuse to write ``value`` at ``where`` (a place or component, with its layer)
-    unless it is a tensor of exactly ``current``'s shape, dtype and device. Nothing is
-    broadcast or cast: a user who means it says so (``v.expand_as(x)``, ``v.to(x)``).
-    Every spelling of a write (``model.<name>[i] = v``, ``model.internals[name][i] =
-    v``, a ``Plan``) checks with this one function, so they refuse alike."""
-    shape = getattr(value, "shape", None)
-    want = tuple(current.shape)
-    if shape is None:
-        raise WriteRefused(
-            f"cannot write a {type(value).__name__} to {where}, which holds a tensor of "
-            f"shape {want}; write a tensor of that shape (e.g. torch.full_like(x, value))"
-        )
-    got = tuple(shape)
-    if got != want:
-        raise WriteRefused(
-            f"cannot write a tensor of shape {got} to {where}, which has shape {want}; "
-            "nothing is broadcast (say v.expand_as(x) if that is what you mean)"
-        )
-    if getattr(value, "dtype", None) != current.dtype:
-        raise WriteRefused(
-            f"{where} holds {current.dtype}; the value is {value.dtype}. Nothing is cast: "
-            f"write v.to({current.dtype})"
-        )
-    if getattr(value, "device", None) != current.device:
-        raise WriteRefused(
-            f"{where} is on {current.device}; the value is on {value.device}: write "
-            f"v.to('{current.device}')"
-        )
-
-
-def has_attr(envoy: Any, name: str) -> bool:
-    """Whether ``getattr(envoy, name)`` can find ``name``, decided without calling
-    nnsight's ``Envoy.__getattr__`` on a miss: its AttributeError formats the whole
-    subtree into the message, which on an 80-layer model costs a quarter second."""
-    if name in envoy.__dict__ or any(name in vars(k) for k in type(envoy).__mro__):
-        return True
-    if alias_target(envoy, name) is not None:
-        return True
-    module = envoy.__dict__.get("_module")
-    return module is None or hasattr(module, name)
-
-
-def boundary(attr: str, envoy: Any) -> str:
-    """The attribute that reads a module's ``input``/``output`` boundary: nnsight 0.6/0.7
-    mount it at ``nns_input``/``nns_output`` on a module that has a child of that name
-    (a BERT layer's ``output`` submodule); 0.8 keeps it and mounts the child at
-    ``E_output`` instead (see ``child``)."""
-    return f"nns_{attr}" if attr in envoy.__dict__ else attr
-
-
-def _unset_module(envoy: Any, name: str) -> bool:
-    """Whether ``name`` (through the Envoy's alias) is an attribute of the module that
-    holds no module: a layer that sets ``self.self_attn = None`` where it has no
-    attention (GraniteMoeHybrid's Mamba layers). nnsight's alias of such a name
-    points back at itself, and getattr would recurse without end."""
-    module = envoy.__dict__.get("_module")
-    if module is None:
-        return False
-    target = alias_target(envoy, name) or name
-    value: Any = module
-    for atom in target.split("."):
-        if atom not in getattr(value, "__dict__", {}) and atom not in getattr(
-            value, "_modules", {}
-        ):
-            return False  # not a plain attribute: has_attr and getattr decide
-        value = getattr(value, atom)
-    return value is None
-
-
-def child(envoy: Any, path: str) -> Any | None:
-    """The Envoy at dotted ``path`` below ``envoy`` (standardized names), or None."""
-    from nnsight.intervention.envoy import Envoy
-
-    current = envoy
-    for name in path.split(".") if path else ():
-        part = child_attribute(current, name)  # a child named `output`: E_output on 0.8
-        try:
-            if part not in current.__dict__ and hasattr(Envoy, part):
-                return None  # nnsight's own attribute (output, input, source ...), no module
-            if not has_attr(current, part) or _unset_module(current, part):
-                return None
-            current = getattr(current, part)
-        except (AttributeError, IndexError, KeyError, TypeError):
-            return None
-        if not isinstance(current, Envoy):
-            return None
-    return current
-
-
-def _shared_on(base: Any, path: str) -> str | None:
-    """The first path of a module that ``path`` below ``base`` reaches through a second
-    path (``compat.shared_path``), or None."""
-    current = base
-    for name in path.split("."):
-        first = shared_path(current, name)
-        if first is not None:
-            return first
-        current = getattr(current, child_attribute(current, name), None)
-        if current is None:
-            return None
-    return None
-
-
-def _shared_reason(name: str, module: str, first: str) -> str:
-    return (
-        f"{name} reads {module!r}, which here is the module object at {first} (one module "
-        "called by several layers, as a shared activation): nnsight 0.8 gives it one envoy "
-        "and serves its calls in order, so a read here would see that first call. A family "
-        f"row (or RenameConfig(addresses={{{name!r}: Address(...)}})) can read the layer's "
-        "own use of it instead, such as the input of the module that consumes it"
-    )
-
-
-def child_names(envoy: Any, depth: int = 2) -> list[str]:
-    """The layer's module paths ``depth`` levels deep, in standardized names."""
-    out: list[str] = []
-
-    def walk(env: Any, prefix: str, level: int) -> None:
-        aliases = aliases_of(env)
-        for sub in env._children:
-            name = sub.path.split(".")[-1]
-            if name in aliases:
-                name = aliases[name][0]
-            path = f"{prefix}{name}"
-            out.append(path)
-            if level < depth:
-                walk(sub, f"{path}.", level + 1)
-
-    walk(envoy, "", 1)
-    return out
 
 
 class LayerTokens:
@@ -193,39 +57,7 @@ def _copied(address: Address) -> bool:
     """Whether a read at ``address`` hands out a copy: the tensor there is modified in
     place later in the same forward (``snapshot``), or a write at this place overwrites
     it in place (``write: in_place``), and a value already read must not change."""
-    return address.snapshot or address.write == "in_place"
-
-
-def layer_config(config: Any, layer: int | None) -> Any:
-    """The config layer ``layer`` was built from. A heterogeneous config (transformers'
-    ``per_layer_config``) refuses to answer a per-layer attribute (head_dim, say) for
-    the whole model; layer i's own config answers it. Elsewhere, the config itself."""
-    if layer is not None and getattr(config, "is_heterogeneous", False):
-        return config.per_layer_config[layer]
-    return config
-
-
-@functools.cache
-def _installed(package: str) -> str | None:
-    """The installed version of ``package`` (read once per process: reading package
-    metadata costs milliseconds, and locate asks for every interior at every layer)."""
-    try:
-        from importlib.metadata import version
-
-        return version(package)
-    except Exception:
-        return None
-
-
-def outside_versions(versions: tuple[tuple[str, str], ...]) -> tuple[str, str, str] | None:
-    """The first (package, range, installed version) of ``versions`` whose installed
-    version is outside its range, or None where every installed one is inside (a
-    package not installed is not held against a row)."""
-    for package, spec in versions:
-        installed = _installed(package)
-        if installed is not None and Version(installed) not in SpecifierSet(spec):
-            return package, spec, installed
-    return None
+    return bool(address.snapshot or address.write == "in_place")
 
 
 class Place:
@@ -244,7 +76,7 @@ class Place:
 
     @property
     def per_layer(self) -> bool:
-        return self.row.per_layer
+        return bool(self.row.per_layer)
 
     @property
     def address(self) -> Address:
@@ -325,17 +157,40 @@ class Place:
         return address, envoy
 
     def get(self, layer: int | None = None) -> Any:
+        """The tensor here (inside a trace), whose in-place edits (``x[:, 2] += v``,
+        ``x.zero_()``) are this place's write (``edits.editable``); a copy where the row
+        copies (a value read and saved keeps what it was when read); a module place's
+        Envoy."""
+        value, envoy, attr, address = self._value(layer)
+        if address is not None and address.io is IOType.MODULE:
+            return value
+        from .edits import editable  # torch: only once a trace reads
+
+        at = self._internals._layer(self, layer)
+        return editable(
+            value, self.where(at), lambda edited: self.set(at, edited), compat.location(envoy, attr)
+        )
+
+    def read(self, layer: int | None = None) -> Any:
+        """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
+        row copies), for the library's own reads that never edit it."""
+        return self._value(layer)[0]
+
+    def _value(self, layer: int | None) -> tuple[Any, Any, str, Address | None]:
+        """(the value, the Envoy it is read from, the attribute, the resolved row or
+        None where it is a plain module boundary read before)."""
         if layer is None or type(layer) is int:  # never a bool: it would hash as 0 or 1
             read = self._reads.get(layer)
             if read is not None:  # a module boundary read before: no resolving again
                 envoy, attr, needs = read
-                value = getattr(envoy, attr)
+                value = self._fetch(envoy, attr, layer)
                 if needs is None:
-                    return value
-                return self._finish(needs, value, self._internals._layer(self, layer))
+                    return value, envoy, attr, None
+                at = self._internals._layer(self, layer)
+                return self._finish(needs, value, at), envoy, attr, needs
         address, envoy = self._target(layer)
         if address.io is IOType.MODULE:
-            return envoy
+            return envoy, envoy, "", address
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
         if not address.source:
             plain = (
@@ -347,7 +202,31 @@ class Place:
                 and not address.views_tokens
             )
             self._reads[layer] = (envoy, attr, None if plain else address)
-        return self._finish(address, getattr(envoy, attr), self._internals._layer(self, layer))
+        value = self._fetch(envoy, attr, layer)
+        return (
+            self._finish(address, value, self._internals._layer(self, layer)),
+            envoy,
+            attr,
+            address,
+        )
+
+    def _fetch(self, envoy: Any, attr: str, layer: int | None) -> Any:
+        """``envoy``'s ``attr`` in the running trace; nnsight's out-of-order error said
+        in places (which place was asked for, which later one the trace passed)."""
+        try:
+            value = getattr(envoy, attr)
+        except Exception as exc:
+            from .edits import PlaceOutOfOrder, _runner
+
+            error = compat.out_of_order_error()
+            if error is None or not isinstance(exc, error) or isinstance(exc, PlaceOutOfOrder):
+                raise
+            runner = _runner()
+            if getattr(runner, "iteration", 0) not in (0, None):
+                raise  # a tracer.iter loop that outran the run: nnsight's own end
+            raise self._internals.out_of_order(self, layer, runner) from None
+        self._internals.passed(self, layer)
+        return value
 
     def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
         if address.select is not None:
@@ -383,7 +262,8 @@ class Place:
                 "it is a module, not a tensor; write its input or output place "
                 f"(e.g. {self.name}_input or {self.name}_output) instead"
             )
-        return self.row.read_only
+        read_only: str | None = self.row.read_only
+        return read_only
 
     def set(self, layer: int | None, value: Any) -> None:
         """Write ``value`` here: a tensor of exactly the place's shape, dtype and device
@@ -396,8 +276,12 @@ class Place:
         refused = self.refuses_writes() if address.io is IOType.MODULE else address.read_only
         if refused is not None:
             raise WriteRefused(f"{where} is read-only: {refused}")
+        if type(value).__name__ == "EditableRead":  # written as the tensor it holds
+            from .edits import plain
+
+            value = plain(value)
         attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
-        whole = getattr(envoy, attr)
+        whole = self._fetch(envoy, attr, layer)
         current = address.select.get(whole) if address.select is not None else whole
         full = current
         if address.flat_tokens or address.merged_heads:
@@ -449,6 +333,10 @@ class Internals(Mapping[str, Place]):
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
+        # per running trace body (nnsight's mediator), the furthest place it reached
+        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = (
+            weakref.WeakKeyDictionary()
+        )
         # per layer, the batch and sequence of its input, where a row is flat_tokens
         self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
         if any(row.flat_tokens and row.per_layer for row in rows.values()):
@@ -473,6 +361,28 @@ class Internals(Mapping[str, Place]):
         self._layer_envoys = None
         if self._tokens:
             self._watch_tokens()
+        self.install_sources()
+
+    def install_sources(self) -> None:
+        """Open the ``.source`` of every module a row reads an operation of, on every
+        layer where the row is available, before any trace: nnsight instruments a
+        module's forward when its ``.source`` is first opened, and one opened inside a
+        trace while that module's forward already runs (XLNet's rel_attn, after a read
+        of its dropout) is not the forward that runs, so the first trace after a load
+        would miss the operation. Opened once per module; cheap where it is open."""
+        for name in self._order:
+            place = self._places[name]
+            if not place.row.source:
+                continue
+            layers: list[int | None] = list(range(self.num_layers)) if place.per_layer else [None]
+            for layer in layers:
+                if place.unavailable_on(layer) is not None:
+                    continue
+                try:
+                    _, envoy = place._module_target(layer)
+                    envoy.source  # noqa: B018 - instruments the module's forward
+                except Exception:
+                    continue  # the read says why, with the row, where it is asked for
 
     def unmerge_heads(self, name: str, layer: int | None, merged: Any) -> Any:
         """``merged`` (batch*heads, ...) at a merged_heads row of ``layer``, viewed as
@@ -604,8 +514,60 @@ class Internals(Mapping[str, Place]):
         if row.per_layer:
             if layer is None:
                 raise ValueError(f"{name} is per layer: say which layer")
-            return (self._layer(self[name], layer), row.order)
-        return (-1 if row.order < 0 else self.num_layers, row.order)
+            at = self._layer(self[name], layer)
+            assert at is not None  # a per-layer place's layer
+            return (at, int(row.order))
+        return (-1 if row.order < 0 else self.num_layers, int(row.order))
+
+    # ------------------------------------------------------------ order
+
+    def passed(self, place: Place, layer: int | None) -> None:
+        """Remember the furthest place (by rank) the running trace body has reached,
+        to say which one an out-of-order read came after."""
+        from .edits import _runner
+
+        runner = _runner()
+        if runner is None:
+            return
+        at = self._layer(place, layer)
+        rank = self.rank(place.name, at)
+        try:
+            best = self._furthest.get(runner)
+        except TypeError:
+            return
+        if best is None or rank > best[0]:
+            self._furthest[runner] = (rank, place.where(at))
+
+    def out_of_order(self, place: Place, layer: int | None, runner: Any) -> Exception:
+        """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""
+        from .edits import PlaceOutOfOrder
+
+        at = self._layer(place, layer)
+        asked, rank = place.where(at), self.rank(place.name, at)
+        families = ", ".join(self.model.families) or "no family file"
+        try:
+            best = self._furthest.get(runner) if runner is not None else None
+        except TypeError:
+            best = None
+        fix = (
+            "read (and write) places in forward order, the order of "
+            "model.internals.rank(name, layer), or put the reads and writes in a Plan "
+            "(causalab_mini.Plan), which runs them in that order"
+        )
+        if best is not None and best[0] > rank:
+            later, later_rank = best[1], best[0]
+            return PlaceOutOfOrder(
+                f"{asked} (rank {rank}) was asked for after {later} (rank {later_rank}) on "
+                f"{self.model_class} (family {families}): {later} comes later in the forward, "
+                f"so the model had already run past {asked} when it was asked for. Fix: {fix}"
+            )
+        since = f" (the furthest place read before it: {best[1]}, rank {best[0]})" if best else ""
+        return PlaceOutOfOrder(
+            f"{asked} (rank {rank}) was asked for and the model ran past it{since} on "
+            f"{self.model_class} (family {families}): something read after it in this trace "
+            "comes earlier in the forward (a place, a component or an Envoy read by hand), "
+            f"or the forward does not reach it. Fix: {fix}"
+        )
 
     # ------------------------------------------------------------ status
 
@@ -727,9 +689,10 @@ class Internals(Mapping[str, Place]):
                     known = self._structure_unknown(name)
                     if known is not None:
                         return known
-                return item.message(name)
+                return str(item.message(name))
         _, reason = self._resolve(name, row, layer)
-        return reason
+        said: str | None = reason
+        return said
 
     def _structure_unknown(self, name: str) -> str | None:
         """Where no block structure applies to the model, the reason its family gives
@@ -739,7 +702,7 @@ class Internals(Mapping[str, Place]):
         for family in self.model.families:
             reason = FAMILY_STRUCTURE_UNKNOWN.get(family)
             if reason is not None:
-                return reason.replace("{place}", name)
+                return str(reason).replace("{place}", name)
         return None
 
     def _resolve(
@@ -812,3 +775,25 @@ class Internals(Mapping[str, Place]):
             f"{name} is ambiguous on this {structure!r} block: {', '.join(found)} all exist "
             f"(candidates {', '.join(entry.candidates)}). {fix}"
         )
+
+
+# the names other modules and research code import from here (errors, tree and
+# versions are their own modules; these stay where they have been found)
+__all__ = [
+    "NO_STRUCTURE_RULE",
+    "Internals",
+    "LayerTokens",
+    "Place",
+    "PlaceUnavailable",
+    "RenameError",
+    "WriteRefused",
+    "_copied",
+    "_installed",
+    "boundary",
+    "check_value",
+    "child",
+    "child_names",
+    "has_attr",
+    "layer_config",
+    "outside_versions",
+]

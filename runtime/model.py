@@ -25,10 +25,14 @@ from causalab_mini.generated import (  # noqa: E402
 )
 
 from . import remote as _remote  # noqa: E402
-from .internals import Internals, Place, RenameError  # noqa: E402
+from .classes import auto_class_maps, group_auto_class  # noqa: E402
+from .internals import Internals, Place, RenameError, has_attr  # noqa: E402
+from .loading import LoadRefused, LoadReport  # noqa: E402
+from .loading import check as check_load  # noqa: E402
+from .loading import recorded as recorded_loads  # noqa: E402
 from .ops import find_op  # noqa: E402
 from .quiet import quiet  # noqa: E402
-from .spec import group_auto_class, prepare_model_spec  # noqa: E402
+from .spec import prepare_model_spec  # noqa: E402
 
 # nnterp's own accessors, which the rows of the same names replace.
 NNTERP_ACCESSORS = frozenset(
@@ -99,7 +103,8 @@ def _structure_for(class_names: tuple[str, ...], model_type: str | None, config:
     """The block structure the first matching rule gives (None: no rule matches)."""
     for rule in BLOCK_STRUCTURE_RULES:
         if rule.match.matches(class_names, model_type, config):
-            return rule.structure
+            structure: str = rule.structure
+            return structure
     return None
 
 
@@ -113,12 +118,13 @@ def _families(class_names: tuple[str, ...], model_type: str | None, config: Any)
 
 def _class_names_before_load(
     model: Any, kwargs: dict[str, Any]
-) -> tuple[tuple[str, ...], str | None, Any]:
-    """Class names, model type and text config of what is about to be loaded."""
+) -> tuple[tuple[str, ...], str | None, Any, tuple[str, ...]]:
+    """Class names, model type, text config and the config's ``architectures`` of
+    what is about to be loaded."""
     if not isinstance(model, str):
         names = tuple(c.__name__ for c in type(model).__mro__)
         config = getattr(model, "config", None)
-        return names, getattr(config, "model_type", None), _text_config(config)
+        return names, getattr(config, "model_type", None), _text_config(config), names
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
@@ -127,14 +133,15 @@ def _class_names_before_load(
         trust_remote_code=kwargs.get("trust_remote_code", False),
         local_files_only=kwargs.get("local_files_only", False),
     )
-    names = tuple(config.architectures or ())
+    architectures = tuple(config.architectures or ())
+    names = architectures
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
     if isinstance(mapped, str):
         names = (*names, mapped)
-    return names, config.model_type, _text_config(config)
+    return names, config.model_type, _text_config(config), architectures
 
 
-class _RowAttnProbs(AttnProbFunction):
+class _RowAttnProbs(AttnProbFunction):  # type: ignore[misc]
     """nnterp's attention-probability hook, answered by our row (so nnterp's own
     load-time check runs on the same place ``model.attention_probabilities`` reads)."""
 
@@ -196,6 +203,22 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         with quiet(verbose):
             self._causalab_init(model, rename_config, enable_attention_probs, kwargs)
 
+    def _load(self, *args: Any, **kwargs: Any) -> Any:
+        """nnsight's load of the real weights, refused (``LoadRefused``) unless every
+        tensor of the checkpoint went into the model and every parameter of the model
+        came from the checkpoint (transformers' own loading report; tied weights and
+        the keys the class declares ignorable aside). The reports are kept in
+        ``load_reports``; a model on the meta device (remote=True) has none."""
+        with recorded_loads() as reports:
+            module = super()._load(*args, **kwargs)
+        names = tuple(c.__name__ for c in type(module).__mro__)
+        config = getattr(module, "config", None)
+        model_type = getattr(config, "model_type", None)
+        families = tuple(_families(names, model_type, _text_config(config)))
+        check_load(reports, families, list(self.__dict__.get("_architectures") or ()))
+        self.__dict__["load_reports"] = reports
+        return module
+
     def dispatch(self) -> None:
         """nnsight's dispatch (the real weights loaded at the first trace of a model
         built on the meta device), as quiet as the load was. Never while a remote model
@@ -234,7 +257,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # remote=True keeps the checkpoint off this machine whatever else is asked: a
         # load-time check that needs a forward is deferred to the server, with why
         deferred = _remote.defer_checks(kwargs, enable_attention_probs)
-        class_names, model_type, config = _class_names_before_load(model, kwargs)
+        class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
+        self.__dict__["_architectures"] = architectures
         families = _families(class_names, model_type, config)
         merged = self._merge_rename(families, rename_config)
         rows = self._rows(class_names, model_type, config, rename_config)
@@ -278,9 +302,15 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
         auto_class = merged.auto_class or group_auto_class(model_type)
-        if auto_class and isinstance(model, str) and "automodel" not in kwargs:
+        if (
+            auto_class
+            and isinstance(model, str)
+            and "automodel" not in kwargs
+            and auto_class_maps(auto_class, architectures)
+        ):
             # the family's transformers auto class (a language model inside a
-            # multimodal wrapper), else its group's, said the way nnsight takes it
+            # multimodal wrapper), else its group's, said the way the installed nnsight
+            # takes it; not for a checkpoint its config says the causal-LM class saved
             for key, value in compat.auto_class_kwargs(auto_class).items():
                 kwargs.setdefault(key, value)
         # nnterp checks attention probabilities on layer 0; where attention is not on
@@ -321,6 +351,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             fake_log.setLevel(level)
             self.__dict__["_no_dispatch"] = None
         self.deferred_checks: dict[str, str] = deferred
+        self.__dict__.setdefault("load_reports", [])  # none until weights are loaded
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
         self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
@@ -334,6 +365,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         final_rows = self._rows(names, self.model_type, self.text_config, rename_config)
         self.internals = Internals(self, final_rows)
         self._attach(self.internals)
+        if not kwargs.get("remote"):
+            self.internals.install_sources()
 
     # ------------------------------------------------------------ construction
 
@@ -382,6 +415,66 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
                 )
             object.__setattr__(self, name, internals[name])
 
+    # ------------------------------------------------------------ assignment
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """An assignment to a place name, a spelling of one or a component name writes
+        the place (its write contract) or raises with the spelling to use; inside a
+        trace body nothing new is set on the model."""
+        import torch
+
+        internals = self.__dict__.get("internals")
+        if (
+            internals is None
+            or name.startswith("_")
+            or isinstance(value, torch.nn.Module)
+            or name in SPELLINGS.values()  # a property whose setter writes the place
+        ):
+            super().__setattr__(name, value)  # construction, private state, a module
+            return
+        spelled = {row: spelling for row, spelling in SPELLINGS.items() if row != spelling}
+        if name in spelled:
+            raise AttributeError(
+                f"the place {name!r} is spelled model.{spelled[name]} on the model: write "
+                f"model.{spelled[name]} = v inside a trace"
+            )
+        if name in internals and name not in SPELLINGS:
+            place = internals[name]
+            if place.per_layer:
+                raise AttributeError(
+                    f"{name} is a place per layer: write model.{name}[layer] = v inside a "
+                    "trace (model.internals[name] is the place itself and is not replaced)"
+                )
+            if not _in_trace_body():
+                raise AttributeError(
+                    f"{name} is a place of the model: write model.{name} = v inside a trace"
+                )
+            place.set(None, value)
+            return
+        from causalab_mini.generated import COMPONENTS
+
+        spec = COMPONENTS.get(name)
+        if spec is not None:
+            target = spec.target if spec.kind == "boundary" else None
+            per_layer = "[layer]" if spec.per_layer else ""
+            via = f"model.{target}{per_layer} = v, or " if target in internals else ""
+            raise AttributeError(
+                f"{name!r} is a component, not an attribute of the model: write {via}"
+                f"write(model, locate(model, {name!r}{', layer' if spec.per_layer else ''}), v) "
+                "(from causalab_mini.components import locate, write) inside a trace"
+            )
+        if _in_trace_body() and name not in self.__dict__ and not has_attr(self, name):
+            import difflib
+
+            close = difflib.get_close_matches(name, [*internals, *SPELLINGS.values()], n=3)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise AttributeError(
+                f"model.{name} = ... inside a trace would set a new attribute on the model, "
+                f"which the forward never reads: {name!r} is neither a place, a spelling of "
+                f"one nor an attribute of the model.{hint}"
+            )
+        super().__setattr__(name, value)
+
     # ------------------------------------------------------------ remote
 
     def trace(self, *inputs: Any, **kwargs: Any) -> Any:
@@ -418,6 +511,16 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         super().__setstate__(state)
         if wanted is not None:
             _remote.check_arrival(self, wanted)
+
+    def lens(self, hidden: Any) -> Any:
+        """The logits the model makes from ``hidden`` taken as its last block's output
+        (``layers_output[last]``): exactly what it applies after the last block (final
+        norm, head, soft-capping, logit scales: the family's ``lens`` rows), inside a
+        trace or outside one. ``LensRefused`` (with the family's reason) where the head
+        reads more than the stream."""
+        from .logit_lens import apply
+
+        return apply(self, hidden)
 
     # ------------------------------------------------------------ properties
 
@@ -466,6 +569,13 @@ def _mounted(value: Any) -> Any:
     return value
 
 
+def _in_trace_body() -> bool:
+    """Whether a trace body is running now (nnsight's worker)."""
+    from .edits import _runner
+
+    return _runner() is not None
+
+
 def _has(obj: Any, name: str) -> bool:
     try:
         _get(obj, name)
@@ -478,4 +588,4 @@ def _get(obj: Any, name: str) -> Any:
     return getattr(obj, name)
 
 
-__all__ = ["FamilyMatch", "Place", "StandardizedTransformer"]
+__all__ = ["FamilyMatch", "LoadRefused", "LoadReport", "Place", "StandardizedTransformer"]

@@ -12,16 +12,18 @@ from typing import Any
 
 from causalab_mini.address import replace_part
 
-from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
-from .locate import ComponentAddress, _refuse
+from .locator import ComponentAddress, _refuse
+from .lower import _nested_sources_due, _prepare_sources
 from .ops import OperationNotFound, inner_op
 from .positions import Encoded, encode, put, resolve, stacked, take, trace_inputs
 
 
 def _interior_op(model: Any, address: ComponentAddress) -> Any:
     envoy = child(model.internals.layer_envoy(address.layer), address.module)
+    if envoy is None:
+        raise _refuse(address.component, f"layer {address.layer} has no module {address.module!r}")
     return getattr(envoy.source, str(address.op))
 
 
@@ -69,7 +71,7 @@ def _unmerged(address: ComponentAddress, value: Any) -> Any:
 def _stream_layout(address: ComponentAddress) -> Any:
     from causalab_mini.address import Streams
 
-    return Streams(address.stream_layout, "")  # type: ignore[arg-type]
+    return Streams(address.stream_layout, "")
 
 
 def _flat(address: ComponentAddress, native: Any) -> Any:
@@ -405,57 +407,6 @@ def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dic
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
     indices = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}
     return trace_inputs(model, encoded), indices
-
-
-def _nested_sources_due(
-    address: ComponentAddress,
-    sources: dict[tuple[int | None, str], list[ComponentAddress]],
-    opened: set[Any],
-) -> list[ComponentAddress]:
-    """The interiors whose outer operation's nested ``.source`` must be opened before
-    the step at ``address`` runs (each once; ``opened`` remembers).
-
-    Opening a nested source waits for the operation to hand over the function it
-    calls. nnsight 0.6/0.7 hand it over before the operation's inputs, so a nested
-    source opens before the first step at its operation (its arguments, or inside
-    it), after the steps at the module's earlier operations (GPT-1's split_heads
-    before its _attn); nnsight 0.8 hands it over after the inputs (``run_op``: input,
-    skip, fn, output), so it opens just before the first step inside it, after the
-    steps that read or write the operation's arguments (which rank before it)."""
-    if not compat.callee_after_inputs():
-        due = [
-            a
-            for a in sources.get((address.layer, address.module), [])
-            if a.op == address.op and (a.layer, a.module, a.op) not in opened
-        ]
-        for a in due:
-            opened.add((a.layer, a.module, a.op))
-        return due[:1]
-    if len(address.needles) < 2:
-        return []
-    op = (address.layer, address.module, address.op)
-    if op in opened:
-        return []
-    opened.add(op)
-    return [address]
-
-
-def _prepare_sources(
-    model: Any, addresses: Sequence[ComponentAddress]
-) -> dict[tuple[int | None, str], list[ComponentAddress]]:
-    """Touch every module's ``.source`` before the trace (nnsight needs it first), and
-    list, per (layer, module), the interiors that open a nested source (when in the
-    trace: ``_nested_sources_due``)."""
-    nested: dict[tuple[int | None, str], list[ComponentAddress]] = {}
-    for address in addresses:
-        if address.kind == "interior" or address.needles:
-            base = model.layers[address.layer] if address.layer is not None else model
-            envoy = child(base, address.module)
-            if envoy is not None:
-                envoy.source  # noqa: B018
-        if len(address.needles) > 1:
-            nested.setdefault((address.layer, address.module), []).append(address)
-    return nested
 
 
 __all__ = ["Plan", "Step", "check_write", "layout_mismatch", "read", "write"]

@@ -515,8 +515,10 @@ def describe_frame(encoded: Encoded) -> str:
                 tag = f"anchor {anchors[i]}"
             elif i not in fr.real:
                 tag = "padding"
+            elif encoded.frame == "chat":
+                tag = "template (not content)"
             else:
-                tag = "added (not content)"
+                tag = "added by the tokenizer"
             lines.append(f"  {i:>4}  {token!r:<24} {tag}")
     return "\n".join(lines)
 

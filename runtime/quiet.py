@@ -28,7 +28,7 @@ def quiet(verbose: bool = False) -> Iterator[None]:
     if verbose:
         yield
         return
-    from huggingface_hub.utils import (
+    from huggingface_hub.utils import (  # type: ignore[attr-defined]  # not in its __all__
         are_progress_bars_disabled,
         disable_progress_bars,
         enable_progress_bars,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .classes import DEFAULT_AUTO_CLASS, auto_class_for, auto_class_maps, group_auto_class
+
 TINY_PREFIX = "tiny:"
 
 
@@ -104,40 +106,6 @@ def _reached(exc: Exception) -> bool:
     return response is not None and getattr(response, "status_code", None) is not None
 
 
-DEFAULT_AUTO_CLASS = "AutoModelForCausalLM"
-
-
-def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str:
-    """The transformers auto class that loads (and ``tiny:`` builds) a model: the last
-    matching family's ``auto_class`` (registry/families/*.yaml, ``rename``), else
-    ``AutoModelForCausalLM``."""
-    from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
-
-    found = DEFAULT_AUTO_CLASS
-    for name, match in FAMILY_MATCH.items():
-        auto = FAMILY_RENAME[name].auto_class
-        if auto is not None and match.matches(class_names, model_type, config):
-            found = auto
-    if found == DEFAULT_AUTO_CLASS:
-        return group_auto_class(model_type) or found
-    return found
-
-
-def group_auto_class(model_type: str | None) -> str | None:
-    """The auto class of the group (registry/tiny.yaml ``groups``) ``model_type`` is in,
-    the first whose transformers mapping has it, where that is not
-    AutoModelForCausalLM: an image-text-to-text wrapper no family file names loads
-    (and ``tiny:`` builds) whole, with its image-text-to-text class. None otherwise."""
-    from transformers.models.auto import modeling_auto
-
-    from causalab_mini.generated.tiny import TINY_GROUPS
-
-    for mapping, auto, _ in TINY_GROUPS.values():
-        if model_type in getattr(modeling_auto, mapping, {}):
-            return None if auto == DEFAULT_AUTO_CLASS else auto
-    return None
-
-
 def prepare_model_spec(
     spec: str, kwargs: dict[str, Any] | None = None
 ) -> tuple[str, dict[str, Any]]:
@@ -199,6 +167,7 @@ __all__ = [
     "TINY_PREFIX",
     "ModelSpecError",
     "auto_class_for",
+    "auto_class_maps",
     "group_auto_class",
     "prepare_model_spec",
 ]

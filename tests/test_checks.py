@@ -63,11 +63,16 @@ TAMPER: dict[str, tuple[tuple[str, int | None], str]] = {
     "final_norm": (("ln_final", None), "v"),
     "model_outputs": (("embeddings", None), "v"),
     "unembedding": (("lm_head", None), "v"),
+    "lens_identity": (("block_output", 2), "v"),  # the last of tiny:llama's 3 layers
 }
 
 
 def test_every_check_has_a_unit_test() -> None:
     writes = {"write_reaches_stream", "write_keeps_earlier_reads", "attention_write_shifts_mid"}
+    writes.add("in_place_edits")  # tests/test_noops.py, with a dropped edit
+    # tests/test_interchange.py: the sweep's check notices a block_input row that reads
+    # the attention's norm (the residual then carries the base's tokens on)
+    writes |= {"position_reads_and_writes", "interchange_identities"}
     assert {check.__name__ for check in k.CHECKS} == set(TAMPER) | writes
 
 

@@ -14,7 +14,7 @@ import torch
 
 from causalab_mini import Address, IOType, RenameConfig
 from causalab_mini import components as comp
-from causalab_mini import locate as locate_module
+from causalab_mini import locator as locate_module
 from causalab_mini import plan as plan_module
 from causalab_mini.components import ComponentError, Plan, WriteRefused, locate
 from causalab_mini.generated import COMPONENTS

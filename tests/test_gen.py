@@ -202,6 +202,8 @@ def test_row_text_reaches_python_only_as_data(
         "Condition",
         "FirstIfTuple",
         "Index",
+        "Lens",
+        "LensStep",
     }
     module = _load(out / "places.py", "causalab_mini.generated._probe_places")
     assert module.DEFAULT_ADDRESSES["layers_input"].doc == text.strip()

@@ -62,23 +62,23 @@ def test_an_inline_familys_interiors_certify(
 
 def _interior_values(model: StandardizedTransformer, layer: int) -> tuple[dict, dict, dict]:
     from causalab_mini.components import Plan, locate
-    from causalab_mini.tools import sweep
+    from causalab_mini.tools.checks import recompute
 
     inputs = c.sample_inputs(model)
     names = [*INTERIOR_NAMES, "attention_probs"]
     addresses = {(n, layer): locate(model, n, layer) for n in names}
     out = Plan.of(reads=addresses.values()).run(model, inputs)
     values = {key: out[a] for key, a in addresses.items()}
-    raw = sweep._raw_outputs(model, inputs, addresses)
+    raw = recompute._raw_outputs(model, inputs, addresses)
     return addresses, values, raw
 
 
 def _qk_ok(model: StandardizedTransformer, values: dict, raw: dict, layer: int) -> list[bool]:
-    from causalab_mini.tools import sweep
+    from causalab_mini.tools.checks import recompute
 
     return [
         o.ok
-        for o in sweep._interior_checks(model, values, raw, layer)
+        for o in recompute._interior_checks(model, values, raw, layer)
         if "attention_query" in o.components
     ]
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from causalab_mini import locate
 from causalab_mini.interchange import Patch, interchange
-from causalab_mini.locate import locate
 from causalab_mini.plan import Plan
 from causalab_mini.positions import PositionError, resolve
 
@@ -178,3 +178,33 @@ def test_bad_interchanges_are_refused(
     model = tiny_model("tiny:llama")
     with pytest.raises((ComponentError, PositionError), match=message):
         interchange(model, patches(model), bases, sources)
+
+
+def test_the_sweep_check_notices_a_place_that_is_not_the_stream() -> None:
+    """block_input read where the first norm writes (what attention reads, not the
+    residual the block carries): moving every token there leaves the residual the
+    base's, and the sweep's interchange identity fails on it."""
+    import dataclasses
+
+    from causalab_mini import RenameConfig, StandardizedTransformer
+    from causalab_mini.address import IOType
+    from causalab_mini.generated import DEFAULT_ADDRESSES
+    from causalab_mini.tools import certify
+    from causalab_mini.tools.checks import Context
+    from causalab_mini.tools.checks import positions as checks
+
+    def outcomes(model: Any) -> dict[str, bool]:
+        inputs = certify.sample_inputs(model)
+        addresses = {("block_input", 0): locate(model, "block_input", 0)}
+        ctx = Context(model, inputs, addresses, {})
+        return {o.name: o.ok for o in checks.interchange_identities(ctx)}
+
+    good = outcomes(StandardizedTransformer("tiny:llama"))
+    assert good[checks.ALL_TOKENS] and good[checks.LAST_TOKEN]
+    norm = dataclasses.replace(
+        DEFAULT_ADDRESSES["layers_input"], module="input_layernorm", io=IOType.OUTPUT
+    )
+    wrong = StandardizedTransformer(
+        "tiny:llama", rename_config=RenameConfig(addresses={"layers_input": norm})
+    )
+    assert not outcomes(wrong)[checks.ALL_TOKENS]

@@ -66,7 +66,15 @@ def test_both_entry_points_list_the_same_commands() -> None:
 
     registry = str(Path(sys.executable).with_name("registry"))
     assert commands(sys.executable, "-m", "causalab_mini.codegen") == commands(registry)
-    assert commands(registry) == ["lint", "gen", "model", "sweep", "new-family", "diagram", "positions"]
+    assert commands(registry) == [
+        "lint",
+        "gen",
+        "model",
+        "sweep",
+        "new-family",
+        "diagram",
+        "positions",
+    ]
 
 
 def _strings(path: Path) -> list[tuple[int, str]]:
@@ -108,3 +116,73 @@ def test_no_model_fact_is_spelled_in_runtime_python() -> None:
         if value in names
     ]
     assert not found, found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of the package (library and tools) -> the package's modules it
+    imports, at module level or inside a function (a package's own submodules
+    re-exported by its __init__ aside: that is a table of names, not a dependency)."""
+    root = REPO / "runtime"
+    known: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        known[".".join(["causalab_mini", *parts])] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                module = ".".join([*base, *([node.module] if node.module else [])])
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in node.names)
+        graph[name] = {
+            m for m in found if m in known and m != name and not m.startswith(name + ".")
+        }
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_back_into_its_importers() -> None:
+    graph = _import_graph()
+    assert len(graph) > 40 and "causalab_mini.plan" in graph["causalab_mini.interchange"]
+    assert _cycles(graph) == [], "an import cycle among the package's modules"
+    # the detector finds one where there is one
+    looped = {**graph, "causalab_mini.lower": graph["causalab_mini.lower"] | {"causalab_mini.plan"}}
+    assert _cycles(looped)

@@ -346,6 +346,46 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "tiny.yaml:16:14: X021 [pictures] group pictures takes the model types of MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, which group vlm already takes: a model type is in the first group whose mapping has it, so pictures would be empty; name another mapping or drop the group",
         ],
     ),
+    "X022": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family whose lens applies a layer's place.\n"
+                "match:\n  model_types: [llama]\n"
+                "lens:\n  steps:\n    - apply: layers_output\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:8:14: X022 [zeta] the lens applies 'layers_output', which is not a whole-model row (a lens calls the module of a whole-model place: embeddings_input, embeddings_output, lm_head_output, ln_final_output, logits); name one of those",
+        ],
+    ),
+    "X023": (
+        [
+            (
+                "tiny.yaml",
+                None,
+                "schema_version: 1\n"
+                "sizes: {hidden: 64, heads: 4, kv_heads: 2, head_dim: 16, intermediate: 128,\n"
+                "  layers: 3, vocab: 512, reserved_ids: 16, max_positions: 128, experts: 4,\n"
+                "  experts_per_token: 2, expert_intermediate: 32, pad_id: 0, bos_id: 1, eos_id: 2}\n"
+                "generic: {hidden_size: 64}\nkeep_off: []\noverrides: {}\nnot_buildable: {}\n"
+                "vision_extra: {}\n"
+                "tokenizer_default: {adds: bos}\n"
+                "tokenizers:\n"
+                "  gpt2: {adds: nothing}\n"
+                "  pegasus: {adds: eos_bos}\n"
+                "  qwen2: {adds: none, chat_template: chatml}\n"
+                "chat_templates:\n"
+                "  gemma: \"{% for message in messages %}{{ message['content'] }}{% endfor %}\"\n",
+            )
+        ],
+        [
+            "tiny.yaml:12:16: X023 [gpt2] adds 'nothing', which is not a kind of tiny tokenizer (did you mean 'none'?); write one of none (adds nothing), bos (a BOS token before the text), eos (an EOS token after it), bos_eos (both)",
+            "tiny.yaml:13:19: X023 [pegasus] adds 'eos_bos', which is not a kind of tiny tokenizer (did you mean 'bos_eos'?); write one of none (adds nothing), bos (a BOS token before the text), eos (an EOS token after it), bos_eos (both)",
+            "tiny.yaml:14:38: X023 [qwen2] chat_template 'chatml' is not a template of chat_templates (it holds: gemma); add it there or name one of those",
+        ],
+    ),
     "X016": (
         [
             (

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from causalab_mini import locate
 from causalab_mini import positions as P
-from causalab_mini.locate import locate
 from causalab_mini.plan import Plan
 from causalab_mini.tools.tiny import BOS_ID, EOS_ID
 
@@ -235,3 +235,63 @@ def test_an_address_with_positions_outside_a_plan_says_how(
     with pytest.raises(ComponentError, match="resolved on the batch the trace runs"):
         with model.trace("The fox"):
             read(model, at)
+
+
+# ------------------------------------------------------- the families' own tokenizers
+
+FAMILY_TOKENIZERS = {
+    "tiny:llama": ("bos", None),
+    "tiny:gpt2": ("none", None),
+    "tiny:pegasus": ("eos", None),
+    "tiny:bart": ("bos_eos", None),
+    "tiny:qwen2": ("none", "chat"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("spec", sorted(FAMILY_TOKENIZERS))
+def test_every_family_tokenizer_names_the_same_content_token(spec: str, side: str) -> None:
+    """On each family's own tiny tokenizer (what its real one adds: BOS, nothing, EOS,
+    both; a chat template), the first and last content tokens and a span are the text's
+    own tokens, in the plain frame and, where there is a template, in the chat frame."""
+    from causalab_mini.tools.positions import load_tokenizer
+
+    adds, chat = FAMILY_TOKENIZERS[spec]
+    tok = load_tokenizer(spec)
+    tok.padding_side = side
+    for frame in ("plain", *([chat] if chat else [])):
+        encoded = P.encode(tok, TEXTS, frame=frame)
+        ids = encoded.inputs["input_ids"]
+        first = P.resolve(tok, encoded, {"index": 0})
+        last = P.resolve(tok, encoded, {"index": -1})
+        span = P.resolve(tok, encoded, {"span": "fox", "index": -1})
+        for row, text in enumerate(TEXTS):
+            assert text.startswith(tok.decode(ids[row, first[row][0]]).strip())
+            assert text.endswith(tok.decode(ids[row, last[row][0]]).strip())
+            assert tok.decode(ids[row, span[row][0]]) == "ox"
+        if frame == "plain":
+            has_bos = "bos" in adds
+            has_eos = "eos" in adds
+            for name, present in (("bos", has_bos), ("eos", has_eos)):
+                if present:
+                    assert all(len(r) == 1 for r in P.resolve(tok, encoded, {"anchor": name}))
+                else:
+                    with pytest.raises(P.PositionError, match=f"added no {name.upper()}"):
+                        P.resolve(tok, encoded, {"anchor": name})
+
+
+def test_the_frames_in_the_docs_are_what_the_command_prints() -> None:
+    """docs/positions.md shows `registry positions` output: each block is rerun."""
+    import re
+    import shlex
+
+    from tests.conftest import REPO, cli
+
+    text = (REPO / "docs" / "positions.md").read_text()
+    found = re.findall(r"<!-- positions: (.*?) -->\n```\n(.*?)```", text, re.S)
+    assert len(found) >= 3
+    for args, block in found:
+        result = cli("positions", *shlex.split(args))
+        assert result.exit_code == 0, result.output
+        assert result.output == block, f"docs/positions.md: rerun `registry positions {args}`"

@@ -11,11 +11,15 @@ from causalab_mini import RenameConfig
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
+from causalab_mini.tools.checks import positions
 from causalab_mini.tools.sweep import Result, certify
 
 from .conftest import gpt2_with_a_moved_op
 
 pytestmark = pytest.mark.slow
+
+# the sweep check in_place_edits (tests/test_noops.py), on every writable place
+IN_PLACE = "an in-place edit of a read is the place's write, and keeps earlier reads"
 
 
 def test_a_nested_needle_that_names_no_operation_is_refused_not_a_crash() -> None:
@@ -70,7 +74,7 @@ def test_a_wrong_query_fails_the_query_key_check(
     with_scores: bool, tiny_model: Callable[..., StandardizedTransformer]
 ) -> None:
     from causalab_mini.components import Plan, locate
-    from causalab_mini.tools import sweep
+    from causalab_mini.tools.checks import recompute
 
     model = tiny_model("tiny:llama", probs=True)
     inputs = c.sample_inputs(model)
@@ -80,10 +84,10 @@ def test_a_wrong_query_fails_the_query_key_check(
     addresses = {(n, 1): locate(model, n, 1) for n in names}
     out = Plan.of(reads=addresses.values()).run(model, inputs)
     values = {key: out[a] for key, a in addresses.items()}
-    raw = sweep._raw_outputs(model, inputs, addresses)
+    raw = recompute._raw_outputs(model, inputs, addresses)
     for factor, holds in ((1.0, True), (1.1, False)):
         tampered = {**values, ("attention_query", 1): values[("attention_query", 1)] * factor}
-        outcomes = list(sweep._interior_checks(model, tampered, raw, 1))
+        outcomes = list(recompute._interior_checks(model, tampered, raw, 1))
         assert [o.ok for o in outcomes if "attention_query" in o.components] == [holds]
 
 
@@ -146,8 +150,22 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     # as mamba.yaml says: the boundaries are checked against those entries
     components = certified("tiny:mamba").components
     assert components["block_input"]["state"] == "ok"
-    assert components["block_input"]["checks"] == ["output_hidden_states[i-1] == block_input[i]"]
-    assert components["block_output"]["checks"] == ["output_hidden_states[i] == block_output[i]"]
+    assert components["block_input"]["checks"] == sorted(
+        [
+            IN_PLACE,
+            "output_hidden_states[i-1] == block_input[i]",
+            positions.WRITE,
+            positions.ALL_TOKENS,
+        ]
+    )
+    assert components["block_output"]["checks"] == sorted(
+        [
+            IN_PLACE,
+            "output_hidden_states[i] == block_output[i]",
+            positions.READ,
+            positions.LAST_TOKEN,
+        ]
+    )
     # without the declaration the inputs' convention does not hold on Mamba ...
     undeclared = StandardizedTransformer(
         "tiny:mamba", rename_config=RenameConfig(hidden_states_are_block_outputs=False)
@@ -212,10 +230,14 @@ def test_neurons_with_no_mlp_output_are_held_to_the_activation(
     xmod = certified("tiny:xmod").components
     assert xmod["mlp_output"]["state"] == "refused"
     assert xmod["mlp_neuron_output"]["state"] == "ok"
-    assert xmod["mlp_neuron_output"]["checks"] == ["mlp_neuron_output == mlp_activation (x a gate)"]
+    assert xmod["mlp_neuron_output"]["checks"] == [
+        IN_PLACE,
+        "mlp_neuron_output == mlp_activation (x a gate)",
+    ]
     bert = certified("tiny:bert").components
     assert bert["mlp_neuron_output"]["checks"] == [
-        "down projection(mlp_neuron_output) == the MLP's output"
+        IN_PLACE,
+        "down projection(mlp_neuron_output) == the MLP's output",
     ]
 
 
@@ -229,6 +251,7 @@ def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read(
     assert mid["state"] == "ok", mid
     assert mid["checks"] == [
         "a write keeps every earlier read, reads back, and reaches the stream",
+        IN_PLACE,
         "the MLP's norm(layers_mid) == mlps_norm_output",
     ]
     llama = certified("tiny:llama").components["block_mid"]
@@ -238,7 +261,7 @@ def test_layers_mid_is_checked_through_its_norm_where_no_contribution_is_read(
 def test_a_wrong_head_size_is_broken_by_the_layout_check(monkeypatch: pytest.MonkeyPatch) -> None:
     # the config's head_dim of a latent-attention model is the rope part (8), not the
     # q/k (16) or value (16) head size: a per-head component stating it is broken
-    from causalab_mini import locate
+    from causalab_mini import locator as locate
 
     model = StandardizedTransformer("tiny:deepseek_v3", enable_attention_probs=True)
     assert model.text_config.head_dim == 8

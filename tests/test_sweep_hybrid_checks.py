@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from causalab_mini import RenameConfig
-from causalab_mini.generated import DEFAULT_ADDRESSES
+from causalab_mini.generated import DEFAULT_ADDRESSES, GATE_CALLS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.sweep import GATE_CALLS, Result, gated, run_one
+from causalab_mini.tools.checks.recompute import gated
+from causalab_mini.tools.sweep import Result, run_one
 
 FALCON_H1 = (
     "tiny:falcon_h1?attention_in_multiplier=2.0&attention_out_multiplier=0.5&ssm_out_multiplier=0.7"
@@ -92,9 +93,9 @@ def test_without_its_gate_call_a_gated_attention_is_broken(
     """The gate calls come from interiors.yaml (gates): without the sigmoid rows,
     Qwen3-Next's premix (z times its sigmoid gate) no longer equals z, and the sweep
     says broken rather than guessing."""
-    from causalab_mini.tools import sweep
+    from causalab_mini.tools.checks import recompute
 
-    monkeypatch.setattr(sweep, "GATE_CALLS", tuple(g for g in GATE_CALLS if g[0] != "sigmoid"))
+    monkeypatch.setattr(recompute, "GATE_CALLS", tuple(g for g in GATE_CALLS if g[0] != "sigmoid"))
     result = run_one("tiny:qwen3_next")
     assert result.components["attention_premix"]["state"] == "broken"
     assert "attention_z == attention_premix" in result.components["attention_premix"]["reason"]

@@ -435,6 +435,10 @@ def test_deepseek_v3_layer0_dense_layer1_moe(tiny_cache: Path) -> None:
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
 def test_nnterp_loads_tiny(model_type: str, tiny_cache: Path) -> None:
     import torch
+
+    from causalab_mini import compat
+
+    compat.install()  # nnterp 1.3 imports under nnsight 0.8 only with the bridges
     from nnterp import StandardizedTransformer
 
     model = StandardizedTransformer(str(build_tiny(model_type)), device_map="cpu")

@@ -102,6 +102,33 @@ class Context:
                     "range such as '>=5.0,<6'",
                 )
 
+    def lens(
+        self,
+        loaded: Loaded,
+        display: str,
+        path: JsonPath,
+        owner: str,
+        raw: dict[str, Any],
+        whole_model: set[str],
+    ) -> None:
+        """X022: every ``apply`` step of a lens names a whole-model row (whose module
+        the lens calls); X010 on its reason."""
+        if "unavailable" in raw:
+            self.reasons(loaded, display, (*path, "unavailable"), owner, raw["unavailable"])
+        for i, step in enumerate(raw.get("steps", ())):
+            target = step.get("apply")
+            if target is not None and target not in whole_model:
+                self.err(
+                    loaded,
+                    display,
+                    (*path, "steps", i, "apply"),
+                    "X022",
+                    owner,
+                    f"the lens applies {target!r}, which is not a whole-model row (a "
+                    "lens calls the module of a whole-model place: "
+                    f"{', '.join(sorted(whole_model))}); name one of those",
+                )
+
     def reasons(self, loaded: Loaded, display: str, path: JsonPath, row: str, reason: str) -> None:
         """X010: a reason fills in {place} and nothing else."""
         for found in PLACEHOLDER.findall(reason):

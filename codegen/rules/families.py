@@ -45,6 +45,13 @@ def families(ctx: Context) -> None:
         for key in ("interiors_unavailable", "structure_unknown_reason"):
             if key in data:
                 ctx.reasons(fam, d, (key,), name, data[key])
+        if "lens" in data:
+            whole = {n for n, row in reg.places.items() if not row.per_layer} | {
+                n
+                for n, raw in data.get("addresses", {}).items()
+                if raw.get("add") and raw.get("per_layer") is False
+            }
+            ctx.lens(fam, d, ("lens",), name, data["lens"], whole)
         for interior, raw in data.get("interiors", {}).items():
             if "needles" in raw:
                 ctx.needles(fam, d, ("interiors", interior, "needles"), name, raw["needles"])

@@ -65,3 +65,7 @@ def default_rows(ctx: Context) -> None:
                 "select, or say input or output",
             )
         ctx.reg.places[name] = model.address(raw)
+    if "lens" in pl.data:
+        whole = {n for n, row in ctx.reg.places.items() if not row.per_layer}
+        ctx.lens(pl, d, ("lens",), "lens", pl.data["lens"], whole)
+        ctx.reg.lens = model.lens(pl.data["lens"])

@@ -1,12 +1,16 @@
 """tiny.yaml: sizes that fit together (X018), keep_off naming keys of the generic
 table (X007), side inputs that can be made (X020), groups that can each take model
-types, the causal LMs' first (X021). A model type need not be one the installed
+types, the causal LMs' first (X021), tokenizers of a kind the builder knows, naming
+chat templates that exist (X023). A model type need not be one the installed
 transformers has (an override for a type it lacks is simply not used), so none is
 checked against it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import model
+from ..loader import Loaded
 from .context import Context
 
 
@@ -117,4 +121,51 @@ def tiny(ctx: Context) -> None:
                 f"{earlier} already takes: a model type is in the first group whose mapping "
                 f"has it, so {name} would be empty; name another mapping or drop the group",
             )
+    _tokenizers(ctx, ti, d, data)
     ctx.reg.tiny = model.tiny(data)
+
+
+def _tokenizers(ctx: Context, ti: Loaded, d: str, data: dict[str, Any]) -> None:
+    """X023: every ``adds`` is one of model.TOKENIZER_KINDS; every chat_template names
+    a template of chat_templates. (Whether a template renders is the builder's check:
+    parsing Jinja here would import jinja2 on every lint, cached or not.)"""
+    import difflib
+
+    kinds = list(model.TOKENIZER_KINDS)
+
+    def kind(path: tuple[Any, ...], row: str, value: str) -> None:
+        if value in model.TOKENIZER_KINDS:
+            return
+        # the same tokens in another order (eos_bos), else the closest spelling
+        same = [k for k in kinds if sorted(k.split("_")) == sorted(value.split("_"))]
+        close = same or difflib.get_close_matches(value, kinds, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        ctx.err(
+            ti,
+            d,
+            path,
+            "X023",
+            row,
+            f"adds {value!r}, which is not a kind of tiny tokenizer{hint}; write one of "
+            "none (adds nothing), bos (a BOS token before the text), eos (an EOS token "
+            "after it), bos_eos (both)",
+        )
+
+    default = data.get("tokenizer_default")
+    if default is not None:
+        kind(("tokenizer_default", "adds"), "tokenizer_default", default["adds"])
+    templates = data.get("chat_templates", {})
+    for model_type, row in data.get("tokenizers", {}).items():
+        kind(("tokenizers", model_type, "adds"), model_type, row["adds"])
+        name = row.get("chat_template")
+        if name is not None and name not in templates:
+            known = ", ".join(templates) or "none"
+            ctx.err(
+                ti,
+                d,
+                ("tokenizers", model_type, "chat_template"),
+                "X023",
+                model_type,
+                f"chat_template {name!r} is not a template of chat_templates (it holds: "
+                f"{known}); add it there or name one of those",
+            )

@@ -645,3 +645,73 @@ def write_keeps_earlier_reads(
         )
     )
     return checks
+
+
+def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | None) -> list[Check]:
+    """An in-place edit of a read is the write of the place. In one trace: read
+    ``name`` at ``layer`` and save it, edit a second read in place at one position
+    (``x[:, p] += 0.5``), read the place again and the logits. In another: read it,
+    make the same edit on a copy and write it by assignment, read the logits. The read
+    saved before the edit must equal the other trace's first read (it keeps its
+    value), the read after must be it with the edit at that position only, and the
+    logits must equal the assignment's bit for bit (the edit reached the model exactly
+    as the assignment did). The reads are held to their values where the row copies a
+    read (snapshot, in_place, a scale); elsewhere a read is the model's tensor. Returns
+    [] where the place takes no write."""
+    import torch
+
+    internals = model.internals
+    place = internals[name]
+    if (
+        place.row.io.value == "module"
+        or place.refuses_writes() is not None
+        or place.unavailable_on(layer) is not None
+        or internals["logits"].unavailable_on() is not None
+    ):
+        return []
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        first = place.get(layer)
+        # names first bound in a trace body do not leave it: the position goes in box
+        box["at"] = (slice(None), min(2, int(first.shape[1]) - 1)) if first.dim() >= 2 else ...
+        box["before"] = first.save()
+        edited = place.get(layer)
+        edited[box["at"]] += 0.5
+        box["again"] = place.get(layer).save()
+        box["logits"] = internals["logits"]().save()
+    with model.trace(inputs):
+        copy = place.get(layer).clone()
+        box["clean"] = copy.clone().save()
+        copy[box["at"]] += 0.5
+        place.set(layer, copy)
+        box["assigned"] = internals["logits"]().save()
+    where = f"{name}[{layer}]" if layer is not None else name
+    before, clean = _value(box["before"]).detach(), _value(box["clean"]).detach()
+    want = clean.clone()
+    want[box["at"]] += 0.5
+    logits, assigned = _value(box["logits"]).detach(), _value(box["assigned"]).detach()
+    same = bool(torch.equal(logits, assigned))
+    kept = []
+    if place.row.snapshot or place.row.write == "in_place" or place.row.scale is not None:
+        # where the row copies a read; elsewhere a read is the model's tensor itself,
+        # which the forward may still change in place (XLM masks its block output)
+        kept.append(
+            compare(f"{where} read before an in-place edit == its clean read", layer, before, clean)
+        )
+        kept.append(
+            compare(
+                f"{where} read after an in-place edit == the read, edited there",
+                layer,
+                _value(box["again"]).detach(),
+                want,
+            )
+        )
+    return [
+        *kept,
+        Check(
+            f"logits after an in-place edit of {where} == after the same write by assignment",
+            None,
+            same,
+            0.0 if same else float((logits.double() - assigned.double()).abs().max()),
+        ),
+    ]

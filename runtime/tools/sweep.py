@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,11 +31,11 @@ from typing import Any
 
 import click
 
-from causalab_mini.generated import COMPONENTS, GATE_CALLS
-from causalab_mini.internals import NO_STRUCTURE_RULE, boundary
+from causalab_mini.generated import COMPONENTS
+from causalab_mini.internals import NO_STRUCTURE_RULE
 from causalab_mini.tools import certify as cert
-from causalab_mini.tools.certify import close
-from causalab_mini.tools.checks import CHECKS, Context, Outcome, row_components
+from causalab_mini.tools.checks import CHECKS, Context, row_components
+from causalab_mini.tools.checks.recompute import _raw_outputs
 
 GENERIC = ("not found", "unknown error", "failed")
 
@@ -146,6 +146,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
             result[name].update(extra)
         if name in heads_refused:
             result[name]["heads_refused"] = heads_refused[name]
+    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
+        if name in result:
+            result[name].update(notes)
     return result
 
 
@@ -308,589 +311,6 @@ def _read_all(
             result[name] = {"state": "refused", "reason": reason}
             partial.pop(name, None)
     return _run_in_order(model, inputs, addresses, unordered)
-
-
-def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
-    """``last_hidden_state`` of the causal LM's base model (None where it has none)."""
-    import torch
-
-    base = getattr(model._model, "base_model", None)
-    if base is None or base is model._model:
-        return None
-    with torch.no_grad():
-        out = base(**inputs)
-    return getattr(out, "last_hidden_state", None)
-
-
-def _module(model: Any, layer: int, path: str) -> Any:
-    """The Envoy at ``path`` in layer ``layer`` (the internals' own tree walk)."""
-    from causalab_mini.internals import child
-
-    return child(model.layers[layer], path)
-
-
-def _row_module(model: Any, layer: int, row: str) -> Any:
-    """The Envoy of the module the internals row ``row`` reads at ``layer`` (relative to
-    layers[layer], or to its entry of the row's layer_list)."""
-    from causalab_mini.internals import child
-
-    address = model.internals[row].address_at(layer)
-    return child(model.internals.row_base(address, layer), address.module)
-
-
-def _raw_outputs(
-    model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
-) -> dict[tuple[str, int], Any]:
-    """The attention and MLP modules' own outputs, the scaling, values and mask the
-    attention call is given, and a gated attention's output gate (the output of the
-    one gate call of GATE_CALLS in its forward, where it multiplies attention_z before
-    the output projection; its kind under ("gate_kind", layer)), per layer, and the
-    unembedding's input, from one more trace (in forward order)."""
-
-    internals = model.internals
-    wanted: list[tuple[str, int, Any]] = []
-    gate_kinds: dict[int, str] = {}
-    for layer in range(internals.num_layers):
-        query = addresses.get(("attention_query", layer))
-        if query is not None:
-            wanted.append(("operands", layer, _operand_reads(model, layer, query)))
-            _module(model, layer, query.module).source  # noqa: B018 - before the trace
-        if ("attention_z", layer) in addresses and ("attention_premix", layer) in addresses:
-            gates = _gate_calls(model, layer, addresses[("attention_z", layer)])
-            if len(gates) == 1:  # one gate call in the forward, of one kind
-                gate_kinds[layer] = gates[0][0]
-                wanted.append(("gate", layer, gates[0][1]))
-        for row in ("attentions", "mlps"):
-            if internals[row].unavailable_on(layer) is None:
-                wanted.append((row, layer, _row_module(model, layer, row)))
-    if ("lm_head", None) in addresses:
-        # the module the lm_head row reads (nnterp's lm_head, or the family's own
-        # unembedding where nnterp's container is a head before it)
-        head_envoy = _whole_model_module(model, addresses[("lm_head", None)].module)
-        wanted.append(("lm_head_input", -1, head_envoy))
-        inner = _inner_unembedding(model, head_envoy)
-        if inner is not None:
-            wanted.append(("unembedding_input", -1, inner))
-    saved: list[tuple[str, int, Any]] = []  # bound before the trace
-    with model.trace(inputs):
-        for kind, layer, what in wanted:
-            if kind in ("lm_head_input", "unembedding_input"):
-                args, kwargs = what.inputs
-                given = args[0] if args else next(iter(kwargs.values()))
-                saved.append((kind, layer, given.save()))
-                continue
-            if kind == "operands":
-                for envoy, side, taken in what:
-                    if side == "value":  # a number the row gives
-                        saved.extend((name, layer, number) for name, number in taken)
-                        continue
-                    if side == "inputs":
-                        args, kwargs = envoy.inputs
-                    else:
-                        got = envoy.output
-                    for name, operand in taken:
-                        if side == "inputs":
-                            found = _argument(args, kwargs, operand.arg, operand.kwarg)
-                        else:
-                            index = operand.returns or 0
-                            found = got[index] if isinstance(got, (tuple, list)) else got
-                        if found is not None:
-                            saved.append(
-                                (name, layer, found.save() if hasattr(found, "save") else found)
-                            )
-            elif kind == "gate":
-                saved.append((kind, layer, what.output.save()))
-            elif kind == "mlps":
-                envoy = what
-                args, kwargs = envoy.inputs
-                # the arguments besides the first (Zaya's router state, MPT's residual)
-                rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
-                saved.append(("mlp_rest", layer, rest))
-                out = getattr(envoy, boundary("output", envoy))
-                saved.append(
-                    (
-                        kind,
-                        layer,
-                        (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
-                    )
-                )
-            else:
-                module = what
-                out = getattr(module, boundary("output", module))
-                # a copy: a layer may change a module's output in place afterwards (Falcon)
-                saved.append(
-                    (
-                        kind,
-                        layer,
-                        (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
-                    )
-                )
-    out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
-    for (kind, layer), value in list(out.items()):
-        # a module's own output holds the positions its row leaves out (CPM-Ant's
-        # prompt, ProphetNet's predicting streams): compared with the row's reads, it
-        # leaves them out too
-        if kind in ("attentions", "mlps"):
-            address = internals[kind].address_at(layer)
-            if address.views_tokens:
-                out[(kind, layer)] = address.token_positions(value, internals.count)
-    for layer, kind in gate_kinds.items():
-        out[("gate_kind", layer)] = kind
-    for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
-        out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
-    return out
-
-
-def _argument(args: Any, kwargs: Any, arg: int | None, kwarg: str | None) -> Any:
-    """The positional argument ``arg`` where the call has it, else keyword ``kwarg``."""
-    if arg is not None and len(args) > arg:
-        return args[arg]
-    return kwargs.get(kwarg) if kwarg is not None else None
-
-
-def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, list[Any]]]:
-    """How to read the attention's operands at ``layer`` (``operands_of``) in one
-    trace, in forward order: the attention module's inputs, then each call's inputs
-    or output in the order of the forward's source, each once. A number the row gives
-    is handed on as it is, and so is a module attribute (a buffer, read before the
-    trace); a call the forward does not make is left out (the check that needs the
-    operand then says what it lacks)."""
-    from causalab_mini.compat import parsed_source
-    from causalab_mini.locate import operands_of
-    from causalab_mini.ops import OperationNotFound, find_op, op_path
-
-    envoy = _module(model, layer, query.module)
-    source = envoy.source
-    _, line_of = parsed_source(getattr(source, "accessor", source))
-    where = {"row": "operands", "module": f"layers.{layer}.{query.module}"}
-    where["model_class"] = model.internals.model_class
-    numbers: list[tuple[str, Any]] = []
-    module_inputs: list[tuple[str, Any]] = []
-    calls: dict[tuple[str, str], tuple[int, Any, list[tuple[str, Any]]]] = {}
-    for name, operand in operands_of(model).items():
-        if operand.value is not None:
-            numbers.append((name, operand.value))
-        elif operand.attribute is not None:  # a buffer: the module's, not the forward's
-            held = getattr(envoy._module, operand.attribute, None)
-            if held is not None:
-                numbers.append((name, held.detach().clone()))
-        elif operand.input is not None:
-            module_inputs.append((name, type(operand)(arg=operand.arg, kwarg=operand.input)))
-        elif operand.needle is not None:
-            try:
-                op = find_op(source, operand.needle, **where)
-            except OperationNotFound:
-                continue
-            side = "output" if operand.returns is not None else "inputs"
-            line = line_of.get(op_path(op).split(".")[-1], 0)
-            entry = calls.setdefault((operand.needle, side), (line, op, []))
-            entry[2].append((name, operand))
-    reads: list[tuple[Any, str, list[Any]]] = []
-    if numbers:
-        reads.append((None, "value", numbers))
-    if module_inputs:
-        reads.append((envoy, "inputs", module_inputs))
-    for (_, side), (_, op, taken) in sorted(
-        calls.items(), key=lambda kv: (kv[1][0], kv[0][1] == "output")
-    ):
-        reads.append((op, side, taken))
-    return reads
-
-
-def _whole_model_module(model: Any, path: str) -> Any:
-    """The Envoy at a whole-model row's ``path`` (standardized names; "" is the
-    model), nnterp's lm_head where the path does not resolve."""
-    from causalab_mini.internals import child
-
-    found = child(model, path) if path else None
-    return model.lm_head if found is None else found
-
-
-def _inner_unembedding(model: Any, lm_head_envoy: Any) -> Any | None:
-    """The Envoy of ``get_output_embeddings()`` where it sits strictly inside the
-    module the lm_head row reads (a head that transforms its input before the
-    unembedding, as on the RoBERTa kin: dense, gelu, layer_norm, decoder), else None."""
-    from causalab_mini.internals import child
-
-    head = model._model.get_output_embeddings()
-    lm_head = getattr(lm_head_envoy, "_module", None)
-    if head is None or lm_head is None or head is lm_head:
-        return None
-    path = next((name for name, m in lm_head.named_modules() if m is head and name), None)
-    return None if path is None else child(lm_head_envoy, path)
-
-
-def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]:
-    """The calls of GATE_CALLS in the forward of attention at ``layer`` that could be
-    its output gate, with their kinds: each needle naming exactly one operation, made
-    after the call that returns attention_z (a gate multiplies it; Doge's softplus
-    before the call shapes the mask, not the output)."""
-    from causalab_mini.compat import parsed_source
-    from causalab_mini.ops import OperationNotFound, find_op, op_path
-
-    internals = model.internals
-    path = z_address.module  # the forward that holds the attention (a family's own)
-    if path == internals["attentions"].address_at(layer).module:
-        source = _row_module(model, layer, "attentions").source  # its base: a layer_list
-    else:
-        source = _module(model, layer, path).source
-    _, line_of = parsed_source(getattr(source, "accessor", source))
-    where = {"row": "attention_z", "module": f"layers.{layer}.{path}"}
-    where["model_class"] = internals.model_class
-
-    def line(op: Any) -> int:
-        return line_of[op_path(op).split(".")[-1]]
-
-    try:  # the call that returns attention_z
-        call = line(find_op(source, z_address.needles[0], **where))
-    except (OperationNotFound, KeyError, IndexError):
-        return []
-    gates = []
-    for kind, needle in GATE_CALLS:
-        try:
-            op = find_op(source, needle, **where)
-        except OperationNotFound:  # no such call (or several: not one gate)
-            continue
-        if line(op) > call:
-            gates.append((kind, op))
-    return gates
-
-
-def _kept(value: Any) -> Any:
-    """A module argument kept past the trace: a tensor copied and saved, a list or tuple
-    of them copied element-wise (RWKV's state, which the model updates in place after
-    the call), else itself."""
-    if isinstance(value, (list, tuple)):
-        return _rebuilt(value, [_kept(item) for item in value])
-    return value.clone().save() if hasattr(value, "clone") and hasattr(value, "save") else value
-
-
-def _unkept(value: Any) -> Any:
-    """The value a kept argument holds after the trace."""
-    if isinstance(value, (list, tuple)):
-        return _rebuilt(value, [_unkept(item) for item in value])
-    return getattr(value, "value", value)
-
-
-def _rebuilt(value: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
-    """A list or tuple of the same type holding ``items`` (a named tuple by position)."""
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*items)
-    return type(value)(items)
-
-
-def _consistency_checks(
-    model: Any,
-    v: dict[tuple[str, int | None], Any],
-    raw: dict[tuple[str, int], Any],
-    layer: int,
-) -> Iterator[Outcome]:
-    """A place that is a module's input, fed to that module, gives the module's output
-    (the tensor read is what the module consumed); and the output projection of
-    attention_premix is attention's output or its contribution. Where no contribution
-    row is read on the layer (both refused: MiniCPM3's contributions are scaled by a
-    factor no row states), no identity names layers_mid, so layers_mid is checked as
-    the input of the norm whose output is mlps_norm_output."""
-    import torch
-
-    key = lambda n: (n, layer)  # noqa: E731
-    internals = model.internals
-
-    def norm_of_mid() -> tuple[bool, str] | None:
-        """norm(layers_mid) == mlps_norm_output, where both are read at the norm's input
-        and output with nothing between (None where they are not)."""
-        mid = internals["layers_mid"].address_at(layer)
-        norm = internals["mlps_norm_output"].address_at(layer)
-        plain = not (mid.source or norm.source or mid.scale or norm.scale)
-        sides = (mid.io.value, norm.io.value)
-        if not (plain and mid.module == norm.module and sides == ("input", "output")):
-            return None
-        normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
-        if isinstance(normed, tuple):
-            normed = normed[0]
-        return close(normed, v[key("mlp_input_norm")])
-
-    with torch.no_grad():
-        both = key("block_mid") in v and key("mlp_input_norm") in v
-        # a structure whose MLP module normalizes its own input (a reversible block): no
-        # identity names the norm's output, which certifies mlps_norm_output here
-        if both and not any("mlps_norm_output" in i for i in cert.structure_identities(model)):
-            found = norm_of_mid()
-            if found is not None:
-                yield Outcome.of(
-                    ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
-                )
-        # no contribution row read on the layer: no identity names layers_mid, which
-        # this certifies instead
-        if both and key("attention_output") not in v and key("mlp_output") not in v:
-            found = norm_of_mid()
-            if found is not None:
-                yield Outcome.of(
-                    ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
-                )
-        if key("attention_premix") in v:
-            proj = _row_module(model, layer, "attentions_premix")
-            projected = proj._module(v[key("attention_premix")])
-            targets = [
-                t
-                for t in (v.get(key("attention_output")), raw.get(("attentions", layer)))
-                if t is not None
-            ]
-            ok = any(close(projected, t)[0] for t in targets)
-            covered = ["attention_premix"]
-            if key("attention_output") in v and close(projected, v[key("attention_output")])[0]:
-                covered.append("attention_output")
-            yield Outcome.of(
-                covered, "output projection(attention_premix) == attention's output", ok
-            )
-        if key("mlp_input") in v and ("mlps", layer) in raw:
-            mlp = _row_module(model, layer, "mlps")._module
-            args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
-            try:
-                # with the other arguments it was given (Zaya's router state from the
-                # layer before, MPT's and BLOOM's residual)
-                out = mlp(v[key("mlp_input")], *args, **kwargs)
-            except TypeError:
-                out = None
-            if isinstance(out, tuple):
-                out = out[0]
-            if out is not None:
-                name = "mlp(mlp_input) == the MLP's output"
-                if args or kwargs:
-                    name = "mlp(mlp_input, its other arguments) == the MLP's output"
-                ok, d = close(out, raw[("mlps", layer)])
-                yield Outcome.of(["mlp_input"], name, ok, d)
-
-
-def _interior_checks(
-    model: Any,
-    v: dict[tuple[str, int | None], Any],
-    raw: dict[tuple[str, int], Any],
-    layer: int,
-) -> Iterator[Outcome]:
-    import torch
-
-    key = lambda n: (n, layer)  # noqa: E731
-    if key("attention_scores") in v and key("attention_probs") in v:
-        s, p = v[key("attention_scores")], v[key("attention_probs")]
-        ok, d = close(torch.softmax(s.float(), -1).to(p.dtype), p, atol=1e-5)
-        yield Outcome.of(
-            ["attention_scores"], "softmax(attention_scores) == attention_probs", ok, d
-        )
-    if key("attention_z") in v and key("attention_probs") in v and ("value", layer) in raw:
-        probs, values = v[key("attention_probs")], raw[("value", layer)]
-        if values.dim() == 3:  # held (batch*heads, keys, head size): XGLM's bmm operand
-            values = values.view(probs.shape[0], -1, *values.shape[1:])
-        values = values.repeat_interleave(probs.shape[1] // values.shape[1], dim=1)
-        mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
-        ok, d = close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
-        yield Outcome.of(["attention_z"], "attention_z == attention_probs · V", ok, d)
-    if key("attention_z") in v and key("attention_premix") in v:
-        z, premix = v[key("attention_z")], v[key("attention_premix")]
-        gate = raw.get(("gate", layer))
-        ok, d = close(z, premix)
-        if ok or gate is None:
-            yield Outcome.of(
-                ["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d
-            )
-        else:  # a gated attention multiplies z by its output gate before projecting
-            ok, d = close(gated(z, gate), premix)
-            yield Outcome.of(
-                ["attention_z", "attention_premix"],
-                f"attention_premix == attention_z x the attention's {raw[('gate_kind', layer)]} gate",
-                ok,
-                d,
-            )
-    if all(key(n) in v for n in ("attention_query", "attention_key", "attention_scores")):
-        s = v[key("attention_scores")]
-        visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
-        s = s.double()
-        product, additive, seen = _expected_scores(model, v, raw, layer, s.shape)
-        # the scores are q·kᵀ·scaling plus the additive mask the attention function is
-        # given: 0 where a query sees a key, unless the model biases the keys it sees
-        # (Doge's dynamic mask)
-        visible = visible & seen
-        diff = (s - product - additive)[visible]
-        ok = bool(visible.any()) and bool(torch.allclose(diff, torch.zeros_like(diff), atol=1e-4))
-        worst = float(diff.abs().max()) if diff.numel() else float("nan")
-        yield Outcome.of(
-            ["attention_query", "attention_key"],
-            "attention_scores == q·kᵀ·scaling + the attention's mask (and bias)",
-            ok,
-            f"max error {worst:.3g}",
-        )
-    elif all(key(n) in v for n in ("attention_query", "attention_key", "attention_probs")):
-        # no scores to compare with (refused): the probabilities are a softmax of
-        # q·kᵀ·scaling + mask over the keys a query sees, so their log is that plus one
-        # constant per query (the normalizer, whatever else it sums: a sink, say)
-        p = v[key("attention_probs")].double()
-        product, additive, seen = _expected_scores(model, v, raw, layer, p.shape)
-        visible = (p > 0) & seen
-        diff = torch.where(visible, torch.log(p.clamp_min(1e-300)) - product - additive, 0.0)
-        mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
-        spread = float(torch.where(visible, diff - mean, 0.0).abs().max())
-        ok = bool(visible.any()) and spread <= 1e-4 * max(1.0, float(product.abs().max()))
-        yield Outcome.of(
-            ["attention_query", "attention_key"],
-            "log attention_probs == q·kᵀ·scaling + mask + a constant per query",
-            ok,
-            f"max spread {spread:.3g}",
-        )
-
-
-def _expected_scores(
-    model: Any,
-    v: dict[tuple[str, int | None], Any],
-    raw: dict[tuple[str, int], Any],
-    layer: int,
-    shape: Any,
-) -> tuple[Any, Any, Any]:
-    """What the scores (or log probabilities) of ``shape`` at ``layer`` are held to:
-    q·kᵀ·scaling, the additive mask plus bias, and where a query sees a key (float64,
-    float64, bool)."""
-    product = _qk_product(model, v, raw, layer, shape[1]).double()
-    additive, seen = _mask(raw, layer, shape)
-    return product, additive + _bias(raw, layer, shape), seen
-
-
-def _mask(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> tuple[Any, Any]:
-    """The attention's mask at ``layer`` as (additive part, where a query sees a key),
-    both broadcast to ``shape`` (no mask: 0, everywhere), with the ``seen`` operand
-    (a causal buffer) where the attention masks by one."""
-    import torch
-
-    mask = raw.get(("mask", layer))
-    seen = torch.ones(shape, dtype=torch.bool)
-    extra = raw.get(("seen", layer))
-    if extra is not None:  # a causal buffer (nonzero: seen), its last queries, first keys
-        keys, queries = shape[-1], shape[-2]
-        seen = (extra[..., keys - queries : keys, :keys] != 0).expand(shape)
-    if mask is None:
-        return torch.zeros(shape, dtype=torch.float64), seen
-    mask = mask[..., : shape[-1]]
-    if mask.dtype == torch.bool:
-        return torch.zeros(shape, dtype=torch.float64), seen & mask.expand(shape)
-    sees = (mask > torch.finfo(mask.dtype).min / 2).expand(shape)
-    additive = torch.where(sees, mask.double().expand(shape), 0.0)
-    return additive, seen & sees
-
-
-def _bias(raw: dict[tuple[str, int], Any], layer: int, shape: Any) -> Any:
-    """The additive bias the attention puts in its scores at ``layer`` (the ``bias``
-    operand: ALiBi), as float64 broadcast to ``shape`` (batch, heads, queries, keys);
-    one held as (batch*heads, ...) is viewed as (batch, heads, ...). None: 0."""
-    import torch
-
-    bias = raw.get(("bias", layer))
-    if bias is None:
-        return torch.zeros(shape, dtype=torch.float64)
-    bias = bias.double()
-    if bias.dim() == 3 and bias.shape[0] == shape[0] * shape[1]:
-        bias = bias.view(shape[0], shape[1], *bias.shape[1:])
-    return bias[..., -shape[-1] :].expand(shape)  # the last keys: the ones the scores have
-
-
-def _qk_product(
-    model: Any,
-    v: dict[tuple[str, int | None], Any],
-    raw: dict[tuple[str, int], Any],
-    layer: int,
-    heads: int,
-) -> Any:
-    """q·kᵀ·scaling per query head (soft-capped where the config caps the logits), from
-    the attention_query and attention_key read at ``layer``."""
-    import torch
-
-    from causalab_mini.internals import layer_config
-
-    q, k = v[("attention_query", layer)], v[("attention_key", layer)]
-    b, seq = q.shape[0], q.shape[1]
-    hd = q.shape[-1] // heads
-    qn = q.reshape(b, seq, heads, hd).transpose(1, 2)
-    kn = k.reshape(b, k.shape[1], -1, hd).transpose(1, 2)
-    kn = kn.repeat_interleave(heads // kn.shape[1], dim=1)
-    scaling = raw.get(("scaling", layer))
-    if scaling is None:
-        scaling = hd**-0.5
-    product = (qn @ kn.transpose(-1, -2)) * scaling
-    cap = getattr(layer_config(model.text_config, layer), "attn_logit_softcapping", None)
-    if cap:
-        product = cap * torch.tanh(product / cap)
-    return product
-
-
-def gated(z: Any, gate: Any) -> Any:
-    """``z`` (b, s, heads x head_dim, flat) times an output gate, as a gated attention
-    applies it before its output projection: one gate value per feature (a gate of
-    z's shape, or (b, s, heads, head_dim)) or per head ((b, s, heads) or (b, s, heads,
-    1)). A gate of any
-    other shape is returned as is, so the check that compares the product fails
-    rather than guessing."""
-    if tuple(gate.shape) == tuple(z.shape):
-        return z * gate.to(z.dtype)
-    if gate.dim() == 4 and gate.shape[-1] == 1:
-        gate = gate[..., 0]  # one value per head, kept broadcastable: (b, s, heads, 1) (Dots3)
-    if gate.dim() == 4 and tuple(gate.flatten(2).shape) == tuple(z.shape):
-        # one value per feature, held per head: (b, s, heads, head_dim) (Beam)
-        return z * gate.flatten(2).to(z.dtype)
-    if gate.dim() == 3 and tuple(gate.shape[:2]) == tuple(z.shape[:2]):
-        heads = gate.shape[-1]
-        if heads and z.shape[-1] % heads == 0:
-            per_head = z.reshape(*z.shape[:2], heads, -1) * gate.to(z.dtype)[..., None]
-            return per_head.flatten(2)
-    return gate
-
-
-def _mlp_checks(
-    model: Any,
-    v: dict[tuple[str, int | None], Any],
-    raw: dict[tuple[str, int], Any],
-    layer: int,
-) -> Iterator[Outcome]:
-    import torch
-
-    key = lambda n: (n, layer)  # noqa: E731
-    if key("mlp_neuron_output") not in v:
-        return
-    neurons = v[key("mlp_neuron_output")]
-    module = _row_module(model, layer, "mlps_neurons")
-    with torch.no_grad():
-        projected = module._module(neurons)
-    targets = [t for t in (v.get(key("mlp_output")), raw.get(("mlps", layer))) if t is not None]
-    if targets:
-        ok = any(close(projected, t)[0] for t in targets)
-        yield Outcome.of(
-            ["mlp_neuron_output"], "down projection(mlp_neuron_output) == the MLP's output", ok
-        )
-    if key("mlp_activation") in v and key("mlp_input") in v:
-        act, x = v[key("mlp_activation")], v[key("mlp_input")]
-        ok, _ = close(neurons, act)
-        if not ok:  # gated: neurons == act * linear(x) for one of the MLP's linears, or
-            # act * one half of a fused gate-and-up linear (Phi-3's gate_up_proj); the
-            # linears inside the MLP at any depth (CPM-Ant's w_in holds w_0 and w_1)
-            mlp_module = _row_module(model, layer, "mlps")
-            width = act.shape[-1]
-            with torch.no_grad():
-                for child in mlp_module._module.modules():
-                    if not isinstance(child, torch.nn.Linear):
-                        continue
-                    if child.out_features == width:
-                        branches: tuple[Any, ...] = (child(x),)
-                    elif child.out_features == 2 * width:
-                        branches = child(x).chunk(2, dim=-1)
-                    else:
-                        continue
-                    if any(close(neurons, act * branch)[0] for branch in branches):
-                        ok = True
-                        break
-        # with no MLP output to project the neurons onto (X-MOD's feed-forward ends in
-        # a language adapter, so mlps_output is refused), the neurons are held to the
-        # activation they read
-        covered = ["mlp_activation"] if targets else ["mlp_activation", "mlp_neuron_output"]
-        yield Outcome.of(covered, "mlp_neuron_output == mlp_activation (x a gate)", ok)
-
-
-# ---------------------------------------------------------------------- one architecture
 
 
 def run_one(spec: str) -> Result:
@@ -1182,6 +602,23 @@ def differences_markdown(report: dict[str, Any], other: dict[str, Any]) -> list[
     return lines
 
 
+def _lens(result: dict[str, Any]) -> str:
+    """The lens identity's figure for one architecture (checks.lens_identity): ok or
+    broken with the worst error, or refused with the family's reason."""
+    return str(result.get("components", {}).get("logits", {}).get("lens", ""))
+
+
+def _lens_summary(report: dict[str, Any]) -> str:
+    from causalab_mini.tools.checks import LENS_IDENTITY
+
+    states = [_lens(r).split(":", 1)[0] for r in report["results"] if _lens(r)]
+    return (
+        f"Lens identity `{LENS_IDENTITY}` (`model.lens`, the family's lens rows): "
+        f"**{states.count('ok')} ok**, **{states.count('refused')} refused** with the "
+        f"family's reason, **{states.count('broken')} broken** (column lens)."
+    )
+
+
 def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = None) -> str:
     """docs/coverage.md from a sweep report and the registry's block structures; with
     ``against`` (another run's report), where that run differs."""
@@ -1215,7 +652,7 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
     for group in order:
         part = _group_markdown(report, group, by_group[group], several, reasons)
         if not several:  # one group: the layout of a causal-LM sweep alone
-            at = part.index("| architecture | class | structure | ok | refused | broken | note |")
+            at = next(i for i, line in enumerate(part) if line.startswith("Lens identity"))
             part[at:at] = [structures, ""]
         lines += part
     lines += ["", "## Refusals, by reason", "", "| times | reason |", "|---|---|"]
@@ -1265,8 +702,10 @@ def _group_markdown(
         f"Components: **{s['ok']} ok** (certified on real tensors), **{s['refused']} refused** "
         f"with a reason, **{s['broken']} broken**.",
         "",
-        "| architecture | class | structure | ok | refused | broken | note |",
-        "|---|---|---|---|---|---|---|",
+        _lens_summary({"results": results}),
+        "",
+        "| architecture | class | structure | ok | refused | broken | lens | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         counts = {"ok": 0, "refused": 0, "broken": 0}
@@ -1284,6 +723,7 @@ def _group_markdown(
         lines.append(
             f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
             f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
+            f"{_cell(_lens(r), 120)} | "
             f"{'' if r['outcome'] == 'certified' else r['outcome'] + ': '}{note} |"
         )
         for item in r["components"].values():

@@ -4,9 +4,11 @@ No machine here reaches a model hub. A model spec ``tiny:<model_type>`` names a 
 random checkpoint of any transformers causal-LM family: its config class is shrunk
 (few layers, small widths, head counts that divide, a small vocabulary with valid
 special ids, few experts, enough layers that families whose layers differ show every
-kind), a small byte-level BPE tokenizer is trained in-process on a fixed corpus, and
-the result is written with ``save_pretrained`` to a cache directory keyed by model
-type and transformers version. Callers then load it through the real
+kind), a small byte-level BPE tokenizer is trained in-process on a fixed corpus (it
+adds the special tokens the model type's real tokenizer adds, registry/tiny.yaml
+tokenizers, and carries its chat template where it has one), and the result is
+written with ``save_pretrained`` to a cache directory keyed by model type and
+transformers version. Callers then load it through the real
 ``from_pretrained`` path, like any local directory.
 
 Builds are offline, deterministic (seeded) and take a few seconds. Hub ids and local
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from causalab_mini.generated.tiny import (
     TINY_BUILD_FROM,
     TINY_BUILDS_WITH,
+    TINY_CHAT_TEMPLATES,
     TINY_GENERIC,
     TINY_GROUPS,
     TINY_KEEP_OFF,
@@ -37,6 +40,9 @@ from causalab_mini.generated.tiny import (
     TINY_OVERRIDES,
     TINY_SIDE_INPUTS,
     TINY_SIZES,
+    TINY_TOKENIZER_DEFAULT,
+    TINY_TOKENIZER_KINDS,
+    TINY_TOKENIZERS,
     TINY_VISION_EXTRA,
 )
 
@@ -56,12 +62,13 @@ __all__ = [
     "resolve_model_spec",
     "tiny_config",
     "tiny_tokenizer",
+    "tokenizer_row",
 ]
 
 TINY_PREFIX = "tiny:"
 """Model specs starting with this prefix name a tiny checkpoint: ``tiny:llama``."""
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 """Bumped whenever a change here changes what gets built; part of the cache key."""
 
 CACHE_ENV = "CAUSALAB_MINI_CACHE"
@@ -148,7 +155,7 @@ def build_class(model_type: str) -> str:
     tower included), else its group's (registry/tiny.yaml ``groups``)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from causalab_mini.spec import auto_class_for
+    from causalab_mini.classes import auto_class_for
 
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
@@ -175,9 +182,9 @@ def _config_types(model_type: str) -> list[str]:
 def _recipe(model_type: str) -> dict[str, Any]:
     """What registry/tiny.yaml and the family files say of ``model_type`` alone (the
     override rows of its config and sub-configs, a build class other than
-    AutoModelForCausalLM): part of the cache key, so that changing a type's own rows
+    AutoModelForCausalLM, its row of tokenizers): part of the cache key, so that changing a type's own rows
     rebuilds that type and no other."""
-    from causalab_mini.spec import DEFAULT_AUTO_CLASS
+    from causalab_mini.classes import DEFAULT_AUTO_CLASS
 
     recipe: dict[str, Any] = {}
     rows = {t: _overrides(t) for t in _config_types(model_type) if t in TINY_OVERRIDES}
@@ -186,6 +193,9 @@ def _recipe(model_type: str) -> dict[str, Any]:
     auto = build_class(model_type)
     if auto != DEFAULT_AUTO_CLASS:
         recipe["build_class"] = auto
+    if model_type in TINY_TOKENIZERS:
+        kind, template = tokenizer_row(model_type)
+        recipe["tokenizer"] = {"adds": kind, "chat_template": template}
     return recipe
 
 
@@ -509,13 +519,36 @@ for i in range(10):
 """
 
 
-def tiny_tokenizer() -> PreTrainedTokenizerFast:
+def tokenizer_row(model_type: str | None = None) -> tuple[str, str | None]:
+    """What the tiny tokenizer of ``model_type`` is (registry/tiny.yaml tokenizers): the
+    kind of special tokens it adds (none, bos, eos, bos_eos) and its chat template's
+    text (None where it has none). A model type the table does not list, and None, get
+    tokenizer_default, without a template."""
+    row = TINY_TOKENIZERS.get(model_type) if model_type is not None else None
+    if row is None:
+        return TINY_TOKENIZER_DEFAULT, None
+    name = row.get("chat_template")
+    return str(row["adds"]), (TINY_CHAT_TEMPLATES[name] if name is not None else None)
+
+
+def tiny_tokenizer(model_type: str | None = None) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer trained on a fixed in-code corpus (deterministic,
-    at most ``VOCAB - RESERVED_IDS`` entries), with ``<s>`` prepended like Llama's and
-    left padding."""
+    at most ``VOCAB - RESERVED_IDS`` entries) with left padding, adding around a text
+    what ``model_type``'s real tokenizer adds (registry/tiny.yaml tokenizers: nothing
+    like GPT-2's, ``<s>`` before it like Llama's, ``</s>`` after it like Pegasus's, or
+    both like BART's) and carrying its chat template where the table gives one. No
+    ``model_type`` (or one the table does not list): the default kind, ``<s>``
+    before the text. The tokenizer says what it adds through its own API:
+    ``add_bos_token`` / ``add_eos_token``, and a special-tokens mask that marks
+    exactly the added tokens (checked here on a probe text). transformers 5.24 does
+    not save the two attributes: loaded back from the checkpoint, the tokenizer adds
+    the same tokens (its post-processor is saved) and reports both False, so its
+    special-tokens mask, not the attributes, is what to read."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
+    kind, template = tokenizer_row(model_type)
+    adds = TINY_TOKENIZER_KINDS[kind]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -527,10 +560,13 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         show_progress=False,
     )
     tok.train_from_iterator(_CORPUS.splitlines(keepends=True), trainer)
+    before = [BOS] if adds["bos"] else []
+    after = [EOS] if adds["eos"] else []
+    single = [*before, "$A", *after]
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A",
-        pair=f"{BOS} $A {BOS} $B",
-        special_tokens=[(BOS, BOS_ID)],
+        single=single,
+        pair=[*single, *before, "$B:1", *after],
+        special_tokens=[(t, i) for t, i in ((BOS, BOS_ID), (EOS, EOS_ID)) if t in single],
     )
     assert tok.token_to_id(PAD) == PAD_ID and tok.token_to_id(EOS) == EOS_ID
     wrapper: Any = PreTrainedTokenizerFast  # untyped constructor
@@ -542,8 +578,56 @@ def tiny_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         padding_side="left",
         model_max_length=MAX_POSITIONS,
+        add_bos_token=adds["bos"],
+        add_eos_token=adds["eos"],
+        chat_template=template,
     )
+    _check_tokenizer(fast, model_type, kind, len(before), len(after))
     return fast
+
+
+def _check_tokenizer(
+    tokenizer: Any, model_type: str | None, kind: str, before: int, after: int
+) -> None:
+    """The built tokenizer adds exactly the kind's tokens, and its special-tokens mask
+    marks exactly those (a transformers that rebuilt the post-processor otherwise
+    would give a tokenizer of another kind)."""
+    probe = "Hello, world!"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    got = tokenizer(probe, return_special_tokens_mask=True)
+    expected = [BOS_ID] * before + plain + [EOS_ID] * after
+    mask = [1] * before + [0] * len(plain) + [1] * after
+    if got["input_ids"] != expected or got["special_tokens_mask"] != mask:
+        raise TinyBuildError(
+            f"the tiny tokenizer of {model_type or 'the default kind'!r} should add {kind} "
+            f"(registry/tiny.yaml tokenizers) and encodes {probe!r} as {got['input_ids']} "
+            f"(special-tokens mask {got['special_tokens_mask']}), not {expected} ({mask})"
+        )
+    if tokenizer.chat_template is None:
+        return
+    # the template renders a conversation: each message's text, then the generation
+    # prompt after what it renders without one
+    chat = [
+        {"role": "user", "content": "Hello, world!"},
+        {"role": "assistant", "content": "Good morning."},
+        {"role": "user", "content": "How are you today?"},
+    ]
+    try:
+        bare = tokenizer.apply_chat_template(chat, tokenize=False)
+        prompted = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    except Exception as exc:
+        raise TinyBuildError(
+            f"the chat template of tiny {model_type!r} (registry/tiny.yaml tokenizers, "
+            f"chat_templates) does not render a conversation: {type(exc).__name__}: "
+            f"{_first_line(exc)}; fix the template"
+        ) from exc
+    missing = [m["content"] for m in chat if m["content"] not in bare]
+    if missing or not prompted.startswith(bare) or prompted == bare:
+        raise TinyBuildError(
+            f"the chat template of tiny {model_type!r} (registry/tiny.yaml chat_templates) "
+            f"renders {prompted!r}: it must hold every message's text ({missing} are "
+            "missing) and add a generation prompt after the conversation"
+        )
 
 
 # -------------------------------------------------------------------------- build
@@ -611,7 +695,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
                 f"is {type(text).__name__}"
             )
         _set_override(model_type, text, key, value)
-    tokenizer = tiny_tokenizer()
+    tokenizer = tiny_tokenizer(model_type)
     vocab_size = getattr(text, "vocab_size", None)
     if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
         raise TinyBuildError(

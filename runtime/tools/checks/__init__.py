@@ -12,96 +12,14 @@ The comparison is ``certify.close``, the one comparator of the project's checks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
-from causalab_mini.tools import position_checks
 from causalab_mini.tools.certify import close
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """One comparison: the components it covers, its name, whether it held, detail."""
-
-    components: tuple[str, ...]
-    name: str
-    ok: bool
-    detail: str = ""
-
-    @classmethod
-    def of(cls, components: Iterable[str], name: str, ok: bool, detail: str = "") -> Outcome:
-        return cls(tuple(components), name, ok, detail)
-
-
-@dataclass
-class Context:
-    """What every check reads: ``v`` holds the components read in one trace by
-    (component, layer); ``raw`` the modules' own outputs and what the attention call
-    was given (``sweep._raw_outputs``); ``hf`` transformers' own forward with hidden
-    states (and attentions under eager attention); ``places`` the Address rows'
-    values by (row, layer), including rows an identity names that no component reads."""
-
-    model: Any
-    inputs: dict[str, Any]
-    addresses: dict[tuple[str, int | None], Any]
-    v: dict[tuple[str, int | None], Any]
-    raw: dict[tuple[Any, int], Any] = field(default_factory=dict)
-    hf: Any = None
-    places: dict[tuple[str, int | None], Any] = field(default_factory=dict)
-    attn_inputs: dict[tuple[str, int | None], Any] = field(default_factory=dict)
-    unordered: dict[Any, str] = field(default_factory=dict)
-
-    @property
-    def n(self) -> int:
-        return int(self.model.internals.num_layers)
-
-    def have(self, *names: str, layer: int | None = None) -> bool:
-        return all((name, layer) in self.v for name in names)
-
-    @property
-    def hidden(self) -> Any:
-        return cert.oracle_hidden_states(self.model, self.hf.hidden_states)
-
-    @property
-    def stream_ends_at_block(self) -> bool:
-        """Whether output_hidden_states ends with the last block's output rather than
-        the final norm's (BERT- and BART-style models, whose norm sits in the LM head
-        or nowhere)."""
-        n, hidden = self.n, self.hidden
-        return (
-            len(hidden) == n + 1
-            and self.have("block_output", layer=n - 1)
-            and close(
-                self.v[("block_output", n - 1)], handed(self, "block_output", n - 1, hidden[n])
-            )[0]
-        )
-
-
-Check = Callable[[Context], Iterator[Outcome]]
-
-
-def handed(ctx: Context, component: str, layer: int | None, held: Any) -> Any:
-    """An oracle's tensor as the component hands it on: where its place carries several
-    residual streams, flat (batch, seq, n x hidden) like the component's value; else
-    as given."""
-    from causalab_mini.address import Streams
-
-    address = ctx.addresses.get((component, layer))
-    layout = getattr(address, "stream_layout", None)
-    if layout is None:
-        return held
-    return Streams(layout, "").flat(held)
-
-
-def row_components() -> dict[str, str]:
-    """The component that names each Address row (boundary components only)."""
-    return {spec.target: name for name, spec in COMPONENTS.items() if spec.kind == "boundary"}
-
-
-# ---------------------------------------------------------------- whole model
+from causalab_mini.tools.checks import positions as position_checks
+from causalab_mini.tools.checks import recompute
+from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
 
 
 def read_alone(ctx: Context) -> Iterator[Outcome]:
@@ -212,7 +130,6 @@ def attention_input_norm(ctx: Context) -> Iterator[Outcome]:
 def final_norm(ctx: Context) -> Iterator[Outcome]:
     """ln_final == output_hidden_states[-1]; where hidden states are counted per layer
     call (Dory runs some layers more than once), the base model's last_hidden_state."""
-    from causalab_mini.tools.sweep import _last_hidden_state
 
     if not ctx.have("ln_final"):
         return
@@ -221,7 +138,7 @@ def final_norm(ctx: Context) -> Iterator[Outcome]:
         ok, d = close(ctx.v[("ln_final", None)], hidden[n])
         yield Outcome(("ln_final",), "output_hidden_states[-1] == ln_final", ok, d)
     elif len(hidden) != n + 1:
-        last = _last_hidden_state(ctx.model, ctx.inputs)
+        last = recompute._last_hidden_state(ctx.model, ctx.inputs)
         if last is not None:
             ok, d = close(ctx.v[("ln_final", None)], last)
             yield Outcome(("ln_final",), "the base model's last_hidden_state == ln_final", ok, d)
@@ -316,6 +233,36 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
             )
 
 
+LENS_IDENTITY = "lens(layers_output[last]) == logits"
+LENS_ATOL = 1e-6
+
+
+def lens_identity(ctx: Context) -> Iterator[Outcome]:
+    """The model's own head (``model.lens``: the family's lens rows) applied to the
+    last block's output gives the model's logits; where the family refuses the lens,
+    its reason is noted (nothing is certified by it)."""
+    from causalab_mini.logit_lens import LensRefused
+
+    ran = ctx.model.internals.layers_run_on_text()
+    if not ran or not ctx.have("logits") or not ctx.have("block_output", layer=ran[-1]):
+        return
+    note = ctx.notes.setdefault("logits", {})
+    try:
+        got = ctx.model.lens(ctx.v[("block_output", ran[-1])])
+    except LensRefused as exc:
+        note["lens"] = f"refused: {exc}"
+        return
+    except Exception as exc:  # a lens row that does not fit the model: broken, said
+        note["lens"] = f"broken: {type(exc).__name__}: {exc}"
+        yield Outcome(("logits",), LENS_IDENTITY, False, note["lens"])
+        return
+    # the same modules on the same tensor: exact up to float rounding, far below the
+    # identities' tolerance (a tiny model's soft-capping moves its logits by 1e-4)
+    ok, d = close(got, ctx.v[("logits", None)], atol=LENS_ATOL)
+    note["lens"] = f"{'ok' if ok else 'broken'}: {d}"
+    yield Outcome(("logits",), LENS_IDENTITY, ok, d)
+
+
 # ---------------------------------------------------------------- per layer
 
 
@@ -323,30 +270,24 @@ def module_consistency(ctx: Context) -> Iterator[Outcome]:
     """A place that is a module's input, fed to that module, gives the module's output;
     attention_premix through the output projection is attention's output or its
     contribution; layers_mid, where no contribution row is read (MiniCPM3), through the
-    norm whose output is mlps_norm_output (sweep._consistency_checks)."""
-    from causalab_mini.tools.sweep import _consistency_checks
-
+    norm whose output is mlps_norm_output (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from _consistency_checks(ctx.model, ctx.v, ctx.raw, layer)
+        yield from recompute._consistency_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
 def interiors(ctx: Context) -> Iterator[Outcome]:
     """softmax(scores) == probs, z == probs · V, z == premix (or z x the attention's
     output gate), scores == q·kᵀ·scaling + mask (or log probs, up to a constant per
-    query) (sweep._interior_checks)."""
-    from causalab_mini.tools.sweep import _interior_checks
-
+    query) (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from _interior_checks(ctx.model, ctx.v, ctx.raw, layer)
+        yield from recompute._interior_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
 def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
     """The down projection of mlp_neuron_output is the MLP's output; the neurons are
-    the activation, or the activation times a gate (sweep._mlp_checks)."""
-    from causalab_mini.tools.sweep import _mlp_checks
-
+    the activation, or the activation times a gate (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from _mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
+        yield from recompute._mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
 # ---------------------------------------------------------------- writes
@@ -386,6 +327,32 @@ def write_keeps_earlier_reads(ctx: Context) -> Iterator[Outcome]:
             )
 
 
+def in_place_edits(ctx: Context) -> Iterator[Outcome]:
+    """At every writable place a component reads, an in-place edit of a read
+    (``x[:, 2] += 0.5``) is the write of the place: the logits equal those of the same
+    write by assignment, the read saved before keeps its value, the read after shows
+    the edit (certify.in_place_edit)."""
+    row_of = row_components()
+    probe = min(1, ctx.n - 1)
+    for row_name, place in ctx.model.internals.items():
+        component = row_of.get(row_name)
+        if component is None:
+            continue
+        layer = probe if place.per_layer else None
+        if place.unavailable_on(layer) is not None or (component, layer) not in ctx.v:
+            continue  # refused, or not read: its own check says why
+        checks = cert.in_place_edit(ctx.model, ctx.inputs, row_name, layer)
+        if checks:
+            failed = [c for c in checks if not c.ok]
+            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
+            yield Outcome(
+                (component,),
+                "an in-place edit of a read is the place's write, and keeps earlier reads",
+                not failed,
+                detail,
+            )
+
+
 def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
     """Where no identity names attentions_output (Falcon-H1's mixers side by side), a
     write to it shifts layers_mid by exactly the delta."""
@@ -394,18 +361,6 @@ def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
         yield Outcome(
             ("attention_output",), shift.name, shift.ok, f"max error {shift.max_error:.3g}"
         )
-
-
-def position_reads_and_writes(ctx: Context) -> Iterator[Outcome]:
-    """Reads and writes at positions (``position_checks``)."""
-    for found in position_checks.position_reads_and_writes(ctx):
-        yield Outcome(*found)
-
-
-def interchange_identities(ctx: Context) -> Iterator[Outcome]:
-    """The interchange identities (``position_checks``)."""
-    for found in position_checks.interchange_identities(ctx):
-        yield Outcome(*found)
 
 
 # The checks the sweep runs, in this order, on every architecture.
@@ -421,11 +376,13 @@ CHECKS: tuple[Check, ...] = (
     final_norm,
     model_outputs,
     unembedding,
+    lens_identity,
     write_reaches_stream,
     write_keeps_earlier_reads,
+    in_place_edits,
     attention_write_shifts_mid,
-    position_reads_and_writes,
-    interchange_identities,
+    position_checks.position_reads_and_writes,
+    position_checks.interchange_identities,
 )
 
-__all__ = ["CHECKS", "Check", "Context", "Outcome", "row_components"]
+__all__ = ["CHECKS", "LENS_IDENTITY", "Check", "Context", "Outcome", "row_components"]

@@ -16,10 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from causalab_mini.tools.certify import ATOL, close
-
-# what a check here yields: (components it covers, its name, whether it held, detail);
-# tools.checks makes each an Outcome
-Found = tuple[tuple[str, ...], str, bool, str]
+from causalab_mini.tools.checks.base import Outcome
 
 # sentences of the tiny tokenizer's corpus; pairs of as many tokens are found per model
 SENTENCES = (
@@ -61,7 +58,7 @@ def _pairs(model: Any) -> tuple[list[str], list[str]] | None:
     return list(bases), list(sources)
 
 
-def position_reads_and_writes(ctx: Any) -> Iterator[Found]:
+def position_reads_and_writes(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode, put, resolve, stacked, take
@@ -82,7 +79,7 @@ def position_reads_and_writes(ctx: Any) -> Iterator[Found]:
     clean = Plan.of([earlier, place, whole, last]).run(model, texts)
     index = stacked(resolve(model, texts, last.position), last.position)
     ok, err = close(clean[last], take(clean[whole], index, 1))
-    yield (("block_output",), READ, ok, err)
+    yield Outcome.of(("block_output",), READ, ok, err)
     value = clean[place].new_ones((len(texts), 1, clean[place].shape[-1]))
     written = Plan.of([earlier, place, whole], [(at, value)]).run(model, texts)
     where = stacked(resolve(model, texts, at.position), at.position)
@@ -104,10 +101,10 @@ def position_reads_and_writes(ctx: Any) -> Iterator[Found]:
     unmoved = before <= ATOL * max(1.0, float(clean[whole].abs().max()))
     ok = kept and back and unmoved and there > 0.0
     detail = f"kept={kept} read back={back} before={before:.3g} at={there:.3g}"
-    yield (("block_input",), WRITE, ok, detail)
+    yield Outcome.of(("block_input",), WRITE, ok, detail)
 
 
-def interchange_identities(ctx: Any) -> Iterator[Found]:
+def interchange_identities(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.interchange import interchange
 
@@ -123,12 +120,12 @@ def interchange_identities(ctx: Any) -> Iterator[Found]:
     if pairs is not None:
         result = interchange(model, [first], *pairs, return_sources=True)
         ok, err = close(result.logits, result.sources[0].logits)
-        yield (("block_input",), ALL_TOKENS, ok, err)
+        yield Outcome.of(("block_input",), ALL_TOKENS, ok, err)
     result = interchange(
         model, [last], list(SENTENCES[:3]), list(SENTENCES[3:6]), return_sources=True
     )
     ok, err = close(result.logits, result.sources[0].logits)
-    yield (("block_output",), LAST_TOKEN, ok, err)
+    yield Outcome.of(("block_output",), LAST_TOKEN, ok, err)
 
 
 __all__ = ["interchange_identities", "position_reads_and_writes", "text_fed"]

@@ -181,7 +181,7 @@ def _check_layer(model: Any, component: str, per_layer: bool, layer: int | None)
     n = model.internals.num_layers
     if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
         raise IndexError(f"layer {layer!r} is out of range: this model has layers 0..{n - 1}")
-    return layer % n
+    return int(layer % n)
 
 
 def _check_head(

@@ -1,0 +1,67 @@
+"""Which transformers auto class loads a model (and ``tiny:`` builds it): a family's
+``auto_class``, else its group's (registry/tiny.yaml ``groups``), else
+AutoModelForCausalLM; and whether a family's class holds a given checkpoint. Asked by
+the loader (``model``, ``spec``) and the tiny builder alike, so the answer is one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_AUTO_CLASS = "AutoModelForCausalLM"
+
+
+def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str:
+    """The transformers auto class that loads (and ``tiny:`` builds) a model: the last
+    matching family's ``auto_class`` (registry/families/*.yaml, ``rename``), else
+    ``AutoModelForCausalLM``."""
+    from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+
+    found = DEFAULT_AUTO_CLASS
+    for name, match in FAMILY_MATCH.items():
+        auto = FAMILY_RENAME[name].auto_class
+        if auto is not None and match.matches(class_names, model_type, config):
+            found = auto
+    if found == DEFAULT_AUTO_CLASS:
+        return group_auto_class(model_type) or found
+    return found
+
+
+def group_auto_class(model_type: str | None) -> str | None:
+    """The auto class of the group (registry/tiny.yaml ``groups``) ``model_type`` is in,
+    the first whose transformers mapping has it, where that is not
+    AutoModelForCausalLM: an image-text-to-text wrapper no family file names loads
+    (and ``tiny:`` builds) whole, with its image-text-to-text class. None otherwise."""
+    from transformers.models.auto import modeling_auto
+
+    from causalab_mini.generated.tiny import TINY_GROUPS
+
+    for mapping, auto, _ in TINY_GROUPS.values():
+        if model_type in getattr(modeling_auto, mapping, {}):
+            return None if auto == DEFAULT_AUTO_CLASS else auto
+    return None
+
+
+def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
+    """Whether a family's ``auto_class`` loads a checkpoint whose config names
+    ``architectures``: where it maps one of them, or where they name no class
+    AutoModelForCausalLM maps either (nothing says otherwise). A checkpoint saved by
+    the causal-LM class of a wrapper's model type (``MllamaForCausalLM`` beside
+    ``MllamaForConditionalGeneration``) is loaded with AutoModelForCausalLM, whose
+    class holds its tensors under its names."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    def classes(mapping: Any) -> set[str]:
+        found: set[str] = set()
+        for value in mapping.values():
+            found.update((value,) if isinstance(value, str) else tuple(value))
+        return found
+
+    auto = getattr(transformers, auto_class)
+    mapped = classes(getattr(auto._model_mapping, "_model_mapping", {}))
+    if set(architectures) & mapped:
+        return True
+    return not set(architectures) & classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+__all__ = ["DEFAULT_AUTO_CLASS", "auto_class_for", "auto_class_maps", "group_auto_class"]

@@ -1,0 +1,274 @@
+"""In-place edits of a read: what a read of a place hands out inside a trace.
+
+A read at a place the row copies (``snapshot``, ``write: in_place``, a scale) is a
+copy, so a value saved before a write keeps its value, and an in-place edit of a copy
+would change nothing in the model. So a read hands out an ``EditableRead``: the
+place's tensor as read (that copy, or the model's tensor) whose in-place operations
+(``x[:, 2] += v``, ``x[:, 2] = v``, ``x.mul_(2)``, ``x.zero_()``, ``out=x``,
+``inplace=True``), on it or on a view of it, are the write of the place: the edit is
+made on the read and the whole read is then written with the place's own write
+(``model.internals[name][layer] = x``, the same checks, the same snapshot contract).
+Where that write cannot happen (the trace ran past the place, another invoke or trace
+is running, the place is read-only) the edit raises and says the assignment to write.
+
+Outside the trace body that read it (after the trace, or in the model's own forward)
+the tensor is a plain tensor: operations on it are torch's, results are plain tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import compat
+
+# in-place methods that change no value of the tensor (autograd and memory
+# bookkeeping): never a write
+_NOT_EDITS = frozenset(
+    {"requires_grad_", "retain_grad", "share_memory_", "detach_", "record_stream", "pin_memory"}
+)
+_DUNDER_EDITS = frozenset(
+    {
+        "__setitem__",
+        "__iadd__",
+        "__isub__",
+        "__imul__",
+        "__itruediv__",
+        "__ifloordiv__",
+        "__imod__",
+        "__ipow__",
+        "__imatmul__",
+        "__iand__",
+        "__ior__",
+        "__ixor__",
+        "__ilshift__",
+        "__irshift__",
+    }
+)
+
+
+def _out_of_order_base() -> type[Exception]:
+    error = compat.out_of_order_error()
+    return error if error is not None and issubclass(error, Exception) else LookupError
+
+
+class PlaceOutOfOrder(_out_of_order_base()):  # type: ignore[misc]
+    """nnsight's OutOfOrderError said in places: a place asked for after the trace had
+    passed it (which place, which later place, both ranks, and the fix)."""
+
+
+class EditRefused(RuntimeError):
+    """An in-place edit of a read that cannot reach the model, with the assignment to
+    write instead."""
+
+
+def _runner() -> Any:
+    """The trace body running now: nnsight 0.8 runs a body in a greenlet that holds its
+    mediator. None in the model's forward, outside any trace, and on nnsight 0.6/0.7
+    (whose bodies run in threads this does not tell apart: there a read is a copy, as
+    the row says, and is not made editable)."""
+    if not compat.is_08():
+        return None
+    from greenlet import getcurrent
+
+    ref = getattr(getcurrent(), "mediator", None)
+    return None if ref is None else ref()
+
+
+def _visits(runner: Any, location: str | None) -> int | None:
+    """How many times the model has reached ``location`` in ``runner``'s run (nnsight
+    0.8 counts a visit once it is over); None where this nnsight does not say."""
+    if location is None or not hasattr(runner, "occurrence"):
+        return None
+    try:
+        return int(runner.occurrence(location))
+    except Exception:
+        return None
+
+
+class Edit:
+    """What an in-place edit of a read does: who read it, where, and the write."""
+
+    __slots__ = ("location", "root", "runner", "storage", "visits", "where", "write")
+
+    def __init__(
+        self, where: str, write: Callable[[Any], None], root: Any, location: str | None
+    ) -> None:
+        self.where = where  # "layers_mid[1]", as the assignment names it
+        self.write = write  # the place's write, given the whole edited copy
+        self.root = root  # the copy the read handed out, as a plain tensor
+        self.storage = _storage(root)
+        runner = _runner()
+        # weak: a value saved past its trace does not keep the trace alive
+        self.runner: Any = weakref.ref(runner) if runner is not None else None
+        self.location = location
+        self.visits = _visits(runner, location)
+
+    def _reader(self) -> Any:
+        return self.runner() if self.runner is not None else None
+
+    def live(self) -> bool:
+        """Whether an edit now is made inside a trace body (any), where it must reach
+        the model or raise; False in the model's forward or outside a trace."""
+        return _runner() is not None
+
+    def refusal(self) -> str | None:
+        """Why an edit now cannot be the write of the place (None where it can)."""
+        now = _runner()
+        fix = f"write model.{self.where} = x (x edited, at the place)"
+        if now is not self._reader():
+            return (
+                f"this tensor was read at {self.where} in another invoke or trace than the "
+                f"one running, and an in-place edit of it would reach neither: {fix} in the "
+                "invoke that should see it, or edit a copy (x.clone()) that is yours"
+            )
+        if self.visits is not None and _visits(now, self.location) != self.visits:
+            return (
+                f"the trace has run past {self.where} since it was read, so an in-place "
+                f"edit of the read cannot reach the model: edit it before reading a later "
+                f"place, or {fix} before the later read; to compute with it after, edit a "
+                "copy (x.clone())"
+            )
+        return None
+
+
+def _target(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The tensor ``func`` edits in place, or None where it edits none."""
+    name = getattr(func, "__name__", "")
+    if name in _DUNDER_EDITS or (
+        name.endswith("_") and not name.startswith("_") and name not in _NOT_EDITS
+    ):
+        return args[0] if args else None
+    if kwargs.get("inplace") is True:
+        return args[0] if args else kwargs.get("input")
+    out = kwargs.get("out")
+    if isinstance(out, (tuple, list)):
+        return next((o for o in out if isinstance(o, EditableRead)), None)
+    return out
+
+
+def _storage(t: Any) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return int(t.untyped_storage().data_ptr())
+
+
+def _writes_back(func: Any, args: tuple[Any, ...], edit: Edit) -> bool:
+    """Whether ``func`` is the store that ends an augmented assignment of a view,
+    ``x[key] += v`` (``x[key]`` edited in place, then stored back where it is): the
+    edit of the view was written already."""
+    if getattr(func, "__name__", "") != "__setitem__" or len(args) < 3:
+        return False
+    value = args[2]
+    if not isinstance(value, EditableRead) or value.__dict__.get("_edit") is not edit:
+        return False
+    with torch._C.DisableTorchFunctionSubclass():
+        there = torch.Tensor.__getitem__(args[0].as_subclass(torch.Tensor), args[1])
+        return bool(
+            isinstance(there, torch.Tensor)
+            and there.data_ptr() == value.data_ptr()
+            and there.shape == value.shape
+            and there.stride() == value.stride()
+        )
+
+
+class EditableRead(torch.Tensor):
+    """A read of a place, inside the trace body that read it: a copy whose in-place
+    edits are the write of the place (see the module doc)."""
+
+    _edit: Edit
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        target = _target(func, args, kwargs)
+        edit = target.__dict__.get("_edit") if isinstance(target, EditableRead) else None
+        if edit is not None and edit.live():
+            refused = edit.refusal()
+            if refused is not None:
+                raise EditRefused(f"an in-place edit of {edit.where} is not made: {refused}")
+            with torch._C.DisableTorchFunctionSubclass():
+                result = func(*args, **kwargs)
+            if not _writes_back(func, args, edit):
+                edit.write(edit.root)
+            return result
+        with torch._C.DisableTorchFunctionSubclass():
+            result = func(*args, **kwargs)
+        if _runner() is None:
+            return result  # after the trace, or in the model's forward: plain tensors
+        return _keep_views(result, args)
+
+    def __repr__(self, **kwargs: Any) -> str:  # type: ignore[override]
+        with torch._C.DisableTorchFunctionSubclass():
+            return repr(self.as_subclass(torch.Tensor))
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # pickles (a remote result, torch.save) as the plain tensor it holds
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.as_subclass(torch.Tensor).__reduce_ex__(protocol)  # type: ignore[no-untyped-call]
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            return self.as_subclass(torch.Tensor).clone()
+
+
+def _keep_views(result: Any, args: tuple[Any, ...]) -> Any:
+    """``result`` with each tensor that views an editable read's storage handed out
+    editable too (so ``x[:, 2].zero_()`` is an edit of ``x``); every other result
+    plain."""
+    edits = [
+        a.__dict__["_edit"] for a in args if isinstance(a, EditableRead) and "_edit" in a.__dict__
+    ]
+    if not edits:
+        return result
+    if isinstance(result, torch.Tensor) and not isinstance(result, EditableRead):
+        return _viewed(result, edits)
+    if isinstance(result, tuple) and any(isinstance(r, torch.Tensor) for r in result):
+        return tuple(_viewed(r, edits) if isinstance(r, torch.Tensor) else r for r in result)
+    return result
+
+
+def _viewed(t: torch.Tensor, edits: list[Edit]) -> Any:
+    if t.numel() == 0:
+        return t
+    ptr = _storage(t)
+    for edit in edits:
+        if edit.storage == ptr:
+            return _editable(t, edit)
+    return t
+
+
+def _editable(t: torch.Tensor, edit: Edit) -> EditableRead:
+    out = t.as_subclass(EditableRead)
+    out.__dict__["_edit"] = edit
+    return out
+
+
+def plain(value: Any) -> Any:
+    """``value`` as the model may hold it: an editable read as the plain tensor of the
+    same storage, anything else as it is."""
+    if isinstance(value, EditableRead):
+        with torch._C.DisableTorchFunctionSubclass():
+            return value.as_subclass(torch.Tensor)
+    return value
+
+
+def editable(value: Any, where: str, write: Callable[[Any], None], location: str | None) -> Any:
+    """``value`` (a read of the place ``where``) as handed out inside a trace body: a
+    tensor whose in-place edits call ``write`` with the edited tensor; anything else,
+    or anything outside a trace body, as it is. Not a copy of its own: where the row
+    copies (``snapshot``, ``write: in_place``, a scale) the read already is one, so a
+    value saved before keeps its value; elsewhere it is the model's tensor, which the
+    forward may still change in place as it carries it on (XLM masks its block output
+    in place), as a read there has always held."""
+    if not isinstance(value, torch.Tensor) or _runner() is None:
+        return value
+    value = plain(value)
+    return _editable(value, Edit(where, write, value, location))
+
+
+__all__ = ["EditRefused", "EditableRead", "PlaceOutOfOrder", "editable", "plain"]

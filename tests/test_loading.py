@@ -1,0 +1,155 @@
+"""Every load loads the checkpoint's own weights, or is refused (issue 20, item 3).
+
+A wrapper family (one with an ``auto_class``: a language model inside a multimodal
+class) loads a checkpoint saved by its text class with that class, and every load is
+checked against transformers' own loading report: every tensor of the checkpoint is
+loaded into the model and every parameter comes from it, or the load is refused
+listing what is missing and unexpected."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+
+# the model types of the families that load with an auto class of their own
+WRAPPERS = sorted(
+    t
+    for name, match in FAMILY_MATCH.items()
+    if FAMILY_RENAME[name].auto_class
+    for t in match.model_types
+)
+FIRST = "mllama"  # the README tier's representative (text class beside the wrapper's)
+
+
+def _causal_types() -> set[str]:
+    from causalab_mini.tools.tiny import causal_lm_model_types
+
+    return set(causal_lm_model_types())
+
+
+def _text_class(model_type: str, config: Any) -> str | None:
+    """The causal-LM class that saves the text stack of ``model_type``'s wrapper: the
+    model type's own causal-LM class where it is not the wrapper (MllamaForCausalLM),
+    else the text sub-config's model type's (Gemma3ForCausalLM, Qwen2ForCausalLM)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    own = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if own is not None and own not in (config.architectures or ()):
+        return str(own)
+    found = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.get_text_config().model_type)
+    return str(found) if found is not None else None
+
+
+def _checkpoints(model_type: str, root: Path) -> list[tuple[str, str]]:
+    """(directory, the class that saved it): the tiny wrapper checkpoint, its text
+    stack saved by the text class, and (where the text class is the model type's own
+    causal-LM class) the same weights under the wrapper's composite config whose
+    architectures name the text class."""
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer
+
+    from causalab_mini.tools.tiny import resolve_model_spec
+
+    wrapper = resolve_model_spec(f"tiny:{model_type}")
+    config = AutoConfig.from_pretrained(wrapper)
+    out = [(wrapper, str(config.architectures[0]))]
+    text_class = _text_class(model_type, config)
+    if text_class is None:
+        return out
+    torch.manual_seed(0)
+    text = getattr(transformers, text_class)(config.get_text_config())
+    plain = root / f"{model_type}-text"
+    shutil.rmtree(plain, ignore_errors=True)
+    text.save_pretrained(plain)
+    AutoTokenizer.from_pretrained(wrapper).save_pretrained(plain)
+    out.append((str(plain), text_class))
+    if (
+        transformers.models.auto.modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+        == text_class
+    ):
+        composite = root / f"{model_type}-text-composite"
+        shutil.copytree(plain, composite, dirs_exist_ok=True)
+        raw = json.loads((Path(wrapper) / "config.json").read_text())
+        raw["architectures"] = [text_class]
+        (composite / "config.json").write_text(json.dumps(raw))
+        out.append((str(composite), text_class))
+    return out
+
+
+def _logits_of(model: Any, ids: Any) -> Any:
+    with model.trace(ids):
+        logits = model.logits.save()
+    return logits
+
+
+def _check_loads_its_own(path: str, saved_by: str) -> None:
+    import transformers
+
+    from causalab_mini.model import StandardizedTransformer
+
+    model = StandardizedTransformer(path)
+    assert model.load_reports == []  # built on the meta device: nothing loaded yet
+    ids = torch.tensor([[5, 9, 17, 33, 2]])
+    got = _logits_of(model, ids)
+    assert type(model._model).__name__ == saved_by, path
+    (report,) = model.load_reports
+    assert report.ok and report.model_class == saved_by, report
+    reference = getattr(transformers, saved_by).from_pretrained(path)
+    with torch.no_grad():
+        expected = reference(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-5), (path, (got - expected).abs().max())
+
+
+@pytest.mark.parametrize("model_type", [FIRST])
+def test_a_wrapper_family_loads_each_checkpoint_with_the_class_that_saved_it(
+    model_type: str, tmp_path: Path
+) -> None:
+    for path, saved_by in _checkpoints(model_type, tmp_path):
+        _check_loads_its_own(path, saved_by)
+
+
+@pytest.mark.wide
+@pytest.mark.parametrize("model_type", [t for t in WRAPPERS if t != FIRST])
+def test_every_wrapper_family_loads_each_checkpoint_with_the_class_that_saved_it(
+    model_type: str, tmp_path: Path
+) -> None:
+    if model_type not in _causal_types():
+        pytest.skip(f"{model_type} is not a causal-LM model type of this transformers")
+    for path, saved_by in _checkpoints(model_type, tmp_path):
+        _check_loads_its_own(path, saved_by)
+
+
+def test_a_checkpoint_with_a_renamed_tensor_is_refused_listing_it(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from causalab_mini.model import LoadRefused, StandardizedTransformer
+    from causalab_mini.tools.tiny import resolve_model_spec
+
+    source = Path(resolve_model_spec("tiny:llama"))
+    broken = tmp_path / "llama-renamed"
+    shutil.copytree(source, broken)
+    (weights,) = broken.glob("*.safetensors")
+    tensors = load_file(weights)
+    before = "model.layers.1.mlp.down_proj.weight"
+    after = "model.layers.1.mlp.down_projection.weight"
+    tensors[after] = tensors.pop(before)
+    save_file(tensors, weights, metadata={"format": "pt"})
+
+    fine = StandardizedTransformer(str(source))  # the same checkpoint, unrenamed
+    fine.dispatch()
+    assert [r.ok for r in fine.load_reports] == [True]
+
+    model = StandardizedTransformer(str(broken))
+    with pytest.raises(LoadRefused) as refused:
+        model.dispatch()
+    text = str(refused.value)
+    assert before in text and after in text, text
+    assert "LlamaForCausalLM" in text and "llama" in text, text
+    assert not model.dispatched  # nothing of the random weights is left to trace
