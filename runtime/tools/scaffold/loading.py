@@ -93,8 +93,9 @@ def detect_containers(hf_model: Any) -> tuple[dict[str, str | bool], list[str]]:
     modules = dict(hf_model.named_modules())
     names = {id(m): n for n, m in modules.items()}
     notes: list[str] = []
+    decoder = _decoder_path(hf_model, names)
     layers = _layer_list(
-        modules, getattr(hf_model.config.get_text_config(), "num_hidden_layers", None)
+        modules, getattr(hf_model.config.get_text_config(), "num_hidden_layers", None), decoder
     )
     out: dict[str, str | bool] = {}
     prefix = getattr(hf_model, "base_model_prefix", "") or ""
@@ -105,18 +106,37 @@ def detect_containers(hf_model: Any) -> tuple[dict[str, str | bool], list[str]]:
     if embed is not None and id(embed) in names:
         out["embed_name"] = names[id(embed)]
     _sublayers(dict(modules[layers][0].named_children()), out, notes)
-    base = modules.get(model_name)
+    # a wrapper's final norm sits beside its text stack's layers, not beside the towers
+    parent = layers.rsplit(".", 1)[0] if "." in layers else model_name
+    inner = parent if parent.startswith(model_name + ".") else model_name
+    if inner != model_name and not _norms(inner, modules[inner]):
+        inner = model_name
+    base = modules.get(inner)
     if base is not None:
-        _final_norm(model_name, base, out, notes)
+        _final_norm(inner, base, out, notes)
     head = hf_model.get_output_embeddings()
     if head is not None and id(head) in names:
         out["lm_head_name"] = names[id(head)]
     return out, notes
 
 
-def _layer_list(modules: dict[str, Any], n_layers: int | None) -> str:
+def _decoder_path(hf_model: Any, names: dict[int, str]) -> str | None:
+    """The path of the text decoder transformers' get_decoder() names inside a
+    wrapper (a vision or audio tower beside it may hold a module list as long as
+    the layers), or None where it names none or the model itself."""
+    get_decoder = getattr(hf_model, "get_decoder", None)
+    try:
+        decoder = get_decoder() if callable(get_decoder) else None
+    except Exception:  # a model whose get_decoder is not defined for it
+        return None
+    path = names.get(id(decoder)) if decoder is not None else None
+    return path or None
+
+
+def _layer_list(modules: dict[str, Any], n_layers: int | None, decoder: str | None = None) -> str:
     """The one module list that holds the layers (outermost, ``n_layers`` long, of
-    modules with children)."""
+    modules with children); of several, the one inside the text decoder
+    (``decoder``, a path) where exactly one is."""
     import torch
 
     lists = [
@@ -128,6 +148,9 @@ def _layer_list(modules: dict[str, Any], n_layers: int | None) -> str:
         and len(list(module[0].children())) >= 2
     ]
     lists = [n for n in lists if not any(n != o and n.startswith(o + ".") for o in lists)]
+    inside = [n for n in lists if decoder and n.startswith(decoder + ".")]
+    if len(lists) > 1 and len(inside) == 1:
+        lists = inside
     if len(lists) != 1:
         raise ScaffoldError(
             f"cannot tell which module list holds the layers: {', '.join(lists) or 'none'} "
@@ -164,13 +187,18 @@ def _sublayers(children: dict[str, Any], out: dict[str, str | bool], notes: list
         notes.append(f"MLP: several children look like it: {', '.join(mlp)}")
 
 
-def _final_norm(model_name: str, base: Any, out: dict[str, str | bool], notes: list[str]) -> None:
-    """The final norm among the base model's children, into ``out``."""
-    norms = [
+def _norms(model_name: str, base: Any) -> list[str]:
+    """The children of ``base`` that look like norms, as paths."""
+    return [
         f"{model_name}.{n}"
         for n, m in base.named_children()
         if re.search(r"norm", type(m).__name__, re.I) or re.match(r"ln|norm", n)
     ]
+
+
+def _final_norm(model_name: str, base: Any, out: dict[str, str | bool], notes: list[str]) -> None:
+    """The final norm among the base model's children, into ``out``."""
+    norms = _norms(model_name, base)
     if len(norms) == 1:
         out["ln_final_name"] = norms[0]
     else:
