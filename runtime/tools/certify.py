@@ -9,7 +9,7 @@ oracles are written by others: transformers' ``output_hidden_states`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from causalab_mini.address import IdentityTerm, identity_term_rows, parse_identity_terms
 from causalab_mini.generated import BLOCK_STRUCTURES
@@ -29,12 +29,13 @@ class Check:
     detail: str = ""
 
 
-Term = IdentityTerm
+Term: TypeAlias = IdentityTerm
 
 
 def parse_terms(text: str) -> tuple[str, tuple[Term, ...]]:
     """block_structures.yaml's identity grammar (``causalab_mini.address``)."""
-    return parse_identity_terms(text)
+    parsed: tuple[str, tuple[Term, ...]] = parse_identity_terms(text)
+    return parsed
 
 
 def parse_identity(text: str) -> tuple[str, tuple[str, ...]]:
@@ -156,8 +157,8 @@ def read_places(
     plan.sort(key=lambda item: item[0])
     saved: list[Any] = []  # made before the trace: names first bound inside it do not leave it
     with model.trace(inputs):
-        for _, name, layer in plan:
-            saved.append(internals[name].get(layer).save())
+        for _, name, at in plan:
+            saved.append(internals[name].get(at).save())
     return {(name, layer): _value(t) for (_, name, layer), t in zip(plan, saved, strict=True)}
 
 
@@ -538,7 +539,9 @@ def _write_through_identity(model: Any, inputs: dict[str, Any], layer: int, text
     early = [r for r in rows if r not in box]
     if early:  # rows before layers_mid (none on these blocks): a clean read
         box.update({k[0]: v for k, v in read_places(model, inputs, early).items()})
-    values = {(name, layer): _value(v) for name, v in box.items()}
+    values: dict[tuple[str, int | None], Any] = {
+        (name, layer): _value(v) for name, v in box.items()
+    }
     sides = evaluate_identity(model, text, values, layer)
     assert sides is not None
     return compare(f"{text}, with a written layers_mid", layer, sides[0], sides[1])

@@ -483,7 +483,8 @@ def render_svg(scene: Scene) -> str:
 
     env = template_environment(autoescape=True)
     env.filters["n"] = lambda v: f"{float(v):g}"
-    return env.get_template("block.svg.j2").render(scene=scene, LINE=LINE)
+    svg: str = env.get_template("block.svg.j2").render(scene=scene, LINE=LINE)
+    return svg
 
 
 def diagram(model: Any, layer: int = 0, spec: str | None = None) -> str:
@@ -523,8 +524,8 @@ def diagram_command(spec: str, out: pathlib.Path, layer: int, as_json: bool) -> 
     from causalab_mini.model import StandardizedTransformer
     from causalab_mini.tools.tiny import TinyBuildError
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # unannotated in transformers
+    transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated in transformers
     try:
         model = StandardizedTransformer(spec, enable_attention_probs=True)
     except (TinyBuildError, OSError, ValueError) as exc:

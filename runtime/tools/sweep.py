@@ -245,7 +245,8 @@ def _run_in_order(
     from causalab_mini.components import Plan
 
     try:
-        return Plan.of(reads=addresses.values()).run(model, inputs)
+        values: dict[Any, Any] = Plan.of(reads=addresses.values()).run(model, inputs)
+        return values
     except Exception as exc:
         if not _is_out_of_order(exc):
             raise

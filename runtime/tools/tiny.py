@@ -158,7 +158,8 @@ def build_class(model_type: str) -> str:
     from causalab_mini.classes import auto_class_for
 
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    return auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
+    auto_class: str = auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
+    return auto_class
 
 
 def _config_types(model_type: str) -> list[str]:

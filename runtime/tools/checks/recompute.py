@@ -244,7 +244,8 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
     where["model_class"] = internals.model_class
 
     def line(op: Any) -> int:
-        return line_of[op_path(op).split(".")[-1]]
+        at: int = line_of[op_path(op).split(".")[-1]]  # parsed_source: name -> line index
+        return at
 
     try:  # the call that returns attention_z
         call = line(find_op(source, z_address.needles[0], **where))
@@ -298,7 +299,9 @@ def _consistency_checks(
     the input of the norm whose output is mlps_norm_output."""
     import torch
 
-    key = lambda n: (n, layer)  # noqa: E731
+    def key(n: str) -> tuple[str, int]:
+        return n, layer
+
     internals = model.internals
 
     def norm_of_mid() -> tuple[bool, str] | None:
@@ -313,7 +316,8 @@ def _consistency_checks(
         normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
         if isinstance(normed, tuple):
             normed = normed[0]
-        return close(normed, v[key("mlp_input_norm")])
+        found: tuple[bool, str] = close(normed, v[key("mlp_input_norm")])
+        return found
 
     with torch.no_grad():
         both = key("block_mid") in v and key("mlp_input_norm") in v
@@ -375,7 +379,9 @@ def _interior_checks(
 ) -> Iterator[Outcome]:
     import torch
 
-    key = lambda n: (n, layer)  # noqa: E731
+    def key(n: str) -> tuple[str, int]:
+        return n, layer
+
     if key("attention_scores") in v and key("attention_probs") in v:
         s, p = v[key("attention_scores")], v[key("attention_probs")]
         ok, d = close(torch.softmax(s.float(), -1).to(p.dtype), p, atol=1e-5)
@@ -554,7 +560,9 @@ def _mlp_checks(
 ) -> Iterator[Outcome]:
     import torch
 
-    key = lambda n: (n, layer)  # noqa: E731
+    def key(n: str) -> tuple[str, int]:
+        return n, layer
+
     if key("mlp_neuron_output") not in v:
         return
     neurons = v[key("mlp_neuron_output")]

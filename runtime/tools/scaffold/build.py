@@ -13,7 +13,7 @@ from causalab_mini.generated import (
     BLOCK_STRUCTURES,
     DEFAULT_ADDRESSES,
 )
-from causalab_mini.tools.certify import parse_identity
+from causalab_mini.tools.certify import Check, parse_identity
 from causalab_mini.tools.scaffold.capture import capture
 from causalab_mini.tools.scaffold.data import (
     CONTRIBUTIONS,
@@ -64,7 +64,8 @@ def _existing_rule(model: Any) -> str | None:
     names = tuple(c.__name__ for c in type(model._model).__mro__)
     for rule in BLOCK_STRUCTURE_RULES:
         if rule.match.matches(names, model.model_type, model.text_config):
-            return rule.structure
+            structure: str = rule.structure
+            return structure
     return None
 
 
@@ -201,7 +202,8 @@ def _structure_verdicts(
     verdicts: dict[str, Verdict] = {}
     if structure is not None:
         trial = next(t for t in trials if t.name == structure)
-        return place_verdicts(model, search, structure, trial)
+        decided: dict[str, Verdict] = place_verdicts(model, search, structure, trial)
+        return decided
     for text in {t for s in BLOCK_STRUCTURES.values() for t in s.identities}:
         left, right = parse_identity(text)
         for place in (left, *right):
@@ -251,7 +253,7 @@ def _prove(
     force_structure(model, structure)
     inputs = certify.sample_inputs(model)
     values, unreadable = _read_all(model, inputs)
-    checks = certify.identities(model, values)
+    checks: list[Check] = certify.identities(model, values)
     checks += certify.hidden_state_oracle(model, inputs, values)
     if probs.status in ("default", "verified"):
         checks += _guarded(lambda: certify.attention_oracle(model, inputs), notes)

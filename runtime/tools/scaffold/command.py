@@ -31,7 +31,8 @@ def _where(v: Verdict) -> str:
     if v.status in ("ambiguous",):
         return " | ".join(c.describe() for c in v.choices)
     if v.chosen is not None:
-        return v.chosen.describe()
+        described: str = v.chosen.describe()
+        return described
     return ""
 
 
@@ -158,7 +159,7 @@ def _scaffold_and_write(
 
 def _json_report(sc: Scaffold, written: Written, diagnostics: list[Any] | None) -> dict[str, Any]:
     """The findings and what was written (``diagnostics``: None when nothing was linted)."""
-    data = sc.to_json()
+    data: dict[str, Any] = sc.to_json()
     data["written"] = {
         "family_file": str(written.family_file) if written.family_file else None,
         "rule_file": str(written.rule_file) if written.rule_file else None,

@@ -184,7 +184,7 @@ def _first_reason(exc: BaseException) -> str:
             text = re.split(r" Fix the row's needle| Its operations are:", str(seen))[0]
             return " ".join(text.split())[:300]
         seen = seen.__cause__ or seen.__context__
-    raised = re.findall(
+    raised: list[str] = re.findall(  # one group: each match is its text
         r"^[\w.]*(?:Error|Exception|Unavailable|NotFound|Refused): (.+)$", str(exc), re.M
     )
     if raised:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from causalab_mini.address import Address, RenameConfig
 from causalab_mini.tools.scaffold.data import ScaffoldError
@@ -83,8 +83,8 @@ def _quiet() -> None:
         logging.getLogger(noisy).setLevel(logging.ERROR)
     import transformers
 
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # unannotated in transformers
+    transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated in transformers
 
 
 def detect_containers(hf_model: Any) -> tuple[dict[str, str | bool], list[str]]:
@@ -216,7 +216,9 @@ def load(
 ) -> Any:
     from causalab_mini.model import StandardizedTransformer
 
-    config = RenameConfig(**containers, addresses=rows)  # type: ignore[arg-type]
+    # detect_containers's keys are RenameConfig's container fields, each with its
+    # field's type (str names, bool flags), which one value type for the dict cannot say
+    config = RenameConfig(**cast(dict[str, Any], containers), addresses=rows)
     model = StandardizedTransformer(
         spec, rename_config=config, enable_attention_probs=probs, **kwargs
     )

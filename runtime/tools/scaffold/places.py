@@ -31,6 +31,7 @@ def _canonical(model: Any, path: str) -> str | None:
     if envoy is None:
         return None
     target = envoy._module
+    walked: str  # walk_layer yields (standardized path, torch module)
     for walked, module in walk_layer(model.layers[0]):
         if module is target:
             return walked
@@ -198,7 +199,8 @@ class _Span:
     text: str
 
     def same(self, a: Candidate, b: Candidate) -> bool:
-        return self.search.holds(a, [b], self.layers)[0]
+        ok: bool = self.search.holds(a, [b], self.layers)[0]
+        return ok
 
     def under(self, prefix: str, io: str, *, params: bool | None = None) -> list[Candidate]:
         """The modules below ``prefix`` with a tensor on side ``io`` on every layer

@@ -86,7 +86,7 @@ class _Search:
             parts = [self.value(c, layer) for c in right]
             if got is None or any(p is None for p in parts):
                 return False, float("inf")
-            total = parts[0]
+            total: Any = parts[0]  # a tensor: none of the parts is None (checked above)
             for p in parts[1:]:
                 total = total + p
             ok, err = difference(got, total)
