@@ -110,3 +110,21 @@ def test_docs_only_for_the_package_registry(
     assert result.exit_code == 0
     assert not docs_dir.exists()
     assert sorted(p.suffix for p in out.iterdir()) == [".py"] * len(list(out.iterdir()))
+
+
+def test_the_readme_coverage_figures_are_the_sweep_report() -> None:
+    """README's coverage figures are docs/coverage.json's (one sentence per group)."""
+    import re
+
+    report = json.loads((REPO / "docs" / "coverage.json").read_text())
+    readme = (REPO / "README.md").read_text()
+    found = re.findall(
+        r"\*\*(?P<group>[a-z_]+)\*\*: (\d+) architectures, (\d+) certified, (\d+) components "
+        r"ok, (\d+) refused with a reason, (\d+) broken",
+        readme,
+    )
+    assert found, "README.md states no coverage figures"
+    for group, *figures in found:
+        summary = report["groups"][group]
+        want = [summary[k] for k in ("architectures", "certified", "ok", "refused", "broken")]
+        assert [int(f) for f in figures] == want, f"README's {group} figures: rerun the sweep"
