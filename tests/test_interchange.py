@@ -16,33 +16,20 @@ from causalab_mini import locate
 from causalab_mini.interchange import Patch, interchange
 from causalab_mini.plan import Plan
 from causalab_mini.positions import PositionError, resolve
+from causalab_mini.tools.checks import positions as checks
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 FAMILIES = ["tiny:llama", "tiny:gpt2", "tiny:gemma2", "tiny:gpt_neox"]
-SENTENCES = [
-    "The cat sat on the mat",
-    "The dog slept by the door",
-    "Rome is the capital of Italy",
-    "Berlin is the capital of Germany",
-    "Good morning! Good night.",
-    "Hello, world! How are you?",
-    "The weather is nice today",
-    "She said that he would come",
-    "Please open the window",
-    "They were happy because",
-]
+# the sweep's sentences (ten of them) and its pairing of sentences of as many tokens
+SENTENCES = list(checks.SENTENCES[:10])
 
 
 def same_length_pairs(model: Any) -> tuple[list[str], list[str]]:
     """Pairs of sentences with as many content tokens under the model's tokenizer."""
-    by: dict[int, list[str]] = {}
-    for text in SENTENCES:
-        by.setdefault(len(resolve(model, [text], "all")[0]), []).append(text)
-    pairs = [(v[0], v[1]) for v in by.values() if len(v) >= 2]
-    assert pairs, "no two sentences tokenize to as many tokens: add sentences"
-    bases, sources = zip(*pairs, strict=True)
-    return list(bases), list(sources)
+    pairs = checks.equal_length_pairs(model, SENTENCES)
+    assert pairs is not None, "no two sentences tokenize to as many tokens: add sentences"
+    return pairs
 
 
 @pytest.mark.parametrize("spec", FAMILIES)
@@ -191,7 +178,6 @@ def test_the_sweep_check_notices_a_place_that_is_not_the_stream() -> None:
     from causalab_mini.generated import DEFAULT_ADDRESSES
     from causalab_mini.tools import certify
     from causalab_mini.tools.checks import Context
-    from causalab_mini.tools.checks import positions as checks
 
     def outcomes(model: Any) -> dict[str, bool]:
         inputs = certify.sample_inputs(model)

@@ -46,11 +46,15 @@ def text_fed(ctx: Any) -> bool:
     return set(ctx.inputs) <= {"input_ids", "attention_mask"}
 
 
-def _pairs(model: Any) -> tuple[list[str], list[str]] | None:
+def equal_length_pairs(
+    model: Any, texts: tuple[str, ...] | list[str] = SENTENCES
+) -> tuple[list[str], list[str]] | None:
+    """(bases, sources): pairs of ``texts`` with as many content tokens under the
+    model's tokenizer (the first two of each length), or None where no two have."""
     from causalab_mini.positions import resolve
 
     by: dict[int, list[str]] = {}
-    for text in SENTENCES:
+    for text in texts:
         by.setdefault(len(resolve(model, [text], "all")[0]), []).append(text)
     pairs = [(v[0], v[1]) for v in by.values() if len(v) >= 2]
     if not pairs:
@@ -118,7 +122,7 @@ def interchange_identities(ctx: Any) -> Iterator[Outcome]:
         last = locate(model, "block_output", ctx.n - 1, position={"index": -1})
     except ComponentError:
         return
-    pairs = _pairs(model)
+    pairs = equal_length_pairs(model)
     if pairs is not None:
         result = interchange(model, [first], *pairs, return_sources=True)
         ok, err = close(result.logits, result.sources[0].logits)
