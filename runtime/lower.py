@@ -83,6 +83,13 @@ def lower_step(
             step["head"] = ("last", address.head * address.head_dim, address.head_dim)
     if write and not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
+    if write and index is not None and not compat.is_08():
+        # as plan.write: measured under nnsight 0.7.0, a read saved before came back changed
+        raise WriteRefused(
+            f"{_where(address)}: a write at positions is certified on nnsight 0.8, and "
+            f"nnsight {compat.nnsight_version()} is installed: install nnsight>=0.8, or "
+            "write the whole place"
+        )
     if address.kind == "boundary":
         place = internals[address.accessor]
         row = place.address_at(address.layer)

@@ -12,6 +12,7 @@ from typing import Any
 
 from causalab_mini.address import replace_part
 
+from . import compat
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value, child
 from .locator import ComponentAddress, _refuse
@@ -247,6 +248,15 @@ def write(model: Any, address: ComponentAddress, value: Any, index: Any = None) 
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
     index = _positions_due(address, index)
+    if index is not None and not compat.is_08():
+        # measured under nnsight 0.7.0 (drift session): with a batch's own position_ids
+        # and a write at positions, a read saved before the write came back changed
+        raise WriteRefused(
+            f"{address}: a write at positions is certified on nnsight 0.8, and nnsight "
+            f"{compat.nnsight_version()} is installed, under which a read saved before such "
+            "a write was seen to change: install nnsight>=0.8, or write the whole place "
+            "(positions.put on what a read returns)"
+        )
     native = _whole(model, address)
     flat = _flat(address, native)
     if address.head is not None:
