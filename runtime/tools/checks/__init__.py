@@ -12,7 +12,7 @@ The comparison is ``certify.close``, the one comparator of the project's checks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from causalab_mini.tools import certify as cert
@@ -306,25 +306,37 @@ def write_keeps_earlier_reads(ctx: Context) -> Iterator[Outcome]:
     """Where a write overwrites the tensor the block carries (in_place) or the forward
     modifies it later (snapshot), every place read before the write keeps its clean
     value, the place reads back the written value and the stream after it changes."""
+    yield from _at_each_place(
+        ctx,
+        lambda place: place.row.write == "in_place" or place.row.snapshot,
+        cert.write_keeps_earlier_reads,
+        "a write keeps every earlier read, reads back, and reaches the stream",
+    )
+
+
+def _at_each_place(
+    ctx: Context,
+    wanted: Callable[[Any], bool],
+    run: Callable[[Any, dict[str, Any], str, int | None], list[Any]],
+    name: str,
+    if_read: bool = False,
+) -> Iterator[Outcome]:
+    """``run`` (a certify write check) at every place a component reads that ``wanted``
+    keeps, on the probe layer (1, or 0 on a one-layer model); one outcome each."""
     row_of = row_components()
     probe = min(1, ctx.n - 1)
     for row_name, place in ctx.model.internals.items():
         component = row_of.get(row_name)
-        if component is None or not (place.row.write == "in_place" or place.row.snapshot):
+        if component is None or not wanted(place):
             continue
         layer = probe if place.per_layer else None
-        if place.unavailable_on(layer) is not None:
-            continue
-        kept = cert.write_keeps_earlier_reads(ctx.model, ctx.inputs, row_name, layer)
-        if kept:
-            failed = [c for c in kept if not c.ok]
+        if place.unavailable_on(layer) is not None or (if_read and (component, layer) not in ctx.v):
+            continue  # refused, or not read: its own check says why
+        checks = run(ctx.model, ctx.inputs, row_name, layer)
+        if checks:
+            failed = [c for c in checks if not c.ok]
             detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
-            yield Outcome(
-                (component,),
-                "a write keeps every earlier read, reads back, and reaches the stream",
-                not failed,
-                detail,
-            )
+            yield Outcome((component,), name, not failed, detail)
 
 
 def in_place_edits(ctx: Context) -> Iterator[Outcome]:
@@ -332,25 +344,13 @@ def in_place_edits(ctx: Context) -> Iterator[Outcome]:
     (``x[:, 2] += 0.5``) is the write of the place: the logits equal those of the same
     write by assignment, the read saved before keeps its value, the read after shows
     the edit (certify.in_place_edit)."""
-    row_of = row_components()
-    probe = min(1, ctx.n - 1)
-    for row_name, place in ctx.model.internals.items():
-        component = row_of.get(row_name)
-        if component is None:
-            continue
-        layer = probe if place.per_layer else None
-        if place.unavailable_on(layer) is not None or (component, layer) not in ctx.v:
-            continue  # refused, or not read: its own check says why
-        checks = cert.in_place_edit(ctx.model, ctx.inputs, row_name, layer)
-        if checks:
-            failed = [c for c in checks if not c.ok]
-            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
-            yield Outcome(
-                (component,),
-                "an in-place edit of a read is the place's write, and keeps earlier reads",
-                not failed,
-                detail,
-            )
+    yield from _at_each_place(
+        ctx,
+        lambda place: True,
+        cert.in_place_edit,
+        "an in-place edit of a read is the place's write, and keeps earlier reads",
+        if_read=True,
+    )
 
 
 def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
