@@ -39,8 +39,13 @@ def test_every_token_of_the_first_block_input_reproduces_the_source(
     model = tiny_model(spec)
     bases, sources = same_length_pairs(model)
     patch = locate(model, "block_input", 0, position="all")
-    result = interchange(model, [patch], bases, sources, return_sources=True)
+    before = locate(model, "embeddings", position="all")  # read before the patch
+    result = interchange(model, [patch], bases, sources, reads=[before], return_sources=True)
     torch.testing.assert_close(result.logits, result.sources[0].logits, atol=1e-5, rtol=1e-5)
+    # the read saved before the patch keeps the base's own value (as many tokens in
+    # every row: bases patched from themselves pad alike)
+    clean = interchange(model, [patch], bases, bases, reads=[before])
+    assert torch.equal(result.reads[before], clean.reads[before])
     clean_base = interchange(
         model, [locate(model, "block_input", 0, position={"index": 0})], bases, bases
     )
@@ -56,8 +61,12 @@ def test_the_last_block_output_at_the_last_token_reproduces_the_source_there(
     bases = SENTENCES[:4]
     sources = SENTENCES[4:8]  # of other lengths: each row resolves its own last token
     patch = locate(model, "block_output", last, position={"index": -1})
-    result = interchange(model, [patch], bases, sources, return_sources=True)
+    before = locate(model, "block_input", last, position={"index": -1})  # read before it
+    result = interchange(model, [patch], bases, sources, reads=[before], return_sources=True)
     torch.testing.assert_close(result.logits, result.sources[0].logits, atol=1e-5, rtol=1e-5)
+    for i, text in enumerate(bases):  # the read before the patch is the base's own
+        alone = Plan.of([before]).run(model, [text])[before][0]
+        torch.testing.assert_close(result.reads[before][i], alone, atol=1e-5, rtol=1e-5)
     # the sources ran clean: their logits are a plain run's
     logits = locate(model, "logits", position={"index": -1})
     for i, text in enumerate(sources):

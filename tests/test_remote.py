@@ -245,6 +245,7 @@ def test_loopback_runs_a_plan_at_positions_as_a_local_one(
 
     def plan(model: StandardizedTransformer, value: Any) -> Plan:
         reads = [
+            locate(model, "block_input", 0, position={"index": -1}),  # read before the write
             locate(model, "block_output", 1, position={"index": -1}),
             locate(model, "attention_query", 1, 0, position={"span": "fox"}),
             locate(model, "logits", position={"index": -1}),
@@ -262,6 +263,10 @@ def test_loopback_runs_a_plan_at_positions_as_a_local_one(
     assert [a.component for a in got] == [a.component for a in want]
     for (a, v), w in zip(got.items(), want.values(), strict=True):
         assert torch.equal(v, w), a
+    # the read before the write keeps its clean value
+    before = locate(local, "block_input", 0, position={"index": -1})
+    clean = Plan.of([before]).run(local, texts)[before]
+    assert torch.equal(got[locate(client, "block_input", 0, position={"index": -1})], clean)
 
 
 def test_loopback_refuses_a_server_that_runs_other_attention(workers: dict[str, Any]) -> None:
