@@ -179,42 +179,43 @@ def _tables(registry: Registry) -> dict[str, Any]:
             for t, (adds, template) in registry.tiny.tokenizers
         },
         "tiny_chat_templates": dict(registry.tiny.chat_templates),
-        "family_names": tuple(f.name for f in families),
-        "family_match": {f.name: f.match for f in families},
-        "family_rename": {f.name: emit.call("RenameConfig", **dict(f.rename)) for f in families},
-        "family_interiors_unavailable": {
-            f.name: f.interiors_unavailable for f in families if f.interiors_unavailable
-        },
-        "family_interiors": {
-            f.name: {
-                name: emit.call("replace", emit.ref("INTERIORS", name), **dict(fields))
-                for name, fields in f.interiors
-            }
-            for f in families
-            if f.interiors
-        },
-        "family_operands": {f.name: dict(f.operands) for f in families if f.operands},
         "lens": registry.lens,
-        "family_lens": {f.name: f.lens for f in families if f.lens is not None},
-        "family_structure_unknown": {
-            f.name: f.structure_unknown_reason for f in families if f.structure_unknown_reason
-        },
-        "family_addresses": emit.tuple_of(
-            emit.tuple_of(
-                (
-                    emit.ref("FAMILY_MATCH", f.name),
-                    {
-                        **{
-                            row: emit.call("replace", _base_row(registry, row), **dict(fields))
-                            for row, fields in f.overrides
-                        },
-                        **dict(f.new_rows),
-                    },
-                )
-            )
-            for f in families
-        ),
+        "families_table": emit.proxy({f.name: _family(registry, f) for f in families}),
     }
+
+
+def _family(registry: Registry, f: Any) -> emit.Bracket:
+    """``Family(...)`` for one family file: only the fields it states."""
+    fields: dict[str, Any] = {
+        "name": f.name,
+        "match": f.match,
+        "rename": emit.call("RenameConfig", **dict(f.rename)),
+    }
+    rows = {
+        **{
+            row: emit.call("replace", _base_row(registry, row), **dict(changes))
+            for row, changes in f.overrides
+        },
+        **dict(f.new_rows),
+    }
+    if rows:
+        fields["addresses"] = emit.proxy(rows)
+    if f.interiors_unavailable:
+        fields["interiors_unavailable"] = f.interiors_unavailable
+    if f.interiors:
+        fields["interiors"] = emit.proxy(
+            {
+                name: emit.call("replace", emit.ref("INTERIORS", name), **dict(changes))
+                for name, changes in f.interiors
+            }
+        )
+    if f.operands:
+        fields["operands"] = emit.proxy(dict(f.operands))
+    if f.structure_unknown_reason:
+        fields["structure_unknown"] = f.structure_unknown_reason
+    if f.lens is not None:
+        fields["lens"] = f.lens
+    return emit.call("Family", **fields)
 
 
 def _base_row(registry: Registry, row: str) -> emit.Atom:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+from .plain import replace_part
+
 Scalar = str | int | float | bool | None
 
 
@@ -53,38 +55,6 @@ class Index:
 
 
 Select = FirstIfTuple | Index
-
-
-def replace_part(value: Any, key: int | str, new: Any) -> Any:
-    """Rebuild ``value`` with the part at ``key`` replaced by ``new``.
-
-    Tuples (named ones too), lists, plain mappings and transformers' ``ModelOutput``
-    (an ordered mapping whose constructor takes its fields) come back as the same type.
-    """
-    if isinstance(value, tuple):
-        if not isinstance(key, int):
-            raise TypeError(f"a tuple is indexed by position, not by {key!r}")
-        items = list(value)
-        items[key] = new
-        if hasattr(value, "_fields"):  # a named tuple
-            return type(value)(*items)
-        return tuple(items)
-    if isinstance(value, list):
-        if not isinstance(key, int):
-            raise TypeError(f"a list is indexed by position, not by {key!r}")
-        items = list(value)
-        items[key] = new
-        return items
-    if isinstance(value, Mapping):
-        if key not in value:
-            raise KeyError(f"{key!r} is not a field of this {type(value).__name__}")
-        fields = dict(value)
-        fields[key] = new
-        return type(value)(**fields) if type(value) is not dict else fields
-    raise TypeError(
-        f"cannot replace part {key!r} of a {type(value).__name__}: expected a tuple, "
-        "list or mapping"
-    )
 
 
 ConditionKind = Literal[
@@ -239,7 +209,10 @@ class Address:
     model, in standardized names, whose entry at the layer's index the module is
     relative to, instead of ``layers[i]`` (a model that keeps each sublayer in a list
     of its own: XLM); ``seq_first`` says the tensor there is (seq, batch, ...) (XLNet),
-    read and written as (batch, seq, ...) through a transposed view.
+    read and written as (batch, seq, ...) through a transposed view. ``spelled`` is
+    the model attribute a whole-model place is read and written as where that is not
+    its name (``token_embeddings``); ``replaces_accessor`` says nnterp has an accessor
+    of the row's name, which the row is mounted in place of.
     """
 
     module: str
@@ -258,6 +231,8 @@ class Address:
     read_only: str | None = None
     flat_tokens: bool = False
     merged_heads: bool = False
+    spelled: str | None = None
+    replaces_accessor: bool = False
     unavailable: tuple[Unavailable, ...] = ()
     versions: tuple[tuple[str, str], ...] = ()
     streams: Streams | None = None
@@ -410,6 +385,27 @@ class RenameConfig:
     attends_ahead: str | None = None
     interchange_unavailable: str | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One family file of the registry as the runtime uses it: which models it
+    ``match``es, where its containers are and the facts its ``rename`` states, its
+    ``addresses`` (rows replacing or adding to the defaults), and what it says of its
+    attention's interiors (why there are none: ``interiors_unavailable``; its own
+    forward's ``interiors``; where it keeps the ``operands``), of its block structure
+    (why none applies: ``structure_unknown``) and of its ``lens`` (the steps from the
+    last block's output to its logits, where they are not the default's)."""
+
+    name: str
+    match: FamilyMatch
+    rename: RenameConfig
+    addresses: Mapping[str, Address] = field(default_factory=dict)
+    interiors_unavailable: str | None = None
+    interiors: Mapping[str, Interior] = field(default_factory=dict)
+    operands: Mapping[str, Operand] = field(default_factory=dict)
+    structure_unknown: str | None = None
+    lens: Lens | None = None
 
 
 @dataclass(frozen=True)

@@ -34,33 +34,12 @@ class WriteRefused(ValueError):
 
 def check_value(where: str, value: Any, current: Any) -> None:
     """Refuse to write ``value`` at ``where`` (a place or component, with its layer)
-    unless it is a tensor of exactly ``current``'s shape, dtype and device. Nothing is
-    broadcast or cast: a user who means it says so (``v.expand_as(x)``, ``v.to(x)``).
-    Every spelling of a write (``model.<name>[i] = v``, ``model.internals[name][i] =
-    v``, a ``Plan``) checks with this one function, so they refuse alike."""
-    shape = getattr(value, "shape", None)
-    want = tuple(current.shape)
-    if shape is None:
-        raise WriteRefused(
-            f"cannot write a {type(value).__name__} to {where}, which holds a tensor of "
-            f"shape {want}; write a tensor of that shape (e.g. torch.full_like(x, value))"
-        )
-    got = tuple(shape)
-    if got != want:
-        raise WriteRefused(
-            f"cannot write a tensor of shape {got} to {where}, which has shape {want}; "
-            "nothing is broadcast (say v.expand_as(x) if that is what you mean)"
-        )
-    if getattr(value, "dtype", None) != current.dtype:
-        raise WriteRefused(
-            f"{where} holds {current.dtype}; the value is {value.dtype}. Nothing is cast: "
-            f"write v.to({current.dtype})"
-        )
-    if getattr(value, "device", None) != current.device:
-        raise WriteRefused(
-            f"{where} is on {current.device}; the value is on {value.device}: write "
-            f"v.to('{current.device}')"
-        )
+    unless it is a tensor of exactly ``current``'s shape, dtype and device, raising
+    WriteRefused: ``causalab_mini.plain.check_value``, the one check every spelling of
+    a write makes (in a trace here and on a server alike)."""
+    from .plain import check_value as check
+
+    check(where, value, current, WriteRefused)
 
 
 __all__ = [

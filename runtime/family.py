@@ -13,13 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from causalab_mini.address import Address, RenameConfig
+from causalab_mini.address import Address, Family, RenameConfig
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     DEFAULT_ADDRESSES,
-    FAMILY_ADDRESSES,
-    FAMILY_MATCH,
-    FAMILY_RENAME,
+    FAMILIES,
     STRUCTURE_ADDRESSES,
 )
 
@@ -41,6 +39,15 @@ class Resolution:
     rename: RenameConfig
     rows: Mapping[str, Address]
     structure: str | None
+    # the matching families themselves, in registry order (``families`` their names)
+    matched: tuple[Family, ...] = ()
+
+
+def families_of(model: Any) -> tuple[Family, ...]:
+    """The families a loaded model matched (``model.resolution``), in registry order:
+    what the locator, the internals and the lens ask a family for."""
+    resolution = getattr(model, "resolution", None)
+    return resolution.matched if resolution is not None else ()
 
 
 def structure_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str | None:
@@ -56,15 +63,15 @@ def families_for(class_names: tuple[str, ...], model_type: str | None, config: A
     """The families whose match holds, in registry order."""
     return [
         name
-        for name, match in FAMILY_MATCH.items()
-        if match.matches(class_names, model_type, config)
+        for name, family in FAMILIES.items()
+        if family.match.matches(class_names, model_type, config)
     ]
 
 
 def merged_rename(families: list[str], user: RenameConfig | None) -> RenameConfig:
     """The families' container names, later ones winning, then the user's."""
     values: dict[str, Any] = {}
-    for config in [*(FAMILY_RENAME[f] for f in families), *([user] if user else [])]:
+    for config in [*(FAMILIES[f].rename for f in families), *([user] if user else [])]:
         for key in CONTAINERS:
             value = getattr(config, key)
             if value is not None:
@@ -84,17 +91,30 @@ def resolve(
     structure = structure_for(class_names, model_type, config)
     own = STRUCTURE_ADDRESSES.get(structure, {}) if structure is not None else {}
     rows = {**DEFAULT_ADDRESSES, **own}
-    for match, family_rows in FAMILY_ADDRESSES:
-        if match.matches(class_names, model_type, config):
-            rows.update(
-                (name, row)
-                for name, row in family_rows.items()
-                if name not in _STRUCTURE_ROWS or name in own
-            )
+    families = families_for(class_names, model_type, config)
+    for name in families:
+        rows.update(
+            (row_name, row)
+            for row_name, row in FAMILIES[name].addresses.items()
+            if row_name not in _STRUCTURE_ROWS or row_name in own
+        )
     if user is not None:
         rows.update(user.addresses)
-    families = families_for(class_names, model_type, config)
-    return Resolution(tuple(families), merged_rename(families, user), rows, structure)
+    return Resolution(
+        tuple(families),
+        merged_rename(families, user),
+        rows,
+        structure,
+        tuple(FAMILIES[name] for name in families),
+    )
 
 
-__all__ = ["CONTAINERS", "Resolution", "families_for", "merged_rename", "resolve", "structure_for"]
+__all__ = [
+    "CONTAINERS",
+    "Resolution",
+    "families_for",
+    "families_of",
+    "merged_rename",
+    "resolve",
+    "structure_for",
+]

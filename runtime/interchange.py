@@ -191,20 +191,16 @@ def _row_index(model: Any, encoded: Any, address: ComponentAddress, rows: range)
     return stacked(mine, address.position)
 
 
-def _chunk(
+def _moves(
     model: Any,
+    encoded: Any,
     plan: list[Patch],
-    reads: list[ComponentAddress],
-    logits_at: ComponentAddress,
+    groups: list[range],
     bases: list[str],
     slots: list[list[str]],
-    return_sources: bool,
-    frame: str,
-) -> InterchangeResult:
-
-    k = len(bases)
-    encoded = encode(model, [*bases, *(t for texts in slots for t in texts)], frame)
-    groups = [range(0, k), *(range(k * (s + 1), k * (s + 2)) for s in range(len(slots)))]
+) -> list[tuple[ComponentAddress, list[tuple[Any, int, Any]]]]:
+    """Per patch, its address and, per base row, (the base's token indices, the source
+    row, the source's token indices): as many tokens in both, or refused."""
     moves = []
     for p in plan:
         indices = resolve(model, encoded, p.address.position)
@@ -219,33 +215,82 @@ def _chunk(
                 )
         pairs = [(indices[i], row, indices[row]) for i, row in enumerate(source_rows)]
         moves.append((p.address, pairs))
-    # the logits at every row's last content token (the base's, and each source's)
-    last = stacked(resolve(model, encoded, {"index": -1}), {"index": -1})
-    wanted = [
-        (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
-        for a in reads
-    ]
-    # (rank, reads after writes at one rank, what): patches, reads, then the logits
+    return moves
+
+
+def _order(
+    moves: list[Any], wanted: list[Any], logits_at: ComponentAddress
+) -> list[tuple[tuple[int, int], bool, int]]:
+    """What the trace does, in forward order: (rank, reads after writes at one rank,
+    what: a patch (negative), a read (its index), or the logits (the last))."""
     steps: list[tuple[tuple[int, int], bool, int]] = [
         (m[0].rank, False, -1 - i) for i, m in enumerate(moves)
     ]
     steps += [(a.rank, True, i) for i, (a, _) in enumerate(wanted)]
     steps.append((logits_at.rank, True, len(wanted)))
     steps.sort(key=lambda s: (s[0], s[1]))
+    return steps
+
+
+def _patch(model: Any, address: ComponentAddress, pairs: list[tuple[Any, int, Any]]) -> None:
+    """Write each base row's tokens of ``address`` with its source row's (in the trace)."""
+    whole = replace(address, position=())
+    axis = handed_axis(address) - 1  # of one row
+    full = read(model, whole)
+    patched = full.clone()
+    for i, (at, row, source_at) in enumerate(pairs):
+        # a view of row i with its sequence first: writing it writes patched
+        patched[i].movedim(axis, 0)[at] = full[row].movedim(axis, 0)[source_at]
+    write(model, whole, patched)
+
+
+def _results(
+    values: dict[int, list[Any]],
+    reads: list[ComponentAddress],
+    groups: list[range],
+    return_sources: bool,
+) -> InterchangeResult:
+    """The base run's result (the sources' in ``sources`` where asked for)."""
+    results = []
+    for g in range(len(groups) if return_sources else 1):
+        results.append(
+            InterchangeResult(
+                reads={a: values[i][g] for i, a in enumerate(reads)},
+                logits=values[len(reads)][g][:, 0],
+            )
+        )
+    base = results[0]
+    base.sources = results[1:]
+    return base
+
+
+def _chunk(
+    model: Any,
+    plan: list[Patch],
+    reads: list[ComponentAddress],
+    logits_at: ComponentAddress,
+    bases: list[str],
+    slots: list[list[str]],
+    return_sources: bool,
+    frame: str,
+) -> InterchangeResult:
+    """One batch of pairs: the bases and their sources as rows of one trace."""
+    k = len(bases)
+    encoded = encode(model, [*bases, *(t for texts in slots for t in texts)], frame)
+    groups = [range(0, k), *(range(k * (s + 1), k * (s + 2)) for s in range(len(slots)))]
+    moves = _moves(model, encoded, plan, groups, bases, slots)
+    # the logits at every row's last content token (the base's, and each source's)
+    last = stacked(resolve(model, encoded, {"index": -1}), {"index": -1})
+    wanted = [
+        (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
+        for a in reads
+    ]
     saved: list[tuple[int, Any]] = []  # bound before the trace: nnsight hands saves back
     _prepare_sources(model, [m[0] for m in moves] + [a for a, _ in wanted])
     with model.trace(trace_inputs(model, encoded)):
-        for _, _, what in steps:
+        for _, _, what in _order(moves, wanted, logits_at):
             if what < 0:
-                address, pairs = moves[-1 - what]
-                whole = replace(address, position=())
-                axis = handed_axis(address) - 1  # of one row
-                full = read(model, whole)
-                patched = full.clone()
-                for i, (at, row, source_at) in enumerate(pairs):
-                    # a view of row i with its sequence first: writing it writes patched
-                    patched[i].movedim(axis, 0)[at] = full[row].movedim(axis, 0)[source_at]
-                write(model, whole, patched)
+                _patch(model, *moves[-1 - what])
             elif what < len(wanted):
                 address, read_at = wanted[what]
                 full = read(model, replace(address, position=()))
@@ -257,17 +302,7 @@ def _chunk(
                 lasts = [last[g.start : g.stop] for g in groups]
                 saved.append((what, [_saved(t) for t in _per_group(full, groups, lasts, 1)]))
     values = {what: [_value(t) for t in v] for what, v in saved}
-    results = []
-    for g in range(len(groups) if return_sources else 1):
-        results.append(
-            InterchangeResult(
-                reads={a: values[i][g] for i, a in enumerate(reads)},
-                logits=values[len(wanted)][g][:, 0],
-            )
-        )
-    base = results[0]
-    base.sources = results[1:]
-    return base
+    return _results(values, reads, groups, return_sources)
 
 
 def _saved(value: Any) -> Any:

@@ -13,11 +13,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from causalab_mini.address import Address, IOType, StructuralEntry
-from causalab_mini.generated import FAMILY_STRUCTURE_UNKNOWN, LAYER_KINDS, STRUCTURAL_ADDRESSES
+from causalab_mini.generated import LAYER_KINDS, STRUCTURAL_ADDRESSES
 
-from . import compat
+from . import compat, plain
 from .compat import several_invokes
 from .errors import PlaceUnavailable, RenameError, WriteRefused, check_value
+from .family import families_of
+from .lower import row_step
 from .ops import find_op, inner_op
 from .tree import (
     _shared_on,
@@ -53,26 +55,6 @@ class LayerTokens:
         )
 
 
-def _copied(address: Address) -> bool:
-    """Whether a read at ``address`` hands out a copy: the tensor there is modified in
-    place later in the same forward (``snapshot``), or a write at this place overwrites
-    it in place (``write: in_place``), and a value already read must not change."""
-    return bool(address.snapshot or address.write == "in_place")
-
-
-def _copied_for_edits(address: Address | None, attr: str) -> bool:
-    """Whether ``get`` copies a read that the row does not copy already: a module's
-    input, which the block holds elsewhere too (the residual it adds the sublayer to),
-    so that an in-place edit of it is written like the assignment (the module handed a
-    new input) and reaches nothing else, and a value read before keeps its value. A
-    module's or an operation's output is handed on as the model's tensor: an in-place
-    edit of it is the assignment (nothing else holds it yet), and a read there sees
-    what the forward does to it in place later (XLM masks its block output)."""
-    if address is not None and (_copied(address) or address.scale is not None):
-        return False  # a copy already
-    return attr.endswith("input") or attr.endswith("inputs")
-
-
 class Place:
     """One row of ``model.internals``: read with ``[layer]`` (or ``()`` for a
     whole-model place), write with ``[layer] = tensor``."""
@@ -81,9 +63,8 @@ class Place:
         self._internals = internals
         self.name = name
         self.row = row
-        # layer as given (an int or None) -> (Envoy, "input" | "output", the address
-        # where the value needs more than reading); filled by the first read
-        self._reads: dict[int | None, tuple[Any, str, Address | None]] = {}
+        # layer as given (an int or None) -> the row there as a step (``step``)
+        self._steps: dict[int | None, dict[str, Any]] = {}
 
     # ------------------------------------------------------------ description
 
@@ -147,126 +128,40 @@ class Place:
         internals._targets[key] = (address, envoy)
         return address, envoy
 
-    def _target(self, layer: int | None) -> tuple[Address, Any]:
-        layer = self._internals._layer(self, layer)
-        address, envoy = self._module_target(layer)
-        internals = self._internals
-        if address.source:
-            module = f"{'layers.' + str(layer) + '.' if address.per_layer else ''}{address.module}"
-            op = find_op(
-                envoy.source,
-                address.source[0],
-                row=self.name,
-                module=module,
-                model_class=internals.model_class,
-            )
-            envoy = inner_op(
-                op,
-                address.source[1:],
-                row=self.name,
-                module=module,
-                model_class=internals.model_class,
-            )
-        return address, envoy
+    def step(self, layer: int | None = None) -> dict[str, Any]:
+        """The row at ``layer`` as a step of ``causalab_mini.plain`` (the one executor
+        of reads and writes): resolved once per layer, then cached (the rows, the
+        module tree and its Envoys outlive traces and dispatch). Raises
+        PlaceUnavailable with the reason where the place is not there."""
+        cacheable = layer is None or type(layer) is int  # never a bool: it hashes as 0 or 1
+        if cacheable:
+            hit = self._steps.get(layer)
+            if hit is not None:
+                return hit
+        at = self._internals._layer(self, layer)
+        address, envoy = self._module_target(at)
+        step = row_step(self._internals, self.name, address, envoy, at)
+        if cacheable:
+            self._steps[layer] = step
+        return step
 
     def get(self, layer: int | None = None) -> Any:
         """The tensor here (inside a trace), whose in-place edits (``x[:, 2] += v``,
         ``x.zero_()``) are this place's write (``edits.editable``): a copy where the row
-        copies and at a module's input (``_copied_for_edits``), where a value read and
+        copies and at a module's input (``copied_for_edits``), where a value read and
         saved keeps what it was when read; a module place's Envoy."""
-        value, envoy, attr, address = self._value(layer)
-        if address is not None and address.io is IOType.MODULE:
-            return value
-        from .edits import editable  # torch: only once a trace reads
-
-        at = self._internals._layer(self, layer)
-        return editable(
-            value,
-            self.where(at),
-            lambda edited: self.set(at, edited),
-            compat.location(envoy, attr),
-            _copied_for_edits(address, attr),
-        )
+        step = self.step(layer)
+        if step["io_module"]:
+            return self._module_target(step["layer"])[1]
+        return plain._whole(self._internals.model, step, self._internals, edit=True)
 
     def read(self, layer: int | None = None) -> Any:
         """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
         row copies), for the library's own reads that never edit it."""
-        return self._value(layer)[0]
-
-    def _value(self, layer: int | None) -> tuple[Any, Any, str, Address | None]:
-        """(the value, the Envoy it is read from, the attribute, the resolved row or
-        None where it is a plain module boundary read before)."""
-        if layer is None or type(layer) is int:  # never a bool: it would hash as 0 or 1
-            read = self._reads.get(layer)
-            if read is not None:  # a module boundary read before: no resolving again
-                envoy, attr, needs = read
-                value = self._fetch(envoy, attr, layer)
-                if needs is None:
-                    return value, envoy, attr, None
-                at = self._internals._layer(self, layer)
-                return self._finish(needs, value, at), envoy, attr, needs
-        address, envoy = self._target(layer)
-        if address.io is IOType.MODULE:
-            return envoy, envoy, "", address
-        attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
-        if not address.source:
-            plain = (
-                address.select is None
-                and not _copied(address)
-                and address.scale is None
-                and not address.flat_tokens
-                and not address.merged_heads
-                and not address.views_tokens
-            )
-            self._reads[layer] = (envoy, attr, None if plain else address)
-        value = self._fetch(envoy, attr, layer)
-        return (
-            self._finish(address, value, self._internals._layer(self, layer)),
-            envoy,
-            attr,
-            address,
-        )
-
-    def _fetch(self, envoy: Any, attr: str, layer: int | None) -> Any:
-        """``envoy``'s ``attr`` in the running trace; nnsight's out-of-order error said
-        in places (which place was asked for, which later one the trace passed)."""
-        try:
-            value = getattr(envoy, attr)
-        except Exception as exc:
-            from .edits import PlaceOutOfOrder, _runner
-
-            error = compat.out_of_order_error()
-            if error is None or not isinstance(exc, error) or isinstance(exc, PlaceOutOfOrder):
-                raise
-            runner = _runner()
-            if getattr(runner, "iteration", 0) not in (0, None):
-                raise  # a tracer.iter loop that outran the run: nnsight's own end
-            raise self._internals.out_of_order(self, layer, runner) from None
-        self._internals.passed(self, layer)
-        return value
-
-    def _finish(self, address: Address, value: Any, layer: int | None = None) -> Any:
-        if address.select is not None:
-            value = address.select.get(value)
-        value = self._unheld(address, value, layer)
-        if address.views_tokens:
-            value = address.token_positions(value, self._internals.count)
-        if _copied(address):
-            # the tensor here changes later in place (the forward's own in-place add,
-            # or a write at this in_place place): a read is what it was when read
-            value = value.clone()
-        if address.scale is not None:
-            value = value * self._internals.scale(address.scale)
-        return value
-
-    def _unheld(self, address: Address, value: Any, layer: int | None) -> Any:
-        """``value`` viewed apart where the block holds it flat (``flat_tokens``) or
-        with batch and heads merged (``merged_heads``); otherwise as it is."""
-        if address.flat_tokens:
-            value = self._internals.unflatten(self.name, layer, value)
-        if address.merged_heads:
-            value = self._internals.unmerge_heads(self.name, layer, value)
-        return value
+        step = self.step(layer)
+        if step["io_module"]:
+            return self._module_target(step["layer"])[1]
+        return plain._whole(self._internals.model, step, self._internals)
 
     def where(self, layer: int | None) -> str:
         """``layers_mid[1]`` or ``logits()``: the place as a write names it."""
@@ -287,45 +182,15 @@ class Place:
         (``check_value``); refused at a read-only place. Where the row writes in place,
         the tensor the block carries on is overwritten, and a value read before keeps
         what it was (reads there are copies)."""
-        address, envoy = self._target(layer)
-        at = self._internals._layer(self, layer)
-        where = self.where(at)
-        refused = self.refuses_writes() if address.io is IOType.MODULE else address.read_only
+        step = self.step(layer)
+        refused = self.refuses_writes() if step["io_module"] else self.address_at(layer).read_only
         if refused is not None:
-            raise WriteRefused(f"{where} is read-only: {refused}")
+            raise WriteRefused(f"{step['where']} is read-only: {refused}")
         if type(value).__name__ == "EditableRead":  # written as the tensor it holds
-            from .edits import plain
+            from .edits import plain as unwrapped
 
-            value = plain(value)
-        attr = boundary("input" if address.io is IOType.INPUT else "output", envoy)
-        whole = self._fetch(envoy, attr, layer)
-        current = address.select.get(whole) if address.select is not None else whole
-        full = current
-        if address.flat_tokens or address.merged_heads:
-            # checked against the place as a read hands it on, written through the view
-            check_value(where, value, self._unheld(address, current, at))
-            value = value.reshape(current.shape)
-        else:
-            if address.views_tokens:  # the tokens' positions of the value there (a view)
-                current = address.token_positions(full, self._internals.count)
-            check_value(where, value, current)
-        if address.scale is not None:
-            value = value / self._internals.scale(address.scale)
-        if address.write == "in_place":
-            current[...] = value
-            return
-        if address.views_tokens:
-            # the model's own other positions, the tokens' ones replaced
-            merged = full.clone()
-            address.token_positions(merged, self._internals.count)[...] = value
-            value = merged
-        if address.snapshot:
-            # the forward modifies this tensor in place after the place: hand it a copy,
-            # so the user's own tensor (perhaps a saved read) is not changed under them
-            value = value.clone()
-        if address.select is not None:
-            value = address.select.put(whole, value)
-        setattr(envoy, attr, value)
+            value = unwrapped(value)
+        plain.put(self._internals.model, step, value, self._internals)
 
     def __getitem__(self, layer: int) -> Any:
         return self.get(layer)
@@ -346,6 +211,11 @@ class Internals(Mapping[str, Place]):
         self.model_class: str = type(model._model).__name__
         self._places = {name: Place(self, name, row) for name, row in rows.items()}
         self._order = sorted(self._places, key=lambda n: self.rank(n, 0))
+        # row -> the model attribute it is read and written as, where that is not its
+        # name (``spelled``: model.token_embeddings)
+        self.spellings: dict[str, str] = {
+            name: row.spelled for name, row in rows.items() if row.spelled is not None
+        }
         self._resolved: dict[tuple[str, int], tuple[Address | None, str | None]] = {}
         self._kinds: dict[tuple[str, int], bool] = {}
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
@@ -489,6 +359,73 @@ class Internals(Mapping[str, Place]):
             layers = self.model.layers
             self._layer_envoys = [layers[i] for i in range(self.num_layers)]
         return self._layer_envoys[layer]
+
+    # ------------------------------------------------------------ executor
+
+    # what ``causalab_mini.plain`` asks the client's internals while it runs a step
+    # here (on a server it has none of this: its own errors, operations by needle)
+    write_error = WriteRefused
+
+    def operation(self, step: dict[str, Any], envoy: Any) -> Any:
+        """The operation a step's needles name under ``envoy``, found as the row names
+        it (the first by its name where the component resolved it), with the
+        operations listed where one is not found."""
+        name, needles = step["op"], step["ops"]
+        module, row = step["module_path"], step["row"]
+        if name is not None:
+            op = getattr(envoy.source, name)
+        else:
+            op = find_op(
+                envoy.source, needles[0], row=row, module=module, model_class=self.model_class
+            )
+        return inner_op(op, needles[1:], row=row, module=module, model_class=self.model_class)
+
+    def fetch(self, step: dict[str, Any], target: Any) -> Any:
+        """``target``'s boundary in the running trace; nnsight's out-of-order error
+        said in places (which place was asked for, which later one the trace passed)."""
+        place = self._places[step["place"]]
+        try:
+            value = getattr(target, step["attr"])
+        except Exception as exc:
+            from .edits import PlaceOutOfOrder, _runner
+
+            error = compat.out_of_order_error()
+            if error is None or not isinstance(exc, error) or isinstance(exc, PlaceOutOfOrder):
+                raise
+            runner = _runner()
+            if getattr(runner, "iteration", 0) not in (0, None):
+                raise  # a tracer.iter loop that outran the run: nnsight's own end
+            raise self.out_of_order(place, step["layer"], runner) from None
+        self.passed(place, step["layer"])
+        return value
+
+    def flat_view(self, step: dict[str, Any], flat: Any) -> Any:
+        return self.unflatten(step["place"], step["layer"], flat)
+
+    def refusal(self, kind: str, step: dict[str, Any], reason: str) -> Exception:
+        """A step's refusal as the client raises it: a place's view that does not hold
+        (PlaceUnavailable, with the model and family), or a component's heads or
+        streams (ComponentError)."""
+        if kind == "place":
+            return PlaceUnavailable(self._refusal(step["place"], step["layer"], reason))
+        from .geometry import ComponentError
+
+        return ComponentError(f"component {step['component']!r}: {reason}")
+
+    def handed(self, step: dict[str, Any], value: Any, target: Any) -> Any:
+        """A read as handed to the user in a trace body: its in-place edits are the
+        place's write (``causalab_mini.edits``)."""
+        from .edits import editable
+
+        place = self._places[step["place"]]
+        layer = step["layer"]
+        return editable(
+            value,
+            place.where(layer),
+            lambda edited: place.set(layer, edited),
+            compat.location(target, step["attr"]),
+            step["edit_copy"],
+        )
 
     # ------------------------------------------------------------ mapping
 
@@ -727,10 +664,9 @@ class Internals(Mapping[str, Place]):
         (its structure_unknown_reason, {place} filled in), else None."""
         if self.model.block_structure is not None:
             return None
-        for family in self.model.families:
-            reason = FAMILY_STRUCTURE_UNKNOWN.get(family)
-            if reason is not None:
-                return str(reason).replace("{place}", name)
+        for family in families_of(self.model):
+            if family.structure_unknown is not None:
+                return family.structure_unknown.replace("{place}", name)
         return None
 
     def _resolve(
@@ -815,7 +751,6 @@ __all__ = [
     "PlaceUnavailable",
     "RenameError",
     "WriteRefused",
-    "_copied",
     "_installed",
     "boundary",
     "check_value",

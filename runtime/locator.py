@@ -12,13 +12,11 @@ from typing import Any
 from causalab_mini.address import Component, Interior, Operand
 from causalab_mini.generated import (
     COMPONENTS,
-    FAMILY_INTERIORS,
-    FAMILY_INTERIORS_UNAVAILABLE,
-    FAMILY_OPERANDS,
     INTERIORS,
     OPERANDS,
 )
 
+from .family import families_of
 from .geometry import (
     HEAD_KINDS,
     ComponentError,
@@ -29,10 +27,11 @@ from .geometry import (
     num_kv_heads,
     width_of,
 )
-from .internals import child, outside_versions
 from .ops import OperationNotFound, op_name
 from .positions import Position
 from .positions import parse as parse_position
+from .tree import child
+from .versions import outside_versions
 
 
 @dataclass(frozen=True, order=True)
@@ -157,8 +156,8 @@ def interior_of(model: Any, name: str) -> Interior:
     family of the model computes attention in its own forward, that family's (the
     last matching family that says, as with rows)."""
     found = INTERIORS[name]
-    for family in model.families:
-        found = FAMILY_INTERIORS.get(family, {}).get(name, found)
+    for family in families_of(model):
+        found = family.interiors.get(name, found)
     return found
 
 
@@ -166,8 +165,8 @@ def operands_of(model: Any) -> dict[str, Operand]:
     """The attention operands the interior checks read on ``model``: the defaults
     (the shared attention function's), each replaced where a family says."""
     out = dict(OPERANDS)
-    for family in model.families:
-        out.update(FAMILY_OPERANDS.get(family, {}))
+    for family in families_of(model):
+        out.update(family.operands)
     return out
 
 
@@ -343,42 +342,38 @@ def _boundary(
     )
 
 
-def _interior(
-    model: Any, spec: Component, interior: Interior, layer: int | None, head: int | None
-) -> ComponentAddress:
-    internals = model.internals
-    at = _check_layer(model, spec.name, True, layer)
-    assert at is not None
-    within = internals[interior.within]
-    reason = within.unavailable_on(at)
+def _interior_refusal(model: Any, spec: Component, interior: Interior, at: int) -> str | None:
+    """Why interior ``interior`` of component ``spec`` is not on layer ``at`` (its
+    attention row missing there, a family without interiors, needles outside their
+    versions, an attention implementation that has no such call), or None."""
+    reason = model.internals[interior.within].unavailable_on(at)
     if reason is not None:
-        raise _refuse(spec.name, reason)
-    for family in model.families:
-        if family in FAMILY_INTERIORS_UNAVAILABLE:
-            raise _refuse(
-                spec.name, FAMILY_INTERIORS_UNAVAILABLE[family].replace("{place}", spec.name)
-            )
+        return str(reason)
+    for family in families_of(model):
+        if family.interiors_unavailable is not None:
+            return family.interiors_unavailable.replace("{place}", spec.name)
     outside = outside_versions(interior.versions)
     if outside is not None:
         package, rng, installed = outside
-        raise _refuse(
-            spec.name,
-            (
-                f"its needles hold for {package} {rng}, and {package} {installed} is installed: "
-                "update registry/interiors.yaml for this version"
-            ),
+        return (
+            f"its needles hold for {package} {rng}, and {package} {installed} is installed: "
+            "update registry/interiors.yaml for this version"
         )
     implementation = attn_implementation(model)
     if interior.eager_only and implementation != "eager":
-        raise _refuse(
-            spec.name,
-            (
-                f"exists only under 'eager' attention, and this model runs {implementation!r}: load "
-                'it with attn_implementation="eager" (or enable_attention_probs=True; '
-                "`registry model --eager`)"
-            ),
+        return (
+            f"exists only under 'eager' attention, and this model runs {implementation!r}: load "
+            'it with attn_implementation="eager" (or enable_attention_probs=True; '
+            "`registry model --eager`)"
         )
-    within_row = within.address_at(at)
+    return None
+
+
+def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tuple[str, str]:
+    """(the module whose forward holds the interior, relative to the layer; the name
+    of the operation its first needle names there), or refused."""
+    internals = model.internals
+    within_row = internals[interior.within].address_at(at)
     if interior.module is not None:  # a family's own forward, relative to the layer
         module = interior.module
         base = internals.layer_envoy(at)
@@ -401,6 +396,18 @@ def _interior(
         )
     except OperationNotFound as exc:
         raise _refuse(spec.name, str(exc)) from None
+    return module, op
+
+
+def _interior(
+    model: Any, spec: Component, interior: Interior, layer: int | None, head: int | None
+) -> ComponentAddress:
+    at = _check_layer(model, spec.name, True, layer)
+    assert at is not None
+    reason = _interior_refusal(model, spec, interior, at)
+    if reason is not None:
+        raise _refuse(spec.name, reason)
+    module, op = _interior_op(model, spec, interior, at)
     heads, hd, unknown = _check_head(model, spec, head, at)
     take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
     assert take[1] is not None

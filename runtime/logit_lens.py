@@ -4,7 +4,7 @@ nnterp's ``project_on_vocab`` is the final norm then the unembedding; a model ma
 more after its last block (Gemma-2 soft-caps its logits, Cohere and Granite scale
 them, MiniCPM3 divides the stream before the unembedding). The registry says, per
 family, what the model applies (``lens`` in places.yaml and the family files:
-generated ``DEFAULT_LENS`` and ``FAMILY_LENS``), and :func:`apply` runs exactly those
+generated ``DEFAULT_LENS`` and each family's ``lens``), and :func:`apply` runs exactly those
 steps, inside a trace (on the values it reads) or outside one (on plain tensors). The
 sweep certifies ``lens(layers_output[last]) == logits`` on every architecture; where a
 family's head reads more than the stream, the lens is refused with the family's
@@ -16,7 +16,9 @@ from __future__ import annotations
 from typing import Any
 
 from causalab_mini.address import IOType, Lens
-from causalab_mini.generated import DEFAULT_LENS, FAMILY_LENS
+from causalab_mini.generated import DEFAULT_LENS
+
+from .family import families_of
 
 
 class LensRefused(RuntimeError):
@@ -28,9 +30,9 @@ def lens_of(model: Any) -> Lens:
     """The lens of ``model``: the last of its families that gives one, else the
     default (places.yaml)."""
     found = DEFAULT_LENS
-    for family in getattr(model, "families", ()):
-        if family in FAMILY_LENS:
-            found = FAMILY_LENS[family]
+    for family in families_of(model):
+        if family.lens is not None:
+            found = family.lens
     return found
 
 

@@ -27,23 +27,6 @@ from .ops import find_op  # noqa: E402
 from .quiet import quiet  # noqa: E402
 from .spec import prepare_model_spec  # noqa: E402
 
-# nnterp's own accessors, which the rows of the same names replace.
-NNTERP_ACCESSORS = frozenset(
-    {
-        "layers_input",
-        "layers_output",
-        "attentions",
-        "attentions_input",
-        "attentions_output",
-        "mlps",
-        "mlps_input",
-        "mlps_output",
-        "attention_probabilities",
-    }
-)
-# Rows that stay spelled as the tensor properties they are.
-SPELLINGS = {"logits": "logits", "embeddings_output": "token_embeddings"}
-
 
 def _text_config(config: Any) -> Any:
     text = getattr(config, "text_config", None)
@@ -332,9 +315,10 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     def _attach(self, internals: Internals) -> None:
         for name in internals:
-            if name in SPELLINGS:
+            row = internals[name].row
+            if row.spelled is not None:
                 continue
-            if name not in NNTERP_ACCESSORS and _has(self, name):
+            if not row.replaces_accessor and _has(self, name):
                 raise RenameError(
                     f"a row is named {name!r}, which this model already uses for "
                     f"{type(_get(self, name)).__name__}; rename the row (e.g. "
@@ -351,21 +335,22 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         import torch
 
         internals = self.__dict__.get("internals")
+        spellings = internals.spellings if internals is not None else {}
         if (
             internals is None
             or name.startswith("_")
             or isinstance(value, torch.nn.Module)
-            or name in SPELLINGS.values()  # a property whose setter writes the place
+            or name in spellings.values()  # a property whose setter writes the place
         ):
             super().__setattr__(name, value)  # construction, private state, a module
             return
-        spelled = {row: spelling for row, spelling in SPELLINGS.items() if row != spelling}
+        spelled = {row: spelling for row, spelling in spellings.items() if row != spelling}
         if name in spelled:
             raise AttributeError(
                 f"the place {name!r} is spelled model.{spelled[name]} on the model: write "
                 f"model.{spelled[name]} = v inside a trace"
             )
-        if name in internals and name not in SPELLINGS:
+        if name in internals and name not in spellings:
             place = internals[name]
             if place.per_layer:
                 raise AttributeError(
@@ -393,7 +378,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if _in_trace_body() and name not in self.__dict__ and not has_attr(self, name):
             import difflib
 
-            close = difflib.get_close_matches(name, [*internals, *SPELLINGS.values()], n=3)
+            close = difflib.get_close_matches(name, [*internals, *spellings.values()], n=3)
             hint = f" Did you mean {', '.join(close)}?" if close else ""
             raise AttributeError(
                 f"model.{name} = ... inside a trace would set a new attribute on the model, "

@@ -108,13 +108,73 @@ def _find(source: Any, needle: str, where: str) -> Any:
     return getattr(source, hits[0])
 
 
-def _target(model: Any, step: dict[str, Any]) -> Any:
+def check_value(where: str, value: Any, current: Any, error: Any = None) -> None:
+    """Refuse to write ``value`` at ``where`` (a place or component, with its layer)
+    unless it is a tensor of exactly ``current``'s shape, dtype and device. Nothing is
+    broadcast or cast: a user who means it says so (``v.expand_as(x)``, ``v.to(x)``).
+    Every spelling of a write checks with this one function (``errors.check_value``
+    raises WriteRefused through it), so they refuse alike; on a server, ValueError."""
+    if error is None:
+        error = _server_write_error
+    shape = getattr(value, "shape", None)
+    want = tuple(current.shape)
+    if shape is None:
+        raise error(
+            f"cannot write a {type(value).__name__} to {where}, which holds a tensor of "
+            f"shape {want}; write a tensor of that shape (e.g. torch.full_like(x, value))"
+        )
+    got = tuple(shape)
+    if got != want:
+        raise error(
+            f"cannot write a tensor of shape {got} to {where}, which has shape {want}; "
+            "nothing is broadcast (say v.expand_as(x) if that is what you mean)"
+        )
+    if getattr(value, "dtype", None) != current.dtype:
+        raise error(
+            f"{where} holds {current.dtype}; the value is {value.dtype}. Nothing is cast: "
+            f"write v.to({current.dtype})"
+        )
+    if getattr(value, "device", None) != current.device:
+        raise error(
+            f"{where} is on {current.device}; the value is on {value.device}: write "
+            f"v.to('{current.device}')"
+        )
+
+
+def _server_write_error(message: str) -> Exception:
+    return ValueError(f"causalab_mini: write refused: {message}")
+
+
+def _refused(env: Any, kind: str, step: dict[str, Any], reason: str) -> Exception:
+    """The refusal ``reason`` at ``step`` (``kind``: a place's view, a component's
+    heads or streams): the error the client's internals make of it (``env``), or on a
+    server a RuntimeError naming the step."""
+    if env is not None:
+        return env.refusal(kind, step, reason)  # type: ignore[no-any-return]
+    return RuntimeError(f"causalab_mini: {step['where']}: {reason}")
+
+
+def _target(model: Any, step: dict[str, Any], env: Any = None) -> Any:
     """The Envoy (module or operation) whose boundary a step reads or writes; a step
-    at the model itself holds no Envoy (the model it names is the one running)."""
+    at the model itself holds no Envoy (the model it names is the one running). On
+    the client (``env``) the operations are found as the rows name them, with the
+    client's errors; on a server by their needles (``_find``)."""
     target = model if step["envoy"] is None else step["envoy"]
+    if not step["ops"]:
+        return target
+    if env is not None:
+        return env.operation(step, target)
     for needle in step["ops"]:
         target = _find(target.source, needle, step["where"])
     return target
+
+
+def _fetch(step: dict[str, Any], target: Any, env: Any) -> Any:
+    """The target's boundary in the running trace (on the client through its
+    internals, which say nnsight's out-of-order error in places)."""
+    if env is not None:
+        return env.fetch(step, target)
+    return getattr(target, step["attr"])
 
 
 def _select_get(value: Any, select: Any) -> Any:
@@ -125,13 +185,19 @@ def _select_get(value: Any, select: Any) -> Any:
     return value[select[1]]
 
 
-def _replace_part(value: Any, key: Any, new: Any) -> Any:
+def replace_part(value: Any, key: Any, new: Any) -> Any:
+    """Rebuild ``value`` with the part at ``key`` replaced by ``new``: tuples (named
+    ones too), lists, plain mappings and transformers' ``ModelOutput`` (an ordered
+    mapping whose constructor takes its fields) come back as the same type (the
+    address rows' selects put with this function too)."""
     from collections.abc import Mapping
 
+    if isinstance(value, (tuple, list)) and not isinstance(key, int):
+        raise TypeError(f"a {type(value).__name__} is indexed by position, not by {key!r}")
     if isinstance(value, tuple):
         items = list(value)
         items[key] = new
-        if hasattr(value, "_fields"):
+        if hasattr(value, "_fields"):  # a named tuple
             return type(value)(*items)
         return tuple(items)
     if isinstance(value, list):
@@ -144,36 +210,145 @@ def _replace_part(value: Any, key: Any, new: Any) -> Any:
         fields = dict(value)
         fields[key] = new
         return type(value)(**fields) if type(value) is not dict else fields
-    raise TypeError(f"cannot replace part {key!r} of a {type(value).__name__}")
+    raise TypeError(
+        f"cannot replace part {key!r} of a {type(value).__name__}: expected a tuple, "
+        "list or mapping"
+    )
 
 
 def _select_put(value: Any, select: Any, new: Any) -> Any:
     if select is None:
         return new
     if select[0] == "first":
-        return _replace_part(value, 0, new) if isinstance(value, (tuple, list)) else new
-    return _replace_part(value, select[1], new)
+        return replace_part(value, 0, new) if isinstance(value, (tuple, list)) else new
+    return replace_part(value, select[1], new)
 
 
-def _whole(model: Any, step: dict[str, Any]) -> Any:
-    """The tensor at the step's place as the model holds it (all heads)."""
-    target = _target(model, step)
+def _token_view(value: Any, views: Any) -> Any:
+    """The tokens' own positions of ``value``, batch first (a view: writing into it
+    writes ``value``): ``seq_first`` swaps (seq, batch); ``lead`` leaves out the first
+    ``count`` positions of each axis; ``trail`` keeps the first of ``1 + count``
+    equal blocks."""
+    for view in views:
+        if view[0] == "seq_first":
+            value = value.transpose(0, 1)
+        elif view[0] == "lead":
+            for axis in view[1]:
+                value = value.narrow(axis, view[2], value.shape[axis] - view[2])
+        else:
+            for axis in view[1]:
+                value = value.narrow(axis, 0, value.shape[axis] // (1 + view[2]))
+    return value
+
+
+def _viewed(step: dict[str, Any], raw: Any, env: Any) -> Any:
+    """The model's tensor at a step as its place means it: a flat (tokens, ...) tensor
+    viewed as (batch, seq, ...) with the layer's input's batch and sequence (recorded
+    on the client only), (batch*heads, ...) viewed as (batch, heads, ...), and the
+    tokens' own positions where the forward adds others."""
+    if step["unflatten"]:
+        if env is None:
+            raise _refused(env, "place", step, "a flat place is viewed back on the client only")
+        raw = env.flat_view(step, raw)
+    heads = step["unmerge"]
+    if heads is not None:
+        dims = tuple(getattr(raw, "shape", ()))
+        if not dims or dims[0] % heads:
+            raise _refused(
+                env,
+                step["unmerge_kind"],
+                step,
+                f"it is held with batch and heads merged, {dims}, and its first axis is no "
+                f"multiple of the {heads} heads {step['unmerge_heads_are']}",
+            )
+        raw = raw.view(dims[0] // heads, heads, *dims[1:])
+    if step["views"]:
+        raw = _token_view(raw, step["views"])
+    return raw
+
+
+def _raw(model: Any, step: dict[str, Any], env: Any) -> tuple[Any, Any, Any]:
+    """(the target, the value at its boundary, the tensor the step's select picks)."""
+    target = _target(model, step, env)
     if step["take"] is not None:
         what, index = step["take"]
         if what == "arg":
-            return target.inputs[0][index]
+            return target, None, target.inputs[0][index]
         value = target.output
-        return value[index] if isinstance(value, (tuple, list)) else value
-    value = _select_get(getattr(target, step["attr"]), step["select"])
+        # a call may return a tuple or a list (GPT-1's _attn returns [z, ...])
+        return target, value, value[index] if isinstance(value, (tuple, list)) else value
+    whole = _fetch(step, target, env)
+    return target, whole, _select_get(whole, step["select"])
+
+
+def _whole(model: Any, step: dict[str, Any], env: Any = None, edit: bool = False) -> Any:
+    """The tensor at the step's place as its place means it (all heads): viewed, a
+    copy where the tensor changes in place later, scaled where the row says. With
+    ``edit`` (a read handed to the user on the client), its in-place edits are the
+    place's write (``causalab_mini.edits``)."""
+    target, _, raw = _raw(model, step, env)
+    value = _viewed(step, raw, env)
     if step["copy"]:
         value = value.clone()
     if step["scale"] is not None:
         value = value * step["scale"]
+    if edit and env is not None and step["take"] is None:
+        value = env.handed(step, value, target)
     return value
 
 
+def _put_raw(step: dict[str, Any], target: Any, whole: Any, raw: Any, value: Any, env: Any) -> None:
+    """Hand the model ``value`` (as the place means it, as ``_whole`` reads it) at the
+    step's target, whose boundary holds ``whole`` and the select of it ``raw``."""
+    if step["take"] is not None:
+        if step["unmerge"] is not None:  # back through the view: (batch*heads, ...)
+            value = value.reshape(-1, *value.shape[2:])
+        what, index = step["take"]
+        if what == "arg":
+            args, kwargs = target.inputs
+            target.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
+        elif isinstance(whole, (tuple, list)):
+            target.output = replace_part(whole, index, value)
+        else:
+            target.output = value
+        return
+    current = raw
+    if step["unflatten"] or step["unmerge"] is not None:
+        value = value.reshape(raw.shape)  # written through the view
+    elif step["views"]:
+        current = _token_view(raw, step["views"])
+    if step["scale"] is not None:
+        value = value / step["scale"]
+    if step["in_place"]:
+        current[...] = value
+        return
+    if step["views"]:
+        # the model's own other positions, the tokens' ones replaced
+        merged = raw.clone()
+        _token_view(merged, step["views"])[...] = value
+        value = merged
+    if step["snapshot"]:
+        # the forward modifies this tensor in place after the place: the model gets a
+        # copy, so the value handed in (perhaps a saved read) keeps what it holds
+        value = value.clone()
+    if step["select"] is not None:
+        value = _select_put(whole, step["select"], value)
+    setattr(target, step["attr"], value)
+
+
+def put(model: Any, step: dict[str, Any], value: Any, env: Any = None) -> None:
+    """Write ``value`` at a place's step as the place means it, after checking that it
+    is a tensor of the place's shape, dtype and device (``model.internals[name][i] =
+    value``)."""
+    target, whole, raw = _raw(model, step, env)
+    check_value(step["where"], value, _viewed(step, raw, env), env and env.write_error)
+    _put_raw(step, target, whole, raw, value, env)
+
+
 def _flat(layout: Any, native: Any) -> Any:
-    # several residual streams (streams_<layout>): handed on (batch, seq, n x hidden)
+    """The tensor as components hand it on: a place held per head (bhsd, bhds, bshd)
+    becomes (batch, seq, heads x head_dim), a place of several residual streams
+    (streams_<layout>) (batch, seq, n x hidden)."""
     if layout == "streams_bsnh":
         return native.flatten(2)
     if layout == "streams_nbsh":
@@ -188,6 +363,7 @@ def _flat(layout: Any, native: Any) -> Any:
 
 
 def _native(layout: Any, flat: Any, like: Any) -> Any:
+    """Back to how the model holds it (the inverse of ``_flat``), shaped like ``like``."""
     if layout == "streams_bsnh":
         return flat.reshape(like.shape)
     if layout == "streams_nbsh":
@@ -231,100 +407,171 @@ def put_positions(value: Any, index: Any, axis: int, new: Any) -> Any:
     return out
 
 
-def _head(step: dict[str, Any]) -> tuple[Any, ...]:
-    what, start, size = step["head"]
-    if what == "axis1":
-        return (slice(None), start)
-    return (Ellipsis, slice(start, start + size))
+def layout_mismatch(step: dict[str, Any], held: Any) -> str | None:
+    """Why the tensor a per-head component holds (shape ``held``, before it is handed on
+    flat) does not have the heads and head size its address states (None where it
+    does, or where the component is not per head). bhsd, bhds and bshd hold the head
+    axis and the head size themselves, bsf heads x head size on its last axis, bhsk the
+    heads on axis 1."""
+    layout, heads_stated, head_dim, width = step["heads"]
+    if not step["per_head"] or layout is None:
+        return None
+    shape = tuple(int(n) for n in held)
+    where = step["component"]
+    axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhds": (1, 2), "bhsk": (1, None)}
+    if layout in axes:
+        if len(shape) != 4:
+            return f"{where} is held as {shape}, which has not the 4 axes of {layout}"
+        h_axis, d_axis = axes[layout]
+        heads = shape[h_axis]
+        if heads != heads_stated:
+            return (
+                f"{where} holds {heads} heads on axis {h_axis} of {shape}, and the address "
+                f"states {heads_stated}"
+            )
+        if d_axis is None or head_dim is None:
+            return None
+        size = shape[d_axis]
+        if size != head_dim:
+            return (
+                f"{where} holds heads of size {size} ({layout} {shape}), and the "
+                f"address states a head size of {head_dim}"
+            )
+        flat = heads * size
+    else:  # bsf: the heads and their size concatenated on the last axis
+        if head_dim is None or heads_stated is None:
+            return None
+        flat = shape[-1]
+        if flat != heads_stated * head_dim:
+            return (
+                f"{where} is {flat} wide on its last axis, and the address states "
+                f"{heads_stated} heads x {head_dim} = {heads_stated * head_dim}"
+            )
+    if step["head"] is None and width is not None and width != flat:
+        return f"{where} is {flat} wide as handed on, and the address states width {width}"
+    return None
 
 
-def _put(model: Any, step: dict[str, Any], value: Any) -> None:
-    """Hand the model ``value`` (as it holds it) at the step's place."""
-    target = _target(model, step)
-    if step["take"] is not None:
-        what, index = step["take"]
-        if what == "arg":
-            args, kwargs = target.inputs
-            target.inputs = ((*args[:index], value, *args[index + 1 :]), kwargs)
-        else:
-            out = target.output
-            if isinstance(out, (tuple, list)):
-                target.output = _replace_part(out, index, value)
-            else:
-                target.output = value
-        return
+def _head_slice(step: dict[str, Any]) -> tuple[Any, ...]:
+    head = step["head"]
+    layout, _, head_dim, _ = step["heads"]
+    if layout == "bhsk":
+        return (slice(None), head)
+    return (Ellipsis, slice(head * head_dim, (head + 1) * head_dim))
+
+
+def _heads_checked(step: dict[str, Any], native: Any, env: Any) -> None:
+    """Refuse one head of a tensor whose heads are not what the address states: a
+    slice by a wrong head size would be a plausible, wrong tensor."""
+    reason = layout_mismatch(step, native.shape)
+    if reason is not None:
+        raise _refused(env, "component", step, f"head {step['head']} is not sliced out: {reason}")
+
+
+def _stream_slice(step: dict[str, Any], flat: Any, env: Any) -> tuple[Any, ...]:
+    """Stream i of a tensor handed on flat (its hidden-wide slice); refused where the
+    last axis is not n streams of equal width."""
+    stream, streams, width = step["stream"]
+    total = int(flat.shape[-1])
+    if total % streams or (width is not None and width * streams != total):
+        raise _refused(
+            env,
+            "component",
+            step,
+            f"stream {stream} is not sliced out: {total} wide as handed on, which is "
+            f"not {streams} streams of width {width}",
+        )
+    size = total // streams
+    return (Ellipsis, slice(stream * size, (stream + 1) * size))
+
+
+def read(model: Any, step: dict[str, Any], env: Any = None) -> Any:
+    """The tensor at a step as components hand it on: flat per-head places, only the
+    step's positions (``index``) along its sequence axis, one head's or one stream's
+    slice; with ``held``, the whole tensor as the model holds it."""
+    native = _whole(model, step, env, edit=True)
+    if step["held"]:
+        return native
+    value = _flat(step["layout"], native)
+    if step["index"] is not None:
+        value = take_positions(value, step["index"], step["axis"])
+    if step["head"] is not None:
+        _heads_checked(step, native, env)
+        value = value[_head_slice(step)]
+    if step["stream"] is not None:
+        value = value[_stream_slice(step, value, env)]
+    return value
+
+
+def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
+    """Write the step's value (as ``read`` hands it on) after checking that it fits: a
+    head's or a stream's write replaces that slice only, a write at positions those
+    tokens only, every other position as the model computed it."""
+    target, whole, raw = _raw(model, step, env)
+    native = _viewed(step, raw, env)
+    if step["copy"]:
+        native = native.clone()
     if step["scale"] is not None:
-        value = value / step["scale"]
-    attr = step["attr"]
-    if step["in_place"]:
-        current = _select_get(getattr(target, attr), step["select"])
-        current[...] = value
-        return
-    if step["snapshot"]:
-        # the forward modifies this tensor in place after the place: the model gets a
-        # copy, so the value handed in (perhaps a saved read) keeps what it holds
-        value = value.clone()
-    if step["select"] is not None:
-        value = _select_put(getattr(target, attr), step["select"], value)
-    setattr(target, attr, value)
-
-
-def _write(model: Any, step: dict[str, Any]) -> None:
-    native = _whole(model, step)
+        native = native * step["scale"]
     flat = _flat(step["layout"], native)
-    value = step["value"]
+    if step["head"] is not None:
+        _heads_checked(step, native, env)
+    where = step["where"]
     part = flat
     if step["index"] is not None:
         part = take_positions(flat, step["index"], step["axis"])
-    want = part[_head(step)] if step["head"] is not None else part
-    if tuple(value.shape) != tuple(want.shape):
-        raise ValueError(
-            f"causalab_mini: write refused: cannot write a tensor of shape "
-            f"{tuple(value.shape)} to {step['where']}, which has shape {tuple(want.shape)}; "
-            "nothing is broadcast"
-        )
-    if value.dtype != want.dtype:
-        raise ValueError(
-            f"causalab_mini: write refused: {step['where']} holds {want.dtype}; the value "
-            f"is {value.dtype}"
-        )
-    # the value crossed the wire on the CPU; the server's model may sit elsewhere
-    value = value.to(want.device)
+    want = part
     if step["head"] is not None:
-        whole = part.clone()
-        whole[_head(step)] = value
-        value = whole
+        where = f"head {step['head']} of {where}"
+        want = part[_head_slice(step)]
+    if step["stream"] is not None:
+        where = f"stream {step['stream'][0]} of {where}"
+        want = part[_stream_slice(step, part, env)]
+    value = step["value"]
+    if env is None:
+        # the value crossed the wire on the CPU; the server's model may sit elsewhere
+        value = value.to(want.device) if hasattr(value, "to") else value
+    check_value(where, value, want, env and env.write_error)
+    if step["head"] is not None or step["stream"] is not None:
+        assembled = part.clone()
+        slot = _head_slice(step) if step["head"] is not None else _stream_slice(step, part, env)
+        assembled[slot] = value
+        value = assembled
     if step["index"] is not None:
         value = put_positions(flat, step["index"], step["axis"], value)
     value = _native(step["layout"], value, native)
     if native.is_contiguous() and not value.is_contiguous():
-        value = value.contiguous()  # laid out as the model's own (a forward may .view it)
-    _put(model, step, value)
+        # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
+        # Japanese's _attn views the query it is given)
+        value = value.contiguous()
+    _put_raw(step, target, whole, raw, value, env)
 
 
-def _open_sources(step: dict[str, Any]) -> None:
+def _open_sources(step: dict[str, Any], env: Any) -> None:
     """Open the ``.source`` of the operations the client says to open at this step
     (before any of the module's operations is read on nnsight 0.6/0.7, after the
-    operation's inputs on 0.8: see ``causalab_mini.plan._nested_sources_due``)."""
-    for envoy, needle in step["nested"]:
-        _find(envoy.source, needle, step["where"]).source  # noqa: B018
+    operation's inputs on 0.8: see ``causalab_mini.lower._nested_sources_due``); on the
+    client by the operation's name, on a server by its needle."""
+    for envoy, needle, name in step["nested"]:
+        if env is not None and name is not None:
+            getattr(envoy.source, name).source  # noqa: B018
+        else:
+            _find(envoy.source, needle, step["where"]).source  # noqa: B018
 
 
-def run(model: Any, program: tuple[Any, ...], expected: dict[str, Any]) -> list[Any]:
-    """Run ``program`` in the current trace of ``model``; return the reads, in order."""
-    check_server(model, expected)
+def run(
+    model: Any, program: tuple[Any, ...], expected: dict[str, Any] | None, env: Any = None
+) -> list[Any]:
+    """Run ``program`` in the current trace of ``model``; return the reads, in order.
+    ``expected`` (what the client compiled for) is checked first on a server; ``env``
+    is the client's ``model.internals`` where the program runs on the client."""
+    if expected is not None:
+        check_server(model, expected)
     reads = []
     for step in program:
-        _open_sources(step)
+        _open_sources(step, env)
         if step["write"]:
-            _write(model, step)
-            continue
-        value = _whole(model, step)
-        if not step["held"]:
-            value = _flat(step["layout"], value)
-            if step["index"] is not None:
-                value = take_positions(value, step["index"], step["axis"])
-            if step["head"] is not None:
-                value = value[_head(step)]
-        reads.append(value)
+            write(model, step, env)
+        else:
+            reads.append(read(model, step, env))
     return reads

@@ -298,43 +298,57 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     )
     ids = batch["input_ids"]
     mask = batch["attention_mask"]
-    special = batch["special_tokens_mask"]
-    offsets = batch["offset_mapping"]
-    frames: list[Frame] = []
     specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
-    for row, source in enumerate(sources):
-        real = [i for i in range(ids.shape[1]) if int(mask[row, i])]
-        spans = [(int(offsets[row, i, 0]), int(offsets[row, i, 1])) for i in range(ids.shape[1])]
-        if frame == "chat":
-            lo, hi = windows[row]
-            content = [
-                i
-                for i in real
-                if spans[i][1] > spans[i][0] and spans[i][0] < hi and spans[i][1] > lo
-            ]
-            text = texts[row]
-            spans = [(max(a - lo, 0), max(min(b, hi) - lo, 0)) for a, b in spans]
-        else:
-            content = [i for i in real if not int(special[row, i])]
-            text = source
-        anchors = _anchors(frame, real, content, ids[row], special[row], specials)
-        if not content:
-            raise PositionError(
-                f"row {row} ({text!r}) has no content token after tokenization: give it words"
-            )
-        frames.append(
-            Frame(
-                text=text,
-                tokens=tuple(tokenizer.convert_ids_to_tokens([int(t) for t in ids[row]])),
-                content=tuple(content),
-                offsets=tuple(spans),
-                anchors=anchors,
-                real=tuple(real),
-            )
-        )
+    frames = [
+        _row_frame(tokenizer, batch, row, texts[row], sources[row], frame, windows, specials)
+        for row in range(len(sources))
+    ]
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     out = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
     return Encoded(inputs=out, frames=tuple(frames), frame=frame)
+
+
+def _row_frame(
+    tokenizer: Any,
+    batch: Any,
+    row: int,
+    text: str,
+    source: str,
+    frame: str,
+    windows: list[tuple[int, int]],
+    specials: dict[str, Any],
+) -> Frame:
+    """Row ``row`` of a tokenized batch as a frame: its real tokens, its content (the
+    tokens of ``text``: not the tokenizer's specials, or, in the chat frame, inside the
+    user message's window of the rendered ``source``), offsets and anchors."""
+    ids = batch["input_ids"]
+    mask = batch["attention_mask"]
+    special = batch["special_tokens_mask"]
+    offsets = batch["offset_mapping"]
+    real = [i for i in range(ids.shape[1]) if int(mask[row, i])]
+    spans = [(int(offsets[row, i, 0]), int(offsets[row, i, 1])) for i in range(ids.shape[1])]
+    if frame == "chat":
+        lo, hi = windows[row]
+        content = [
+            i for i in real if spans[i][1] > spans[i][0] and spans[i][0] < hi and spans[i][1] > lo
+        ]
+        spans = [(max(a - lo, 0), max(min(b, hi) - lo, 0)) for a, b in spans]
+    else:
+        content = [i for i in real if not int(special[row, i])]
+        text = source
+    anchors = _anchors(frame, real, content, ids[row], special[row], specials)
+    if not content:
+        raise PositionError(
+            f"row {row} ({text!r}) has no content token after tokenization: give it words"
+        )
+    return Frame(
+        text=text,
+        tokens=tuple(tokenizer.convert_ids_to_tokens([int(t) for t in ids[row]])),
+        content=tuple(content),
+        offsets=tuple(spans),
+        anchors=anchors,
+        real=tuple(real),
+    )
 
 
 def _anchors(

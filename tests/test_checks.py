@@ -99,14 +99,16 @@ def test_a_write_that_stops_at_the_norm_does_not_reach_the_stream() -> None:
 def test_a_read_that_is_not_a_copy_is_changed_by_a_later_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from causalab_mini import internals
+    from causalab_mini import lower
 
     ctx = _bare(StandardizedTransformer("tiny:llama"))
     clean = list(k.write_keeps_earlier_reads(ctx))
     assert [o.components for o in clean] == [("block_mid",)] and clean[0].ok
-    monkeypatch.setattr(internals, "_copied", lambda address: address.snapshot)
-    monkeypatch.setattr(internals, "_copied_for_edits", lambda address, attr: False)
-    assert not any(o.ok for o in k.write_keeps_earlier_reads(ctx))
+    # the places' steps say whether a read is a copy: a model whose steps say never
+    monkeypatch.setattr(lower, "copied", lambda address: address.snapshot)
+    monkeypatch.setattr(lower, "copied_for_edits", lambda address, attr: False)
+    tampered = _bare(StandardizedTransformer("tiny:llama"))
+    assert not any(o.ok for o in k.write_keeps_earlier_reads(tampered))
 
 
 def test_a_write_to_attention_shifts_the_mid_stream_by_its_delta() -> None:

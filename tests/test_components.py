@@ -15,12 +15,12 @@ import torch
 from causalab_mini import Address, IOType, RenameConfig
 from causalab_mini import components as comp
 from causalab_mini import locator as locate_module
-from causalab_mini import plan as plan_module
 from causalab_mini.components import ComponentError, Plan, WriteRefused, locate
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.ops import OperationNotFound
 from causalab_mini.tools import certify as c
+from causalab_mini.tree import child
 
 from .conftest import gpt2_with_a_moved_op
 
@@ -285,7 +285,8 @@ def _semantics(family: str, eager: Eager) -> dict[str, Any]:
     op_address = reads[0]
     box: dict[str, Any] = {}
     with model.trace(inputs):
-        op = plan_module._interior_op(model, op_address)
+        module = child(model.internals.layer_envoy(op_address.layer), op_address.module)
+        op = getattr(module.source, str(op_address.op))
         args, kwargs = op.inputs
         box["v"] = args[3].save()
         box["mask"] = args[4].save() if len(args) > 4 and args[4] is not None else None

@@ -228,7 +228,11 @@ def test_generated_tables_match_the_rows() -> None:
     assert set(g.FAMILIES) == {f.name for f in registry.families}
     assert list(g.BLOCK_STRUCTURES) == list(registry.structures)
     # a family row is replace() on the default: unchanged fields survive
-    gemma = dict(g.FAMILY_ADDRESSES[g.FAMILIES.index("gemma2")][1])
+    gemma = dict(g.FAMILIES["gemma2"].addresses)
+    # one Family per file, and the tables by kind read from them
+    assert all(name == f.name for name, f in g.FAMILIES.items())
+    assert g.FAMILY_ADDRESSES == tuple((f.match, f.addresses) for f in g.FAMILIES.values())
+    assert dict(g.FAMILY_RENAME) == {n: f.rename for n, f in g.FAMILIES.items()}
     assert gemma["attentions_output"].module == "post_attention_layernorm"
     assert gemma["attentions_output"].order == g.DEFAULT_ADDRESSES["attentions_output"].order
     assert gemma["attentions_output"].select is None

@@ -306,9 +306,13 @@ def test_a_family_says_why_no_block_structure_applies(
             f"{row} is refused on Dory: it is one of the places a block structure defines"
         ), status[row]
     # without the family's reason, the generic one (add a rule)
-    from causalab_mini import internals
+    import dataclasses
 
-    monkeypatch.setattr(internals, "FAMILY_STRUCTURE_UNKNOWN", {})
+    from causalab_mini import family
+    from causalab_mini.generated import FAMILIES
+
+    unsaid = dataclasses.replace(FAMILIES["dory"], structure_unknown=None)
+    monkeypatch.setattr(family, "FAMILIES", {**FAMILIES, "dory": unsaid})
     other = StandardizedTransformer("tiny:dory").internals.status()
     assert "no rule in registry/block_structures.yaml matches" in str(other["layers_mid"])
     assert "no rule in registry/block_structures.yaml gives" in str(other["attentions_output"])

@@ -6,11 +6,14 @@ family's lens rows, inside a trace and outside one, and gives the model's logits
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+
+from causalab_mini.generated import FAMILIES
 
 # a cap that bites on a tiny model's logits (the default, 30, moves them by 1e-4)
 CAPPED = "tiny:gemma2?final_logit_softcapping=0.05"
@@ -43,13 +46,13 @@ def test_lens_of_the_last_block_output_is_the_logits(
 def test_a_family_whose_head_reads_more_than_the_stream_is_refused(
     tiny_model: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from causalab_mini import logit_lens
     from causalab_mini.address import Lens
     from causalab_mini.logit_lens import LensRefused
 
     model = tiny_model("tiny:llama")
     reason = "its head also reads the per-layer inputs (a test family)"
-    monkeypatch.setattr(logit_lens, "FAMILY_LENS", {"llama": Lens(unavailable=reason)})
+    said = dataclasses.replace(FAMILIES["llama"], lens=Lens(unavailable=reason))
+    monkeypatch.setattr(model, "resolution", dataclasses.replace(model.resolution, matched=(said,)))
     with pytest.raises(LensRefused) as refused:
         model.lens(torch.zeros(1, 2, model.hidden_size))
     text = str(refused.value)

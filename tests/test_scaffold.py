@@ -15,7 +15,7 @@ from ruamel.yaml import YAML
 
 from causalab_mini.address import Address, RenameConfig
 from causalab_mini.codegen.lint import lint
-from causalab_mini.generated import DEFAULT_ADDRESSES, FAMILIES, FAMILY_ADDRESSES
+from causalab_mini.generated import DEFAULT_ADDRESSES, FAMILIES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 from causalab_mini.tools import scaffold as s
@@ -158,7 +158,7 @@ def test_blind_scaffold_reproduces_the_registry_rows(
 ) -> None:
     sc = found(spec)
     assert sc.structure == sc.existing_rule
-    theirs = dict(FAMILY_ADDRESSES[FAMILIES.index(family)][1])
+    theirs = dict(FAMILIES[family].addresses)
     ours = s._rows_for(sc.verdicts)
     # what a scaffold can find on one instance (not refusals under other configs)
     found_fields = ("module", "io", "select", "scale", "snapshot", "source")
