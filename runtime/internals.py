@@ -192,14 +192,114 @@ class Place:
             value = unwrapped(value)
         plain.put(self._internals.model, step, value, self._internals)
 
-    def __getitem__(self, layer: int) -> Any:
-        return self.get(layer)
+    def __getitem__(self, key: Any) -> Any:
+        """``place[layer]``: the tensor there; ``place[layer, index]``: only the tokens
+        ``index`` names ((batch, n) token indices per row, from
+        ``positions.stacked(positions.resolve(model, inputs, spec), spec)``), along the
+        place's sequence axis."""
+        layer, index = self._key(key)
+        return self.get(layer) if index is None else self.get_at(layer, index)
 
-    def __setitem__(self, layer: int, value: Any) -> None:
-        self.set(layer, value)
+    def __setitem__(self, key: Any, value: Any) -> None:
+        """``place[layer] = v`` writes the place; ``place[layer, index] = v`` only the
+        tokens ``index`` names, every other position as the model computed it."""
+        layer, index = self._key(key)
+        if index is None:
+            self.set(layer, value)
+        else:
+            self.set_at(layer, index, value)
 
-    def __call__(self, layer: int | None = None) -> Any:
-        return self.get(layer)
+    def __call__(self, layer: int | None = None, index: Any = None) -> Any:
+        return self.get(layer) if index is None else self.get_at(layer, index)
+
+    def _key(self, key: Any) -> tuple[Any, Any]:
+        if not isinstance(key, tuple):
+            return key, None
+        if len(key) != 2:
+            raise TypeError(
+                f"{self.name}[...] takes a layer, or a layer and a (batch, n) token index: "
+                f"{self.name}[layer, index], not {len(key)} items"
+            )
+        layer, index = key
+        shape = tuple(getattr(index, "shape", ()))
+        dtype = str(getattr(index, "dtype", ""))
+        if len(shape) != 2 or "int" not in dtype:
+            raise TypeError(
+                f"{self.name}[{layer!r}, index]: the index is the (batch, n) integer tensor "
+                "of each row's token positions, not "
+                f"{type(index).__name__} {shape or ''}: make it with "
+                "positions.stacked(positions.resolve(model, inputs, spec), spec)"
+            )
+        return layer, index
+
+    def sequence_axis(self) -> int:
+        """The axis of this place's tensor (as a read hands it out) that runs over the
+        input's tokens: the component table's, on the tensor as the row holds it (a
+        per-head layout, several streams). Refused where no component states one."""
+        from causalab_mini.generated import COMPONENTS
+
+        row = self.address
+        if row.streams is not None:
+            return 2 if row.streams.layout == "nbsh" else 1
+        for spec in COMPONENTS.values():
+            if spec.kind == "boundary" and spec.target == self.name:
+                if spec.sequence_axis is None:
+                    break
+                held = {"bhsd": 2, "bhsk": 2, "bhds": 3}
+                return held.get(str(spec.layout), spec.sequence_axis)
+        raise PlaceUnavailable(
+            self._internals._refusal(
+                self.name,
+                None,
+                "no component states which axis of this place runs over the tokens, so "
+                "positions do not apply here: read the whole place and take positions "
+                "yourself (positions.take(value, index, axis))",
+            )
+        )
+
+    def get_at(self, layer: int | None, index: Any) -> Any:
+        """The tokens ``index`` names of the place (inside a trace); an in-place edit
+        of the result is a write of those tokens (``set_at``)."""
+        axis = self.sequence_axis()
+        step = self.step(layer)
+        model = self._internals.model
+        value = plain.take_positions(plain._whole(model, step, self._internals), index, axis)
+        from .edits import editable
+
+        at = step["layer"]
+        target = plain._target(model, step, self._internals)
+        return editable(
+            value,
+            f"{self.where(at)} at positions",
+            lambda edited: self.set_at(at, index, edited),
+            compat.location(target, step["attr"]),
+            False,
+        )
+
+    def set_at(self, layer: int | None, index: Any, value: Any) -> None:
+        """Write ``value`` at the tokens ``index`` names, shaped as ``get_at`` reads
+        them; every other position keeps what the model computed. Checked like every
+        write (shape, dtype, device; read-only)."""
+        axis = self.sequence_axis()
+        step = self.step(layer)
+        refused = self.refuses_writes() if step["io_module"] else self.address_at(layer).read_only
+        if refused is not None:
+            raise WriteRefused(f"{step['where']} is read-only: {refused}")
+        if not compat.is_08():
+            raise WriteRefused(
+                f"{step['where']}: a write at positions is certified on nnsight 0.8, and "
+                f"nnsight {compat.nnsight_version()} is installed: install nnsight>=0.8, or "
+                "write the whole place"
+            )
+        if type(value).__name__ == "EditableRead":
+            from .edits import plain as unwrapped
+
+            value = unwrapped(value)
+        model = self._internals.model
+        current = plain._whole(model, step, self._internals)
+        part = plain.take_positions(current, index, axis)
+        check_value(f"{step['where']} at positions", value, part)
+        plain.put(model, step, plain.put_positions(current, index, axis, value), self._internals)
 
 
 class Internals(Mapping[str, Place]):

@@ -228,6 +228,68 @@ def test_a_position_write_replaces_that_token_only(
 
 
 @pytest.mark.slow
+@pytest.mark.semantic
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_a_place_reads_and_writes_positions_in_a_hand_written_trace(
+    spec: str, tiny_model: Callable[..., Any]
+) -> None:
+    """``model.internals[name][layer, index]`` (and ``model.<name>[layer, index]``): a
+    read is those tokens of the whole read; a write replaces them only, keeps a read
+    saved before, and moves what comes after; an in-place edit of the read is that
+    write."""
+    model = tiny_model(spec)
+    encoded = P.encode(model, TEXTS)
+    spec_ = {"span": "fox", "index": 0}
+    index = P.stacked(P.resolve(model, encoded, spec_), spec_)
+    inputs = P.trace_inputs(model, encoded)
+    with model.trace(inputs):
+        whole = model.layers_mid[1].save()
+        at = model.internals["layers_mid"][1, index].save()
+        clean_out = model.layers_output[1].save()
+    assert at.shape == (2, 1, model.hidden_size)
+    assert torch.equal(at, P.take(whole, index, 1))
+    value = torch.ones(2, 1, model.hidden_size)
+    if not compat.is_08():
+        with pytest.raises(WriteRefused, match=r"certified on nnsight 0\.8"):
+            with model.trace(inputs):
+                model.layers_mid[1, index] = value
+        return
+    with model.trace(inputs):
+        before = model.layers_input[1].save()
+        model.layers_mid[1, index] = value
+        after = model.layers_mid[1].save()
+        out = model.layers_output[1].save()
+    with model.trace(inputs):
+        edited = model.layers_mid[1, index]
+        edited[...] = 1.0  # the same write, as an in-place edit of the read
+        out_edit = model.layers_output[1].save()
+    with model.trace(inputs):
+        clean_in = model.layers_input[1].save()
+    assert torch.equal(before, clean_in)  # read before the write: unchanged
+    assert torch.equal(after, P.put(whole, index, 1, value))  # those tokens only
+    assert not torch.equal(out, clean_out) and torch.equal(out_edit, out)
+
+
+@pytest.mark.slow
+def test_positions_on_a_place_are_refused_where_they_do_not_apply(
+    tiny_model: Callable[..., Any],
+) -> None:
+    from causalab_mini.internals import PlaceUnavailable
+
+    model = tiny_model("tiny:llama")
+    index = torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(TypeError, match=r"\(batch, n\) integer tensor.*positions.stacked"):
+        with model.trace("The fox"):
+            model.layers_mid[1, 0]
+    with pytest.raises(PlaceUnavailable, match=r"no component states which axis"):
+        with model.trace("The fox"):
+            model.internals["attentions"][1, index]
+    with pytest.raises(WriteRefused, match="read-only"):
+        with model.trace("The fox"):
+            model.internals["logits"][None, index] = index
+
+
+@pytest.mark.slow
 def test_an_address_with_positions_outside_a_plan_says_how(
     tiny_model: Callable[..., Any],
 ) -> None:
