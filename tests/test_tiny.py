@@ -299,7 +299,7 @@ def test_a_model_type_the_registry_says_cannot_be_built_is_refused_with_its_reas
 
     edit(
         package_registry_copy / "tiny.yaml",
-        "not_buildable: {}\n",
+        "not_buildable:\n",
         "not_buildable:\n  llama: a reason written for this test, and only here\n",
     )
     tiny_config("llama")

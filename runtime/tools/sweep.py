@@ -740,7 +740,8 @@ def _group_markdown(
     "--group",
     "groups",
     default=None,
-    help="Comma-separated groups of registry/tiny.yaml (causal_lm, image_text_to_text; "
+    help="Comma-separated groups of registry/tiny.yaml (causal_lm, image_text_to_text, "
+    "audio_text_to_text; "
     "default: every group).",
 )
 @click.option("--jobs", type=int, default=2, show_default=True, help="Architectures at once.")

@@ -1,0 +1,141 @@
+"""Audio-language wrappers (registry/tiny.yaml group audio_text_to_text, families
+audio_language.yaml and granite_speech.yaml) fed audio: a tiny audio tower, seeded
+random mel features given to the model class directly (no feature extractor). The text
+places keep their identities and transformers' own hidden states with the audio in the
+input, and the audio enters the stream where the family's row says: after
+embeddings_output (the placeholder tokens' own embeddings), at the tokens whose id is
+the config attribute the row names (audio_token_key), in layers_input[0].
+
+The text-only certification of these types is the generic one (the sweep, with
+``--group audio_text_to_text``); this adds what only an audio input shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from causalab_mini.errors import PlaceUnavailable
+from causalab_mini.family import media_token_id
+from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated.tiny import TINY_GROUPS, TINY_NOT_BUILDABLE
+from causalab_mini.tools import certify
+from causalab_mini.tools.tiny import group_model_types
+
+from .test_multimodal import _failed, _loaded, _text_ids
+
+GROUP = "audio_text_to_text"
+AUDIO_FAMILIES = ("audio_language", "granite_speech")
+# the most used, fed audio here; the group's other types are certified on text
+AUDIO_FED = ("qwen2_audio",)
+
+
+def test_the_audio_group_takes_the_audio_lms_and_leaves_the_speech_seq2seq_models() -> None:
+    """The group is the multimodal-LM table's rest after the earlier groups: the
+    decoder-only audio LMs, not the encoder-decoder speech models (whisper's kind)."""
+    from transformers.models.auto import modeling_auto
+
+    assert TINY_GROUPS[GROUP][0] == "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES"
+    types = group_model_types()[GROUP]
+    assert "qwen2_audio" in types and "voxtral" in types
+    speech = set(modeling_auto.MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
+    assert "whisper" in speech and "whisper" not in types
+    assert not {"moonshine", "speech_to_text", "whisper"} & set(types)
+
+
+def test_every_audio_type_has_a_family_or_a_reason() -> None:
+    """Each type of the group is matched by an audio family whose row says where the
+    audio enters, or is refused tiny with a reason of its own."""
+    matched = {t for f in AUDIO_FAMILIES for t in FAMILY_MATCH[f].model_types}
+    for family in AUDIO_FAMILIES:
+        assert FAMILY_RENAME[family].audio_token_key
+    for model_type in group_model_types()[GROUP]:
+        reason = TINY_NOT_BUILDABLE.get(model_type)
+        assert (model_type in matched) != (reason is not None), model_type
+        assert reason is None or len(reason) > 60
+
+
+def _audio_inputs(model: Any, seed: int) -> dict[str, Any]:
+    """``<s>``, the audio's placeholder tokens (as many as the tower gives features),
+    the text; seeded random mel features of the tower's full window."""
+    import torch
+
+    config = model._model.config
+    audio = config.audio_config
+    frames = 2 * audio.max_source_positions  # the encoder's window (two strided convs)
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(1, audio.num_mel_bins, frames, generator=generator)
+    feature_mask = torch.ones(1, frames, dtype=torch.long)
+    tower = model._model.model.audio_tower
+    _, lengths = tower._get_feat_extract_output_lengths(feature_mask.sum(-1))
+    ids = _text_ids(model)
+    placeholders = torch.full((1, int(lengths[0])), media_token_id(model, "audio"))
+    input_ids = torch.cat([ids[:, :1], placeholders, ids[:, 1:]], dim=1)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "input_features": features,
+        "feature_attention_mask": feature_mask,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.semantic
+@pytest.mark.wide
+@pytest.mark.parametrize("model_type", AUDIO_FED)
+def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None:
+    """media_token_id reads the attribute the family row names on the loaded config;
+    a model whose families name none is refused with the row to write."""
+    model = _loaded(f"tiny:{model_type}")
+    keys = model.resolution.rename.audio_token_key
+    keys = (keys,) if isinstance(keys, str) else keys
+    config = model._model.config
+    found = [getattr(config, k) for k in keys if getattr(config, k, None) is not None]
+    assert found and media_token_id(model, "audio") == found[0]
+    assert found[0] < config.text_config.vocab_size
+    with pytest.raises(ValueError, match="unknown medium 'video'"):
+        media_token_id(model, "video")
+
+
+def test_a_text_model_has_no_audio_placeholder(tiny_model: Any) -> None:
+    with pytest.raises(PlaceUnavailable, match="state no audio_token_key"):
+        media_token_id(tiny_model("tiny:llama"), "audio")
+
+
+@pytest.mark.slow
+@pytest.mark.semantic
+@pytest.mark.wide
+@pytest.mark.parametrize("model_type", AUDIO_FED)
+def test_audio_enters_at_the_placeholders_after_the_embeddings(model_type: str) -> None:
+    """With audio in the input every identity and transformers' hidden states still
+    hold; embeddings_output holds the placeholder tokens' own embeddings whatever the
+    audio, and other audio moves layers_input[0] at every audio position and nowhere
+    else."""
+    import torch
+
+    model = _loaded(f"tiny:{model_type}")
+    inputs = _audio_inputs(model, seed=0)
+    audio = inputs["input_ids"][0] == media_token_id(model, "audio")
+    assert int(audio.sum()) > 1 and int((~audio).sum()) > 1
+    values = certify.read_places(model, inputs)
+    checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
+    assert checks and not _failed(checks)
+    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert {c.layer for c in checks if c.layer is not None} == set(range(len(model.layers)))
+
+    embedded = values[("embeddings_output", None)][0]
+    merged = values[("layers_input", 0)][0]
+    with torch.no_grad():
+        placeholder = model._model.get_input_embeddings()(inputs["input_ids"])[0]
+    assert certify.difference(embedded, placeholder)[0]  # the ids' own embeddings
+    assert certify.difference(merged[~audio], embedded[~audio])[0]  # text rows: as embedded
+    assert not certify.difference(merged[audio], embedded[audio])[0]  # the audio is in
+
+    other = certify.read_places(
+        model, _audio_inputs(model, seed=1), ["embeddings_output", "layers_input"]
+    )
+    assert torch.equal(other[("embeddings_output", None)][0], embedded)
+    moved = (other[("layers_input", 0)][0] - merged).abs().amax(-1)
+    assert bool((moved[~audio] == 0).all())
+    assert bool((moved[audio] > 0).all())
