@@ -128,3 +128,31 @@ def test_the_readme_coverage_figures_are_the_sweep_report() -> None:
         summary = report["groups"][group]
         want = [summary[k] for k in ("architectures", "certified", "ok", "refused", "broken")]
         assert [int(f) for f in figures] == want, f"README's {group} figures: rerun the sweep"
+
+
+def test_the_sweep_lines_quoted_in_docs_are_the_sweep_report() -> None:
+    """Every ``<type> <structure> <outcome> ok=N refused=N broken=N`` line a page of
+    docs/ (or README, CONTRIBUTING) quotes from a sweep is docs/coverage.json's."""
+    import re
+
+    report = json.loads((REPO / "docs" / "coverage.json").read_text())
+    by_type = {r["model_type"]: r for r in report["results"]}
+    line = re.compile(
+        r"^(\S+)\s+(\S+)\s+(\w+)\s+ok=(\d+) refused=(\d+) broken=(\d+)\s*$", re.MULTILINE
+    )
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md", REPO / "CONTRIBUTING.md"]
+    quoted = 0
+    for page in pages:
+        if page.name == "coverage.md":
+            continue
+        for model_type, structure, outcome, *counts in line.findall(page.read_text()):
+            result = by_type[model_type]
+            states = [c["state"] for c in result["components"].values()]
+            want = [states.count(s) for s in ("ok", "refused", "broken")]
+            got = (structure, outcome, [int(n) for n in counts])
+            assert got == (result["structure"], result["outcome"], want), (
+                f"{page.name} quotes {model_type} as {got}; docs/coverage.json has "
+                f"{(result['structure'], result['outcome'], want)}: rerun the sweep it quotes"
+            )
+            quoted += 1
+    assert quoted >= 5, "the multi-stream figures are no longer quoted"
