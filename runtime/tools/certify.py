@@ -101,7 +101,7 @@ def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str,
     # inputs registry/tiny.yaml side_inputs gives its model type
     from causalab_mini.tools.tiny import side_inputs
 
-    inputs.update(side_inputs(model._model.config, *batch["input_ids"].shape))
+    inputs.update(side_inputs(model._model.config, *batch["input_ids"].shape, tokens=inputs))
     embeds = inputs.get("inputs_embeds")
     if embeds is not None and embeds.shape[1] < inputs["input_ids"].shape[1]:
         # the side inputs query fewer positions than the mask spans (a drafter: one
