@@ -44,7 +44,7 @@ class ComponentAddress:
     resolution detail and takes no part in equality or ordering.
     """
 
-    rank: tuple[int, int]
+    rank: tuple[int, int | float]
     component: str
     layer: int | None
     head: int | None = None

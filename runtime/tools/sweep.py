@@ -180,10 +180,12 @@ def _context(
     if wanted:
         places.update(cert.read_places(model, inputs, sorted(wanted)))
     with torch.no_grad():
-        hf = model._model(
-            **cert.forward_inputs(model, inputs),
-            output_hidden_states=True,
-            output_attentions=model.attention_probs_enabled,
+        hf = cert.decoder_outputs(
+            model._model(
+                **cert.forward_inputs(model, inputs),
+                output_hidden_states=True,
+                output_attentions=model.attention_probs_enabled,
+            )
         )
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
