@@ -894,7 +894,10 @@ def side_inputs(
         return tuple(tensor(row["shape"], layer) for _ in range(count))
 
     out: dict[str, Any] = {}
+    missing = object()
     for name, row in rows.items():
+        if any(getattr(config, k, missing) != v for k, v in (row.get("config") or {}).items()):
+            continue  # fed only where the loaded config has these values
         if "from" in row:
             if tokens is None or row["from"] not in tokens:
                 raise TinyBuildError(
