@@ -742,7 +742,7 @@ def _group_markdown(
     "--group",
     "groups",
     default=None,
-    help="Comma-separated groups of registry/tiny.yaml (causal_lm, image_text_to_text; "
+    help="Comma-separated groups of registry/tiny.yaml (causal_lm, image_text_to_text, seq2seq; "
     "default: every group).",
 )
 @click.option("--jobs", type=int, default=2, show_default=True, help="Architectures at once.")
@@ -812,6 +812,10 @@ def sweep_command(
         )
     every = [t for g in picked for t in by_group[g]]
     chosen = [t.strip() for t in only.split(",") if t.strip()] if only else every
+    # a model type the picked groups hold only as <group>/<model_type> (the whole
+    # encoder-decoder beside its decoder alone) names that member
+    members = {t.partition("/")[2]: t for t in every if "/" in t}
+    chosen = [members.get(t, t) if t not in every else t for t in chosen]
     unknown = [t for t in chosen if t not in every]
     if unknown:
         raise click.UsageError(
