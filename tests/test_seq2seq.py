@@ -35,8 +35,9 @@ def _read(model: Any, names: list[str], inputs: dict[str, Any]) -> dict[tuple[st
 def _outputs(model: Any, inputs: dict[str, Any], **flags: bool) -> Any:
     import torch
 
+    given = cert.forward_inputs(model, inputs)  # a trace first: the weights are loaded
     with torch.no_grad():
-        return model._model(**cert.forward_inputs(model, inputs), **flags)
+        return model._model(**given, **flags)
 
 
 def test_group_takes_the_whole_models() -> None:
@@ -159,3 +160,35 @@ def test_sweep_certifies_the_decoder(certified: Any, spec: str) -> None:
     checks = result.components["block_mid"]["checks"]
     assert any("cross_attentions_output" in c for c in checks)
     assert any("with a written layers_mid" in c for c in checks)
+
+
+@pytest.mark.parametrize("spec", list(SHAPES))
+def test_cross_attention_probabilities_oracle(tiny_model: Any, spec: str) -> None:
+    """transformers' own cross_attentions (eager) are the cross_attention_probabilities
+    place on every layer, and its decoder_attentions the self-attention's (the two are
+    distinct tensors: encoder keys vs decoder keys), and softmax of nothing else: each
+    row of the cross-attention's probabilities sums to one over the encoder's keys."""
+    import torch
+
+    model = tiny_model(spec, probs=True)
+    inputs = cert.sample_inputs(model)
+    out = _outputs(model, inputs, output_attentions=True)
+    v = _read(model, ["cross_attention_probabilities", "attention_probabilities"], inputs)
+    for layer in range(model.internals.num_layers):
+        cross = v[("cross_attention_probabilities", layer)]
+        assert torch.allclose(cross, out.cross_attentions[layer], atol=1e-6)
+        own = v[("attention_probabilities", layer)]
+        assert torch.allclose(own, out.decoder_attentions[layer], atol=1e-6)
+        assert torch.allclose(cross.sum(-1), torch.ones_like(cross.sum(-1)), atol=1e-5)
+        assert not torch.allclose(cross, own, atol=1e-3)
+
+
+def test_cross_attention_probabilities_need_eager(tiny_model: Any) -> None:
+    """Without enable_attention_probs the cross-attention's probabilities are refused
+    with the reason and what to write instead."""
+    from causalab_mini.internals import PlaceUnavailable
+
+    model = tiny_model("tiny:t5")
+    with pytest.raises(PlaceUnavailable, match="enable_attention_probs=True"):
+        with model.trace(cert.sample_inputs(model)):
+            model.internals["cross_attention_probabilities"][0].save()
