@@ -192,3 +192,40 @@ def test_cross_attention_probabilities_need_eager(tiny_model: Any) -> None:
     with pytest.raises(PlaceUnavailable, match="enable_attention_probs=True"):
         with model.trace(cert.sample_inputs(model)):
             model.internals["cross_attention_probabilities"][0].save()
+
+
+# the group's members with rows (registry/block_structures.yaml pre_norm_cross and
+# post_ln_cross rules), beyond the two above
+WIDE = (
+    "mt5",
+    "umt5",
+    "longt5",
+    "switch_transformers",
+    "m2m_100",
+    "pegasus_x",
+    "led",
+    "seq2seq/mbart",
+    "seq2seq/pegasus",
+    "seq2seq/blenderbot",
+    "seq2seq/bigbird_pegasus",
+    "seq2seq/marian",
+    "seq2seq/plbart",
+    "seq2seq/mvp",
+    "seq2seq/blenderbot-small",
+)
+
+
+@pytest.mark.wide
+@pytest.mark.slow
+@pytest.mark.parametrize("member", WIDE)
+def test_group_member_certified(member: str) -> None:
+    """Each member with rows: certified by the sweep with nothing broken, of a cross
+    structure, its cross-attention identity among the checks that held."""
+    from causalab_mini.tools.sweep import run_one
+
+    result = run_one(f"tiny:{member}")
+    assert result.outcome == "certified", result.reason
+    assert result.group == "seq2seq"
+    assert result.structure in ("pre_norm_cross", "post_ln_cross")
+    assert not [k for k, v in result.components.items() if v["state"] == "broken"]
+    assert any("cross_attentions_output" in c for c in result.components["block_mid"]["checks"])

@@ -302,6 +302,8 @@ def _check_model_type(model_type: str) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     group, bare = split_member(model_type)
+    if model_type in _NOT_BUILDABLE:  # a member named with its group, alone
+        raise TinyBuildError(f"{model_type!r} cannot be built tiny: {_NOT_BUILDABLE[model_type]}")
     if group is not None:
         if group_of(model_type) == group:
             return _check_model_type(bare)
