@@ -428,9 +428,7 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     import torch
 
     with torch.no_grad():
-        out = decoder_outputs(
-            model._model(**forward_inputs(model, inputs), output_attentions=True)
-        )
+        out = decoder_outputs(model._model(**forward_inputs(model, inputs), output_attentions=True))
     values = read_places(model, inputs, ["attention_probabilities"])
     # one entry per layer the model runs (see hidden_state_oracle)
     return [

@@ -220,7 +220,9 @@ def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | Non
 
     import transformers
 
-    name = f"{model_type.replace('/', '+')}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    name = (
+        f"{model_type.replace('/', '+')}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    )
     recipe = _recipe(model_type)
     if recipe:
         key = json.dumps(recipe, sort_keys=True, default=str).encode()
