@@ -683,7 +683,7 @@ def test_tiny_settings_keys_reasons_and_keep_off(package_registry_copy: Path) ->
     edit(path, "  mpt:\n", "  some_future_model:\n    hidden_size: 32\n  mpt:\n")
     assert lint(package_registry_copy)[1] == []
     edit(path, "    hidden_size: 32\n", "    hidden-size: 32\n")
-    edit(path, "not_buildable: {}\n", "not_buildable:\n  gemma4_assistant: ''\n")
+    edit(path, "not_buildable:\n", "not_buildable:\n  gemma4_assistant: ''\n")
     edit(path, "keep_off:\n", "keep_off:\n  - no_such_generic_key\n")
     diags = lint(package_registry_copy)[1]
     shown = [str(d).replace(f"{package_registry_copy}/", "") for d in diags]
@@ -696,7 +696,7 @@ def test_tiny_settings_keys_reasons_and_keep_off(package_registry_copy: Path) ->
     )
     assert len(diags) == 2  # the file fails its schema: its cross-row rules wait
     edit(path, "    hidden-size: 32\n", "    hidden_size: 32\n")
-    edit(path, "not_buildable:\n  gemma4_assistant: ''\n", "not_buildable: {}\n")
+    edit(path, "not_buildable:\n  gemma4_assistant: ''\n", "not_buildable:\n")
     (diag,) = lint(package_registry_copy)[1]
     assert (diag.code, diag.row) == ("X007", "keep_off")
     assert "'no_such_generic_key', which is not a key of generic" in diag.message
