@@ -170,6 +170,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "tiny_build_from": dict(registry.tiny.build_from),
         "tiny_builds_with": dict(registry.tiny.builds_with),
         "tiny_groups": dict(registry.tiny.groups),
+        "tiny_shared_groups": tuple(registry.tiny.shared_groups),
         "tiny_side_inputs": dict(registry.tiny.side_inputs),
         "tiny_vision_extra": dict(registry.tiny.vision_extra),
         "tiny_tokenizer_kinds": TOKENIZER_KINDS,

@@ -94,6 +94,8 @@ class TinyTables:
     builds_with: tuple[tuple[str, tuple[str, str]], ...] = ()
     # group -> (its transformers auto mapping, its auto class, doc), in order
     groups: tuple[tuple[str, tuple[str, str, str]], ...] = ()
+    # the groups that also take model types an earlier group takes with another class
+    shared_groups: tuple[str, ...] = ()
     side_inputs: tuple[tuple[str, Any], ...] = ()
     vision_extra: tuple[tuple[str, Any], ...] = ()
     # the kind of special tokens a tiny tokenizer adds where tokenizers lists no row
@@ -144,6 +146,9 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
         groups=tuple(
             (g, (v["mapping"], v["auto_class"], " ".join(v["doc"].split())))
             for g, v in raw.get("groups", {}).items()
+        ),
+        shared_groups=tuple(
+            g for g, v in raw.get("groups", {}).items() if v.get("shares_model_types")
         ),
         vision_extra=table(raw["vision_extra"]),
         tokenizer_default=raw.get("tokenizer_default", {}).get("adds", "bos"),

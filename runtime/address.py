@@ -208,7 +208,9 @@ class Address:
     tokens' own, likewise; ``layer_list`` (a per-layer row) names a ModuleList of the
     model, in standardized names, whose entry at the layer's index the module is
     relative to, instead of ``layers[i]`` (a model that keeps each sublayer in a list
-    of its own: XLM); ``seq_first`` says the tensor there is (seq, batch, ...) (XLNet),
+    of its own: XLM); ``before_layers`` says that list is another stack, run wholly
+    before the registry's layers (an encoder-decoder's encoder), so the row ranks
+    before every layer; ``seq_first`` says the tensor there is (seq, batch, ...) (XLNet),
     read and written as (batch, seq, ...) through a transposed view. ``spelled`` is
     the model attribute a whole-model place is read and written as where that is not
     its name (``token_embeddings``); ``replaces_accessor`` says nnterp has an accessor
@@ -224,6 +226,7 @@ class Address:
     write: WriteMode = "replace"
     scale: str | float | None = None
     layer_list: str | None = None
+    before_layers: bool = False
     seq_first: bool = False
     leading_positions: LeadingPositions | None = None
     trailing_streams: TrailingStreams | None = None

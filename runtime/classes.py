@@ -22,15 +22,24 @@ def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config:
     return str(found)
 
 
-def group_auto_class(model_type: str | None) -> str | None:
+def group_auto_class(model_type: str | None, architectures: tuple[str, ...] = ()) -> str | None:
     """The auto class of the group (registry/tiny.yaml ``groups``) ``model_type`` is in,
     the first whose transformers mapping has it, where that is not
     AutoModelForCausalLM: an image-text-to-text wrapper no family file names loads
-    (and ``tiny:`` builds) whole, with its image-text-to-text class. None otherwise."""
+    (and ``tiny:`` builds) whole, with its image-text-to-text class. A checkpoint whose
+    ``architectures`` name the class a group that shares model types maps it to (the
+    whole encoder-decoder, BartForConditionalGeneration) loads with that group's
+    class. None otherwise."""
     from transformers.models.auto import modeling_auto
 
-    from causalab_mini.generated.tiny import TINY_GROUPS
+    from causalab_mini.generated.tiny import TINY_GROUPS, TINY_SHARED_GROUPS
 
+    for group in TINY_SHARED_GROUPS:
+        mapping, auto, _ = TINY_GROUPS[group]
+        mapped = getattr(modeling_auto, mapping, {}).get(model_type)
+        mapped = (mapped,) if isinstance(mapped, str) else tuple(mapped or ())
+        if set(mapped) & set(architectures):
+            return None if auto == DEFAULT_AUTO_CLASS else auto
     for mapping, auto, _ in TINY_GROUPS.values():
         if model_type in getattr(modeling_auto, mapping, {}):
             return None if auto == DEFAULT_AUTO_CLASS else auto

@@ -246,7 +246,7 @@ class Place:
                 if spec.sequence_axis is None:
                     break
                 held = {"bhsd": 2, "bhsk": 2, "bhds": 3}
-                return held.get(str(spec.layout), spec.sequence_axis)
+                return int(held.get(str(spec.layout), spec.sequence_axis))
         raise PlaceUnavailable(
             self._internals._refusal(
                 self.name,
@@ -300,6 +300,10 @@ class Place:
         part = plain.take_positions(current, index, axis)
         check_value(f"{step['where']} at positions", value, part)
         plain.put(model, step, plain.put_positions(current, index, axis, value), self._internals)
+
+
+# how far before the layers a before_layers row ranks (more layers than any model has)
+_BEFORE_LAYERS = 1 << 20
 
 
 class Internals(Mapping[str, Place]):
@@ -572,17 +576,23 @@ class Internals(Mapping[str, Place]):
 
     # ------------------------------------------------------------ ranks
 
-    def rank(self, name: str, layer: int | None = None) -> tuple[int, int]:
+    def rank(self, name: str, layer: int | None = None) -> tuple[int, int | float]:
         """(layer, order) for a per-layer place; (-1, order) for a whole-model place
-        before the layers (negative order) and (num_layers, order) after them."""
+        before the layers (negative order) and (num_layers, order) after them; a row of
+        a stack that runs before the layers (``before_layers``: an encoder) ranks
+        (layer - 2**20, order), before all of them."""
         row = self[name].row
+        # a whole order as an int (rank=(1, 60)); a row between two (34.5) keeps its place
+        order = int(row.order) if float(row.order).is_integer() else row.order
         if row.per_layer:
             if layer is None:
                 raise ValueError(f"{name} is per layer: say which layer")
             at = self._layer(self[name], layer)
             assert at is not None  # a per-layer place's layer
-            return (at, int(row.order))
-        return (-1 if row.order < 0 else self.num_layers, int(row.order))
+            if row.before_layers:  # another stack, run before the layers (an encoder)
+                return (at - _BEFORE_LAYERS, order)
+            return (at, order)
+        return (-1 if row.order < 0 else self.num_layers, order)
 
     # ------------------------------------------------------------ order
 
@@ -766,7 +776,7 @@ class Internals(Mapping[str, Place]):
             return None
         for family in families_of(self.model):
             if family.structure_unknown is not None:
-                return family.structure_unknown.replace("{place}", name)
+                return str(family.structure_unknown).replace("{place}", name)
         return None
 
     def _resolve(

@@ -43,7 +43,7 @@ class ComponentAddress:
     resolution detail and takes no part in equality or ordering.
     """
 
-    rank: tuple[int, int]
+    rank: tuple[int, int | float]
     component: str
     layer: int | None
     head: int | None = None
@@ -351,7 +351,7 @@ def _interior_refusal(model: Any, spec: Component, interior: Interior, at: int) 
         return str(reason)
     for family in families_of(model):
         if family.interiors_unavailable is not None:
-            return family.interiors_unavailable.replace("{place}", spec.name)
+            return str(family.interiors_unavailable).replace("{place}", spec.name)
     outside = outside_versions(interior.versions)
     if outside is not None:
         package, rng, installed = outside

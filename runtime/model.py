@@ -512,7 +512,7 @@ def _auto_class_arguments(
     """The family's transformers auto class (a language model inside a multimodal
     wrapper), else its group's, said the way the installed nnsight takes it; not for a
     checkpoint its config says the causal-LM class saved, nor where the caller chose."""
-    auto_class = merged.auto_class or group_auto_class(model_type)
+    auto_class = merged.auto_class or group_auto_class(model_type, architectures)
     if not auto_class or not isinstance(model, str) or "automodel" in kwargs:
         return
     if not auto_class_maps(auto_class, architectures):

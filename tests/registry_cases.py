@@ -204,6 +204,32 @@ def rule_cases() -> tuple[Case, ...]:
     return tuple(sorted(cases, key=lambda case: case.spec))
 
 
+def _member(model_type: str, classes: tuple[str, ...]) -> str:
+    """The group member a family matching ``classes`` is built as: ``<group>/<type>``
+    where its classes name only the whole model a group that shares model types maps
+    the type to (mbart_whole: MBartForConditionalGeneration, tiny:seq2seq/mbart), not
+    the class an earlier group loads; else the model type."""
+    from transformers.models.auto import modeling_auto
+
+    from causalab_mini.generated.tiny import TINY_GROUPS, TINY_SHARED_GROUPS
+    from causalab_mini.tools.tiny import group_model_types
+
+    earlier: set[str] = set()
+    for group, (mapping, _, _) in TINY_GROUPS.items():
+        mapped = getattr(modeling_auto, mapping, {}).get(model_type)
+        mapped = {mapped} if isinstance(mapped, str) else set(mapped or ())
+        member = f"{group}/{model_type}"
+        if (
+            group in TINY_SHARED_GROUPS
+            and mapped & set(classes)
+            and not earlier & set(classes)
+            and member in group_model_types()[group]
+        ):
+            return member
+        earlier |= mapped
+    return model_type
+
+
 @cache
 def family_cases() -> tuple[tuple[str, Case], ...]:
     """(family, case) for every model type every family file names, with the config
@@ -213,7 +239,8 @@ def family_cases() -> tuple[tuple[str, Case], ...]:
     for family, match in FAMILY_MATCH.items():
         for i, model_type in enumerate(match.model_types):
             config = tuple(match.config)
-            case = Case(tiny_spec(model_type, config), buildable(model_type), config, i == 0)
+            spec = tiny_spec(_member(model_type, match.classes), config)
+            case = Case(spec, buildable(model_type), config, i == 0)
             out.append((family, case))
     return tuple(sorted(set(out), key=lambda pair: (pair[0], pair[1].spec)))
 

@@ -78,7 +78,7 @@ def tiny(ctx: Context) -> None:
                 key=True,
             )
         for name, spec in inputs.items():
-            paths = [dim["config"] for dim in spec["shape"] if isinstance(dim, dict)]
+            paths = [dim["config"] for dim in spec.get("shape", ()) if isinstance(dim, dict)]
             field = "shape"
             if "per_layer_type" in spec:  # @layer in the shape, never in the type list
                 paths, field = [spec["per_layer_type"]], "per_layer_type"

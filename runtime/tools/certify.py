@@ -101,7 +101,7 @@ def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str,
     # inputs registry/tiny.yaml side_inputs gives its model type
     from causalab_mini.tools.tiny import side_inputs
 
-    inputs.update(side_inputs(model._model.config, *batch["input_ids"].shape))
+    inputs.update(side_inputs(model._model.config, *batch["input_ids"].shape, tokens=inputs))
     embeds = inputs.get("inputs_embeds")
     if embeds is not None and embeds.shape[1] < inputs["input_ids"].shape[1]:
         # the side inputs query fewer positions than the mask spans (a drafter: one
@@ -331,6 +331,26 @@ def oracle_hidden_states(model: Any, hidden: Any) -> Any:
     return (None, *tuple(hidden)[len(hidden) - n :])
 
 
+def decoder_outputs(out: Any) -> Any:
+    """A model output as the oracles read a decoder's: an encoder-decoder's output
+    (``decoder_hidden_states`` and ``decoder_attentions`` beside the encoder's) gives
+    its decoder's entries as ``hidden_states`` and ``attentions`` (the registry's layers
+    are the decoder's), ``cross_attentions`` and ``logits`` kept; any other as it is."""
+    if getattr(out, "decoder_hidden_states", None) is None and not hasattr(
+        out, "decoder_attentions"
+    ):
+        return out
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        hidden_states=out.decoder_hidden_states,
+        attentions=out.decoder_attentions,
+        cross_attentions=getattr(out, "cross_attentions", None),
+        encoder_hidden_states=getattr(out, "encoder_hidden_states", None),
+        logits=out.logits,
+    )
+
+
 def oracle_attentions(model: Any, attentions: Any) -> Any:
     """transformers' ``output_attentions`` as the oracles read it: the last n entries
     where they count every call of the layer class (``oracles_from_last_calls``)."""
@@ -348,7 +368,9 @@ def hidden_state_oracle(
     import torch
 
     with torch.no_grad():
-        out = model._model(**forward_inputs(model, inputs), output_hidden_states=True)
+        out = decoder_outputs(
+            model._model(**forward_inputs(model, inputs), output_hidden_states=True)
+        )
     hidden = oracle_hidden_states(model, out.hidden_states)
     checks = []
     # the entries are the layers the model runs (on a text-only input a layer that
@@ -406,7 +428,7 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     import torch
 
     with torch.no_grad():
-        out = model._model(**forward_inputs(model, inputs), output_attentions=True)
+        out = decoder_outputs(model._model(**forward_inputs(model, inputs), output_attentions=True))
     values = read_places(model, inputs, ["attention_probabilities"])
     # one entry per layer the model runs (see hidden_state_oracle)
     return [
@@ -432,7 +454,11 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
 
     internals = model.internals
     torch.manual_seed(0)
-    target, addend = _mlp_addend(model) or ("layers_output", "layers_mid")
+    found = _mlp_addend(model)
+    beside = _mid_addend_identity(model, layer) if found is None else None
+    if beside is not None:  # another sublayer adds to layers_mid first (cross-attention)
+        return _write_through_identity(model, inputs, layer, beside)
+    target, addend = found or ("layers_output", "layers_mid")
     # where the MLP adds to another stream than layers_mid (a reversible block), the
     # write reaches the block through the MLP's input: mlps_input == the written value
     via_input = addend != "layers_mid"
@@ -475,6 +501,24 @@ def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> 
     structure = BLOCK_STRUCTURES.get(model.block_structure or "")
     if structure is not None and structure.parallel:
         return _attention_write_shifts(model, inputs, layer, "layers_output")
+    return None
+
+
+def _mid_addend_identity(model: Any, layer: int) -> str | None:
+    """The structure's identity ``X == layers_mid + C`` (two plain rows, C not the
+    MLP's contribution: the cross-attention's, on an encoder-decoder's decoder block)
+    whose rows exist at ``layer``, where the next sublayer to add to layers_mid is not
+    the MLP; None otherwise."""
+    internals = model.internals
+    for text in structure_identities(model):
+        left, terms = parse_terms(text)
+        rows = [n for t in terms for n in _rows_of(t)]
+        if len(terms) != 2 or any(t[0] != "row" for t in terms) or "layers_mid" not in rows:
+            continue
+        if "mlps_output" in rows:
+            continue
+        if all(internals[r].unavailable_on(layer) is None for r in (left, *rows)):
+            return text
     return None
 
 

@@ -180,10 +180,12 @@ def _context(
     if wanted:
         places.update(cert.read_places(model, inputs, sorted(wanted)))
     with torch.no_grad():
-        hf = model._model(
-            **cert.forward_inputs(model, inputs),
-            output_hidden_states=True,
-            output_attentions=model.attention_probs_enabled,
+        hf = cert.decoder_outputs(
+            model._model(
+                **cert.forward_inputs(model, inputs),
+                output_hidden_states=True,
+                output_attentions=model.attention_probs_enabled,
+            )
         )
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
@@ -741,7 +743,7 @@ def _group_markdown(
     "groups",
     default=None,
     help="Comma-separated groups of registry/tiny.yaml (causal_lm, image_text_to_text, "
-    "audio_text_to_text; "
+    "audio_text_to_text, seq2seq; "
     "default: every group).",
 )
 @click.option("--jobs", type=int, default=2, show_default=True, help="Architectures at once.")
@@ -811,6 +813,10 @@ def sweep_command(
         )
     every = [t for g in picked for t in by_group[g]]
     chosen = [t.strip() for t in only.split(",") if t.strip()] if only else every
+    # a model type the picked groups hold only as <group>/<model_type> (the whole
+    # encoder-decoder beside its decoder alone) names that member
+    members = {t.partition("/")[2]: t for t in every if "/" in t}
+    chosen = [members.get(t, t) if t not in every else t for t in chosen]
     unknown = [t for t in chosen if t not in every]
     if unknown:
         raise click.UsageError(

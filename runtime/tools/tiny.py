@@ -38,6 +38,7 @@ from causalab_mini.generated.tiny import (
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
+    TINY_SHARED_GROUPS,
     TINY_SIDE_INPUTS,
     TINY_SIZES,
     TINY_TOKENIZER_DEFAULT,
@@ -60,6 +61,7 @@ __all__ = [
     "group_model_types",
     "group_of",
     "resolve_model_spec",
+    "split_member",
     "tiny_config",
     "tiny_tokenizer",
     "tokenizer_row",
@@ -149,14 +151,26 @@ def cache_root() -> Path:
     return Path.home() / ".cache" / "causalab_mini"
 
 
+def split_member(member: str) -> tuple[str | None, str]:
+    """``seq2seq/bart`` -> (``seq2seq``, ``bart``): a group member named with its group
+    (a model type an earlier group takes with another class, registry/tiny.yaml
+    ``shares_model_types``); a bare model type -> (None, it)."""
+    group, slash, model_type = member.partition("/")
+    return (group, model_type) if slash else (None, member)
+
+
 def build_class(model_type: str) -> str:
     """The transformers auto class a tiny ``model_type`` is built (and loaded back) with:
     its family's ``auto_class`` (a multimodal wrapper's image-text-to-text class, vision
-    tower included), else its group's (registry/tiny.yaml ``groups``)."""
+    tower included), else its group's (registry/tiny.yaml ``groups``); a member named
+    with its group (``seq2seq/bart``) is built with that group's class."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from causalab_mini.classes import auto_class_for
 
+    group, model_type = split_member(model_type)
+    if group is not None:
+        return TINY_GROUPS[group][1]
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     auto_class: str = auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
     return auto_class
@@ -188,10 +202,11 @@ def _recipe(model_type: str) -> dict[str, Any]:
     from causalab_mini.classes import DEFAULT_AUTO_CLASS
 
     recipe: dict[str, Any] = {}
+    auto = build_class(model_type)
+    model_type = split_member(model_type)[1]
     rows = {t: _overrides(t) for t in _config_types(model_type) if t in TINY_OVERRIDES}
     if rows:
         recipe["overrides"] = rows
-    auto = build_class(model_type)
     if auto != DEFAULT_AUTO_CLASS:
         recipe["build_class"] = auto
     if model_type in TINY_TOKENIZERS:
@@ -205,7 +220,9 @@ def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | Non
 
     import transformers
 
-    name = f"{model_type}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    name = (
+        f"{model_type.replace('/', '+')}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
+    )
     recipe = _recipe(model_type)
     if recipe:
         key = json.dumps(recipe, sort_keys=True, default=str).encode()
@@ -227,22 +244,39 @@ def causal_lm_model_types() -> list[str]:
 
 
 def group_model_types() -> dict[str, list[str]]:
-    """Group (registry/tiny.yaml ``groups``, in order) -> its sorted model types: those of
-    the group's transformers auto mapping that no earlier group takes (a mapping the
-    installed transformers lacks gives none)."""
+    """Group (registry/tiny.yaml ``groups``, in order) -> its sorted members: the model
+    types of the group's transformers auto mapping that no earlier group takes (a
+    mapping the installed transformers lacks gives none), and, in a group that
+    ``shares_model_types``, ``<group>/<model_type>`` for each type an earlier group
+    takes with another class than this mapping's (the whole encoder-decoder beside its
+    decoder alone)."""
     from transformers.models.auto import modeling_auto
 
     out: dict[str, list[str]] = {}
-    taken: set[str] = set()
+    taken: dict[str, set[str]] = {}  # model type -> the classes earlier groups load
     for name, (mapping, _, _) in TINY_GROUPS.items():
-        types = sorted(set(getattr(modeling_auto, mapping, {})) - taken)
-        out[name] = types
-        taken.update(types)
+        table = getattr(modeling_auto, mapping, {})
+        types = sorted(set(table) - set(taken))
+        shared = []
+        if name in TINY_SHARED_GROUPS:
+            shared = [
+                f"{name}/{t}"
+                for t in sorted(set(table) & set(taken))
+                if not set(_classes(table[t])) & taken[t]
+            ]
+        out[name] = types + shared
+        for t in table:
+            taken.setdefault(t, set()).update(_classes(table[t]))
     return out
 
 
+def _classes(value: Any) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 def group_of(model_type: str) -> str | None:
-    """The group ``model_type`` is in (the first whose mapping has it), or None."""
+    """The group ``model_type`` (or a member ``<group>/<model_type>``) is in (the first
+    whose mapping has it), or None."""
     return next((g for g, types in group_model_types().items() if model_type in types), None)
 
 
@@ -269,6 +303,23 @@ def builds_outside(model_type: str) -> str | None:
 def _check_model_type(model_type: str) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
+    group, bare = split_member(model_type)
+    if model_type in _NOT_BUILDABLE:  # a member named with its group, alone
+        raise TinyBuildError(f"{model_type!r} cannot be built tiny: {_NOT_BUILDABLE[model_type]}")
+    if group is not None:
+        if group_of(model_type) == group:
+            return _check_model_type(bare)
+        members = [m for m in group_model_types().get(group, []) if "/" in m]
+        raise TinyBuildError(
+            f"{model_type!r} is not a member of a registry/tiny.yaml group: "
+            + (
+                f"{group!r} is no group of it (its groups: {', '.join(TINY_GROUPS)})"
+                if group not in TINY_GROUPS
+                else f"group {group!r} names so only the model types an earlier group "
+                f"takes with another class ({', '.join(members) or 'none here'}); "
+                f"write tiny:{bare}"
+            )
+        )
     causal = causal_lm_model_types()
     if model_type in _NOT_BUILDABLE:
         raise TinyBuildError(f"{model_type!r} cannot be built tiny: {_NOT_BUILDABLE[model_type]}")
@@ -684,6 +735,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     import transformers
 
     started = time.perf_counter()
+    member, model_type = model_type, split_member(model_type)[1]
     config = tiny_config(model_type)
     # the config the causal-LM class is built from: the composite config, or the
     # sub-config registry/tiny.yaml names (build_from)
@@ -710,7 +762,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
 
         auto = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
     else:
-        auto = getattr(transformers, build_class(model_type))
+        auto = getattr(transformers, build_class(member))
     transformers.set_seed(seed)
     torch.manual_seed(seed)
     try:
@@ -747,7 +799,7 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     manifest = {
         "model_type": model_type,
         "model_class": type(model).__name__,
-        "build_class": build_class(model_type),
+        "build_class": build_class(member),
         "transformers_version": transformers.__version__,
         "torch_version": torch.__version__,
         "builder_version": BUILDER_VERSION,
@@ -813,10 +865,14 @@ def _config_path(config: Any, path: str, layer: int | None) -> Any:
     return value
 
 
-def side_inputs(config: Any, batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
+def side_inputs(
+    config: Any, batch: int, seq: int, seed: int = 0, tokens: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The keyword inputs registry/tiny.yaml ``side_inputs`` gives ``config``'s model
     type beside the token ids (empty for most): seeded random normal tensors of the
-    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq``."""
+    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq``, or
+    (a row's ``from``) a tensor of the token batch ``tokens`` itself (an
+    encoder-decoder's decoder_input_ids: the encoder's own ids)."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
@@ -842,8 +898,18 @@ def side_inputs(config: Any, batch: int, seq: int, seed: int = 0) -> dict[str, A
         return tuple(tensor(row["shape"], layer) for _ in range(count))
 
     out: dict[str, Any] = {}
+    missing = object()
     for name, row in rows.items():
-        if "per_layer_type" in row:
+        if any(getattr(config, k, missing) != v for k, v in (row.get("config") or {}).items()):
+            continue  # fed only where the loaded config has these values
+        if "from" in row:
+            if tokens is None or row["from"] not in tokens:
+                raise TinyBuildError(
+                    f"side input {name!r} of {config.model_type!r} is the token batch's "
+                    f"{row['from']!r}, and no token batch holding it was given"
+                )
+            out[name] = tokens[row["from"]].clone()
+        elif "per_layer_type" in row:
             types = list(_config_path(config, row["per_layer_type"], None))
             out[name] = {kind: made(row, types.index(kind)) for kind in dict.fromkeys(types)}
         else:
@@ -860,7 +926,7 @@ def _smoke_logits(model_type: str, model: Any, tokenizer: Any) -> Any:
     import torch
 
     batch = dict(tokenizer(_SMOKE_TEXTS, return_tensors="pt", padding=True))
-    batch.update(side_inputs(model.config, *batch["input_ids"].shape))
+    batch.update(side_inputs(model.config, *batch["input_ids"].shape, tokens=batch))
     try:
         with torch.no_grad():
             logits = model(**batch).logits
