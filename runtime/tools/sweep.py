@@ -36,6 +36,7 @@ from causalab_mini.internals import NO_STRUCTURE_RULE
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.checks import CHECKS, Context, row_components
 from causalab_mini.tools.checks.recompute import _raw_outputs
+from causalab_mini.tools.verdicts import LOADED, ArchitectureOutcome, ComponentState
 
 GENERIC = ("not found", "unknown error", "failed")
 
@@ -45,7 +46,7 @@ class Result:
     """One architecture's outcome, as the worker reports it."""
 
     model_type: str
-    outcome: str  # certified | unfinished | unbuildable | unloadable | crashed | timeout
+    outcome: ArchitectureOutcome
     reason: str | None = None
     model_class: str | None = None
     structure: str | None = None
@@ -55,8 +56,11 @@ class Result:
     seconds: float = 0.0
     group: str | None = None  # registry/tiny.yaml groups (None: causal_lm, older reports)
 
+    def __post_init__(self) -> None:  # read back from JSON: the member of its string
+        self.outcome = ArchitectureOutcome(self.outcome)
+
     def counts(self) -> dict[str, int]:
-        out = {"ok": 0, "refused": 0, "broken": 0}
+        out = {state.value: 0 for state in ComponentState}
         for item in self.components.values():
             out[item["state"]] += 1
         return out
@@ -104,9 +108,9 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         reason = next(iter(refusals.values()))
         generic = any(g in reason.lower() for g in GENERIC) and "Its operations are" not in reason
         if generic:
-            result[name] = {"state": "broken", "reason": reason}
+            result[name] = {"state": ComponentState.BROKEN, "reason": reason}
         elif len(refusals) == (n if spec.per_layer else 1):
-            result[name] = {"state": "refused", "reason": reason}
+            result[name] = {"state": ComponentState.REFUSED, "reason": reason}
         else:  # certified where it exists, refused (with the reason) on the other layers
             partial[name] = {
                 "refused_layers": sorted(k for k in refusals if k is not None),
@@ -128,20 +132,20 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
         if failed:
             result[name] = {
-                "state": "broken",
+                "state": ComponentState.BROKEN,
                 "reason": "; ".join(f"{c[0]} ({c[2]})" for c in failed[:3]),
                 "checks": sorted({c[0] for c in done}),
             }
         elif not done:
             result[name] = {
-                "state": "broken",
+                "state": ComponentState.BROKEN,
                 "reason": "resolved, but no check covers it on this model",
             }
         else:
-            result[name] = {"state": "ok", "checks": sorted({c[0] for c in done})}
+            result[name] = {"state": ComponentState.OK, "checks": sorted({c[0] for c in done})}
         if name in partial:
             extra = dict(partial[name])
-            if result[name]["state"] == "broken":  # keep what broke it as the reason
+            if result[name]["state"] == ComponentState.BROKEN:  # keep what broke it as the reason
                 extra["refused_reason"] = extra.pop("reason")
             result[name].update(extra)
         if name in heads_refused:
@@ -309,7 +313,7 @@ def _read_all(
                 "reason": reason,
             }
         else:
-            result[name] = {"state": "refused", "reason": reason}
+            result[name] = {"state": ComponentState.REFUSED, "reason": reason}
             partial.pop(name, None)
     return _run_in_order(model, inputs, addresses, unordered)
 
@@ -338,11 +342,16 @@ def _run_one(spec: str) -> Result:
     try:
         path = resolve_model_spec(spec if spec.startswith("tiny:") else f"tiny:{spec}")
     except TinyBuildError as exc:
-        return Result(model_type, "unbuildable", str(exc), seconds=time.perf_counter() - started)
+        return Result(
+            model_type,
+            ArchitectureOutcome.UNBUILDABLE,
+            str(exc),
+            seconds=time.perf_counter() - started,
+        )
     except Exception as exc:
         return Result(
             model_type,
-            "unbuildable",
+            ArchitectureOutcome.UNBUILDABLE,
             f"{type(exc).__name__}: {exc}",
             seconds=time.perf_counter() - started,
         )
@@ -352,13 +361,13 @@ def _run_one(spec: str) -> Result:
         first = " ".join(str(exc).split())[:500]
         return Result(
             model_type,
-            "unloadable",
+            ArchitectureOutcome.UNLOADABLE,
             f"nnterp cannot load it: {type(exc).__name__}: {first}",
             seconds=time.perf_counter() - started,
         )
     result = Result(
         model_type,
-        "certified",
+        ArchitectureOutcome.CERTIFIED,
         model_class=model.internals.model_class,
         structure=model.block_structure,
         families=list(model.families),
@@ -367,7 +376,7 @@ def _run_one(spec: str) -> Result:
     try:
         result.components = certify(model, cert.sample_inputs(model))
     except Exception as exc:
-        result.outcome = "crashed"
+        result.outcome = ArchitectureOutcome.CRASHED
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.reason = " ".join(tb.split())[:500]
     else:
@@ -391,8 +400,8 @@ def judge_structure(result: Result) -> None:
     """A certified architecture with a component refused for want of a block-structure
     rule is ``unfinished``: the registry has not been told, the model lacks nothing."""
     names = untold(result.components)
-    if result.outcome == "certified" and names:
-        result.outcome = "unfinished"
+    if result.outcome == ArchitectureOutcome.CERTIFIED and names:
+        result.outcome = ArchitectureOutcome.UNFINISHED
         result.reason = (
             f"{len(names)} components refused only because {NO_STRUCTURE_RULE} gives "
             f"this model's block structure ({', '.join(names)}): add a rule naming its "
@@ -446,12 +455,15 @@ def _worker(model_type: str, timeout: float, context: Any) -> Result:
         process.join()
         if answer is None:
             return Result(
-                model_type, "timeout", f"no answer within {timeout:.0f} s", seconds=timeout
+                model_type,
+                ArchitectureOutcome.TIMEOUT,
+                f"no answer within {timeout:.0f} s",
+                seconds=timeout,
             )
     if answer is None:
         return Result(
             model_type,
-            "crashed",
+            ArchitectureOutcome.CRASHED,
             f"the process ended with exit code {process.exitcode}",
             seconds=time.perf_counter() - started,
         )
@@ -488,15 +500,8 @@ def group_name(result: Result | dict[str, Any]) -> str:
 def summarize(results: list[Result]) -> dict[str, Any]:
     totals = {
         "architectures": len(results),
-        "certified": 0,
-        "unfinished": 0,
-        "unbuildable": 0,
-        "unloadable": 0,
-        "crashed": 0,
-        "timeout": 0,
-        "ok": 0,
-        "refused": 0,
-        "broken": 0,
+        **{outcome.value: 0 for outcome in ArchitectureOutcome},
+        **{state.value: 0 for state in ComponentState},
     }
     for r in results:
         totals[r.outcome] += 1
@@ -550,9 +555,10 @@ def _cell(text: str | None, limit: int = 240) -> str:
 
 def _why(result: dict[str, Any]) -> str:
     """An architecture's outcome in a cell: its counts where certified, else its reason."""
-    if result["outcome"] in ("certified", "unfinished"):
+    if result["outcome"] in LOADED:
         states = list(_states(result).values())
-        return f"{result['outcome']}: {states.count('ok')} ok, {states.count('refused')} refused"
+        ok, refused = states.count(ComponentState.OK), states.count(ComponentState.REFUSED)
+        return f"{result['outcome']}: {ok} ok, {refused} refused"
     return f"{result['outcome']}: {_cell(result['reason'])}"
 
 
@@ -615,8 +621,9 @@ def _lens_summary(report: dict[str, Any]) -> str:
     states = [_lens(r).split(":", 1)[0] for r in report["results"] if _lens(r)]
     return (
         f"Lens identity `{LENS_IDENTITY}` (`model.lens`, the family's lens rows): "
-        f"**{states.count('ok')} ok**, **{states.count('refused')} refused** with the "
-        f"family's reason, **{states.count('broken')} broken** (column lens)."
+        f"**{states.count(ComponentState.OK)} ok**, **{states.count(ComponentState.REFUSED)} "
+        f"refused** with the family's reason, **{states.count(ComponentState.BROKEN)} broken** "
+        "(column lens)."
     )
 
 
@@ -709,26 +716,28 @@ def _group_markdown(
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        counts = {"ok": 0, "refused": 0, "broken": 0}
+        counts = {state.value: 0 for state in ComponentState}
         for item in r["components"].values():
             counts[item["state"]] += 1
         note = r["reason"] or ""
-        if r["outcome"] in ("certified", "unfinished"):
+        if r["outcome"] in LOADED:
             broken = [
-                f"{k}: {i['reason']}" for k, i in r["components"].items() if i["state"] == "broken"
+                f"{k}: {i['reason']}"
+                for k, i in r["components"].items()
+                if i["state"] == ComponentState.BROKEN
             ]
             note = "; ".join(broken)[:300]
-            if r["outcome"] == "unfinished":
+            if r["outcome"] == ArchitectureOutcome.UNFINISHED:
                 note = "; ".join(x for x in (r["reason"], note) if x)
         note = note.replace("|", "\\|").replace("\n", " ")[:300]
         lines.append(
             f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
             f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
             f"{_cell(_lens(r), 120)} | "
-            f"{'' if r['outcome'] == 'certified' else r['outcome'] + ': '}{note} |"
+            f"{'' if r['outcome'] == ArchitectureOutcome.CERTIFIED else r['outcome'] + ': '}{note} |"
         )
         for item in r["components"].values():
-            if item["state"] == "refused":
+            if item["state"] == ComponentState.REFUSED:
                 text = item["reason"].split("\n", 1)[0]
                 reasons[text] = reasons.get(text, 0) + 1
     return lines
