@@ -89,7 +89,39 @@ class _Checks:
 def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Locate every component at every layer, read them all in one trace, run every
     check that applies, and say per component ok / refused / broken."""
+    addresses, result, partial = _locate_all(model)
+    unordered: dict[Any, str] = {}
+    values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
+    v = {key: values_by_address[a] for key, a in addresses.items()}
+    checks = _Checks()
+    heads_refused = _layout_checks(model, inputs, addresses, checks)
+    ctx = _context(model, inputs, addresses, v, unordered)
+    for check in CHECKS:
+        for outcome in check(ctx):
+            checks.add(outcome.components, outcome.name, outcome.ok, outcome.detail)
+    for name in COMPONENTS:
+        if name in result:
+            continue
+        result[name] = _judged(checks, name)
+        if name in partial:
+            extra = dict(partial[name])
+            if result[name]["state"] == ComponentState.BROKEN:  # keep what broke it as the reason
+                extra["refused_reason"] = extra.pop("reason")
+            result[name].update(extra)
+        if name in heads_refused:
+            result[name]["heads_refused"] = heads_refused[name]
+    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
+        if name in result:
+            result[name].update(notes)
+    return result
 
+
+def _locate_all(
+    model: Any,
+) -> tuple[dict[tuple[str, int | None], Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every component located at every layer: the addresses by (component, layer);
+    the components refused (or broken, where the reason is generic) on every layer;
+    and those refused on some layers only (certified where they exist)."""
     from causalab_mini.components import ComponentError, locate
 
     n = model.internals.num_layers
@@ -116,44 +148,26 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "refused_layers": sorted(k for k in refusals if k is not None),
                 "reason": reason,
             }
-    unordered: dict[Any, str] = {}
-    values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
-    v = {key: values_by_address[a] for key, a in addresses.items()}
-    checks = _Checks()
-    heads_refused = _layout_checks(model, inputs, addresses, checks)
-    ctx = _context(model, inputs, addresses, v, unordered)
-    for check in CHECKS:
-        for outcome in check(ctx):
-            checks.add(outcome.components, outcome.name, outcome.ok, outcome.detail)
-    for name in COMPONENTS:
-        if name in result:
-            continue
-        done = checks.by_component.get(name, [])
-        failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
-        if failed:
-            result[name] = {
-                "state": ComponentState.BROKEN,
-                "reason": "; ".join(f"{c[0]} ({c[2]})" for c in failed[:3]),
-                "checks": sorted({c[0] for c in done}),
-            }
-        elif not done:
-            result[name] = {
-                "state": ComponentState.BROKEN,
-                "reason": "resolved, but no check covers it on this model",
-            }
-        else:
-            result[name] = {"state": ComponentState.OK, "checks": sorted({c[0] for c in done})}
-        if name in partial:
-            extra = dict(partial[name])
-            if result[name]["state"] == ComponentState.BROKEN:  # keep what broke it as the reason
-                extra["refused_reason"] = extra.pop("reason")
-            result[name].update(extra)
-        if name in heads_refused:
-            result[name]["heads_refused"] = heads_refused[name]
-    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
-        if name in result:
-            result[name].update(notes)
-    return result
+    return addresses, result, partial
+
+
+def _judged(checks: _Checks, name: str) -> dict[str, Any]:
+    """A located component's entry: broken where a check (or guard) failed or none
+    covers it, else ok, with the checks that covered it."""
+    done = checks.by_component.get(name, [])
+    failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
+    if failed:
+        return {
+            "state": ComponentState.BROKEN,
+            "reason": "; ".join(f"{c[0]} ({c[2]})" for c in failed[:3]),
+            "checks": sorted({c[0] for c in done}),
+        }
+    if not done:
+        return {
+            "state": ComponentState.BROKEN,
+            "reason": "resolved, but no check covers it on this model",
+        }
+    return {"state": ComponentState.OK, "checks": sorted({c[0] for c in done})}
 
 
 def _context(
@@ -715,32 +729,38 @@ def _group_markdown(
         "| architecture | class | structure | ok | refused | broken | lens | note |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        counts = {state.value: 0 for state in ComponentState}
-        for item in r["components"].values():
-            counts[item["state"]] += 1
-        note = r["reason"] or ""
-        if r["outcome"] in LOADED:
-            broken = [
-                f"{k}: {i['reason']}"
-                for k, i in r["components"].items()
-                if i["state"] == ComponentState.BROKEN
-            ]
-            note = "; ".join(broken)[:300]
-            if r["outcome"] == ArchitectureOutcome.UNFINISHED:
-                note = "; ".join(x for x in (r["reason"], note) if x)
-        note = note.replace("|", "\\|").replace("\n", " ")[:300]
-        lines.append(
-            f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
-            f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
-            f"{_cell(_lens(r), 120)} | "
-            f"{'' if r['outcome'] == ArchitectureOutcome.CERTIFIED else r['outcome'] + ': '}{note} |"
-        )
-        for item in r["components"].values():
-            if item["state"] == ComponentState.REFUSED:
-                text = item["reason"].split("\n", 1)[0]
-                reasons[text] = reasons.get(text, 0) + 1
+    lines += [_group_row(r, reasons) for r in results]
     return lines
+
+
+def _group_row(r: dict[str, Any], reasons: dict[str, int]) -> str:
+    """One architecture's line of its group's table (its refusals counted into
+    ``reasons``)."""
+    counts = {state.value: 0 for state in ComponentState}
+    for item in r["components"].values():
+        counts[item["state"]] += 1
+    note = r["reason"] or ""
+    if r["outcome"] in LOADED:
+        broken = [
+            f"{k}: {i['reason']}"
+            for k, i in r["components"].items()
+            if i["state"] == ComponentState.BROKEN
+        ]
+        note = "; ".join(broken)[:300]
+        if r["outcome"] == ArchitectureOutcome.UNFINISHED:
+            note = "; ".join(x for x in (r["reason"], note) if x)
+    note = note.replace("|", "\\|").replace("\n", " ")[:300]
+    row = (
+        f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
+        f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
+        f"{_cell(_lens(r), 120)} | "
+        f"{'' if r['outcome'] == ArchitectureOutcome.CERTIFIED else r['outcome'] + ': '}{note} |"
+    )
+    for item in r["components"].values():
+        if item["state"] == ComponentState.REFUSED:
+            text = item["reason"].split("\n", 1)[0]
+            reasons[text] = reasons.get(text, 0) + 1
+    return row
 
 
 @click.command("sweep")
@@ -803,10 +823,28 @@ def sweep_command(
       registry sweep --jobs 2 --out docs/coverage.json --doc docs/coverage.md
       registry sweep --doc docs/coverage.md --against nnsight-0.8.json
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
+    chosen = _chosen(only, groups)
+    started = time.perf_counter()
+    results = _swept(chosen, jobs, timeout)
+    seconds = time.perf_counter() - started
+    _print_results(results, seconds, as_json)
+    if out is not None:
+        write_report(results, out, seconds)
+    if doc is not None:
+        report_path = out
+        if report_path is None:
+            import tempfile
 
+            report_path = Path(tempfile.mkstemp(suffix=".json")[1])
+            write_report(results, report_path, seconds)
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        other = json.loads(against.read_text()) if against is not None else None
+        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
+
+
+def _chosen(only: str | None, groups: str | None) -> list[str]:
+    """The model types ``--only`` and ``--group`` pick (a usage error names any that is
+    not a group of registry/tiny.yaml or a model type of the picked groups)."""
     from causalab_mini.tools.tiny import group_model_types
 
     by_group = group_model_types()
@@ -825,8 +863,15 @@ def sweep_command(
             f"not model types of the groups {', '.join(picked)} of this transformers: "
             f"{', '.join(unknown)}"
         )
+    return chosen
+
+
+def _swept(chosen: list[str], jobs: int, timeout: float) -> list[Result]:
+    """``sweep`` over ``chosen``, with a progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
-    started = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -841,7 +886,15 @@ def sweep_command(
             bar.update(task, advance=1, description=f"{result.model_type}: {result.outcome}")
 
         results = sweep(chosen, jobs, timeout, advance)
-    seconds = time.perf_counter() - started
+    return results
+
+
+def _print_results(results: list[Result], seconds: float, as_json: bool) -> None:
+    """The report as JSON (``--json``), or a table (a terminal) or a line an
+    architecture (piped), then the summary."""
+    from rich.console import Console
+    from rich.table import Table
+
     if as_json:  # the report, as --out writes it, on stdout instead of the table
         report = {"seconds": round(seconds, 1), "summary": summarize(results)}
         report["results"] = [r.__dict__ for r in results]
@@ -872,18 +925,6 @@ def sweep_command(
                 f"ok={c['ok']} refused={c['refused']} broken={c['broken']}"
             )
         click.echo(json.dumps(summarize(results)))
-    if out is not None:
-        write_report(results, out, seconds)
-    if doc is not None:
-        report_path = out
-        if report_path is None:
-            import tempfile
-
-            report_path = Path(tempfile.mkstemp(suffix=".json")[1])
-            write_report(results, report_path, seconds)
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        other = json.loads(against.read_text()) if against is not None else None
-        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
 
 
 def main(argv: list[str] | None = None) -> None:
