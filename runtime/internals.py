@@ -325,7 +325,7 @@ class Internals(Mapping[str, Place]):
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
         # per running trace body (nnsight's mediator), the furthest place it reached
-        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int], str]] = (
+        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int | float], str]] = (
             weakref.WeakKeyDictionary()
         )
         # per layer, the batch and sequence of its input, where a row is flat_tokens

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from .conftest import REPO
@@ -186,3 +187,49 @@ def test_no_module_imports_back_into_its_importers() -> None:
     # the detector finds one where there is one
     looped = {**graph, "causalab_mini.lower": graph["causalab_mini.lower"] | {"causalab_mini.plan"}}
     assert _cycles(looped)
+
+
+CORE_LIMIT = 60  # lines a function of the core (runtime/ outside runtime/tools/) may take
+TOOLS_LIMIT = 66  # the tools': half of their largest function before the split (133)
+
+
+def _long_functions(source: str, limit: int) -> list[tuple[str, int]]:
+    """The functions and methods (nested ones too) of ``source`` longer than ``limit``
+    lines, from ``def`` to their last line (decorators left out), with their lengths."""
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def _over(paths: list[Path], limit: int) -> list[str]:
+    return [
+        f"{path.relative_to(REPO)}: {name} is {length} lines (at most {limit})"
+        for path in paths
+        for name, length in _long_functions(path.read_text(encoding="utf-8"), limit)
+    ]
+
+
+def test_the_length_check_finds_a_long_function() -> None:
+    body = "".join(f"x{i} = {i}\n" for i in range(CORE_LIMIT - 1))
+    assert _long_functions("def f():\n" + textwrap.indent(body, "    "), CORE_LIMIT) == []
+    longer = "def f():\n" + textwrap.indent(body + "return 0\n", "    ")
+    assert _long_functions(longer, CORE_LIMIT) == [("f", CORE_LIMIT + 1)]
+    method = "class C:\n    def f(self):\n        def g():\n" + textwrap.indent(
+        body + "return 0\n", " " * 12
+    )
+    assert _long_functions(method, CORE_LIMIT) == [("f", CORE_LIMIT + 2), ("g", CORE_LIMIT + 1)]
+
+
+def test_no_function_of_the_core_is_over_60_lines() -> None:
+    assert len(CORE) > 20
+    assert _over(CORE, CORE_LIMIT) == []
+
+
+def test_no_function_of_the_tools_is_over_66_lines() -> None:
+    tools = sorted((REPO / "runtime" / "tools").rglob("*.py"))
+    assert len(tools) > 20
+    assert _over(tools, TOOLS_LIMIT) == []

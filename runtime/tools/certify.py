@@ -629,25 +629,7 @@ def write_keeps_earlier_reads(
     place = internals[name]
     if place.unavailable_on(layer) is not None or place.refuses_writes() is not None:
         return []
-    rank = internals.rank(name, layer)
-    earlier: list[tuple[tuple[int, int], str, int | None]] = []
-    later: tuple[str, int | None] | None = None
-    for other in internals:
-        row = internals[other].row
-        if row.io.value == "module" or row.source:
-            # module boundaries only: an operation inside a forward (attention
-            # probabilities) is found by a trace, and a row that finds none is
-            # refused by its own check, not here
-            continue
-        layers: list[int | None] = list(range(internals.num_layers)) if row.per_layer else [None]
-        for at in layers:
-            if internals[other].unavailable_on(at) is not None:
-                continue
-            key = internals.rank(other, at)
-            if key <= rank:
-                earlier.append((key, other, at))
-            elif other in ("layers_output", "logits") and (later is None or at == layer):
-                later = (other, at)
+    earlier, later = _around(internals, name, layer)
     if later is None:
         return []
     earlier.sort(key=lambda item: item[0])
@@ -694,6 +676,58 @@ def write_keeps_earlier_reads(
     return checks
 
 
+def _around(
+    internals: Any, name: str, layer: int | None
+) -> tuple[list[tuple[tuple[int, int], str, int | None]], tuple[str, int | None] | None]:
+    """The places available at module boundaries up to and including ``name`` at
+    ``layer`` (with their rank in forward order), and a place after it to observe a
+    write there (layers_output or logits; None where there is none)."""
+    rank = internals.rank(name, layer)
+    earlier: list[tuple[tuple[int, int], str, int | None]] = []
+    later: tuple[str, int | None] | None = None
+    for other in internals:
+        row = internals[other].row
+        if row.io.value == "module" or row.source:
+            # module boundaries only: an operation inside a forward (attention
+            # probabilities) is found by a trace, and a row that finds none is
+            # refused by its own check, not here
+            continue
+        layers: list[int | None] = list(range(internals.num_layers)) if row.per_layer else [None]
+        for at in layers:
+            if internals[other].unavailable_on(at) is not None:
+                continue
+            key = internals.rank(other, at)
+            if key <= rank:
+                earlier.append((key, other, at))
+            elif other in ("layers_output", "logits") and (later is None or at == layer):
+                later = (other, at)
+    return earlier, later
+
+
+def _edit_and_assign(model: Any, inputs: dict[str, Any], place: Any, layer: int | None) -> Any:
+    """``in_place_edit``'s two traces: the read, an in-place edit of a second read, the
+    read again and the logits; then the same edit on a copy written by assignment, and
+    the logits. What they saved, by name."""
+    internals = model.internals
+    box: dict[str, Any] = {}
+    with model.trace(inputs):
+        first = place.get(layer)
+        # names first bound in a trace body do not leave it: the position goes in box
+        box["at"] = (slice(None), min(2, int(first.shape[1]) - 1)) if first.dim() >= 2 else ...
+        box["before"] = first.save()
+        edited = place.get(layer)
+        edited[box["at"]] += 0.5
+        box["again"] = place.get(layer).save()
+        box["logits"] = internals["logits"]().save()
+    with model.trace(inputs):
+        copy = place.get(layer).clone()
+        box["clean"] = copy.clone().save()
+        copy[box["at"]] += 0.5
+        place.set(layer, copy)
+        box["assigned"] = internals["logits"]().save()
+    return box
+
+
 def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | None) -> list[Check]:
     """An in-place edit of a read is the write of the place. In one trace: read
     ``name`` at ``layer`` and save it, edit a second read in place at one position
@@ -717,22 +751,7 @@ def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | No
         or internals["logits"].unavailable_on() is not None
     ):
         return []
-    box: dict[str, Any] = {}
-    with model.trace(inputs):
-        first = place.get(layer)
-        # names first bound in a trace body do not leave it: the position goes in box
-        box["at"] = (slice(None), min(2, int(first.shape[1]) - 1)) if first.dim() >= 2 else ...
-        box["before"] = first.save()
-        edited = place.get(layer)
-        edited[box["at"]] += 0.5
-        box["again"] = place.get(layer).save()
-        box["logits"] = internals["logits"]().save()
-    with model.trace(inputs):
-        copy = place.get(layer).clone()
-        box["clean"] = copy.clone().save()
-        copy[box["at"]] += 0.5
-        place.set(layer, copy)
-        box["assigned"] = internals["logits"]().save()
+    box = _edit_and_assign(model, inputs, place, layer)
     where = f"{name}[{layer}]" if layer is not None else name
     before, clean = _value(box["before"]).detach(), _value(box["clean"]).detach()
     want = clean.clone()

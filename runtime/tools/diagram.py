@@ -271,20 +271,7 @@ class _Layout:
         input_place = f"{sub}_input"
         output_place = f"{sub}_output"
         module_place = sub
-        # on a block of several residual streams, what collapses them into the
-        # sublayer's input comes first: hyper-connections' {sub}_streams_in, or the
-        # active copy AltUp predicts (layers_active_input, read before attention)
-        wanted = [f"{sub}_streams_in"] + (["layers_active_input"] if sub == "attentions" else [])
-        collapse = next((p for p in wanted if self.ok(p) and p in b.module), wanted[0])
-        if self.ok(collapse) and collapse in b.module:
-            title = b.module[collapse] or b.calls.get(collapse, "")
-            box = Box(x0, y, BOX_W, NORM_H, title, (), "norm", "collapses the n streams")
-            self.s.boxes.append(box)
-            y = box.bottom + GAP
-            self.s.paths.append(Path(((cx, box.bottom), (cx, y))))
-            beside = cx + BOX_W / 2 + 20
-            self.tap(cx, box.bottom + GAP / 2, [collapse], beside, self.room)
-            self.tap(cx, box.y + NORM_H / 2, [f"{sub}_stream_weights"], beside, self.room)
+        y = self._collapse(cx, y, sub)
         if pre is not None:
             box = Box(x0, y, BOX_W, NORM_H, pre, (), "norm", pre_note)
             self.s.boxes.append(box)
@@ -316,20 +303,44 @@ class _Layout:
             self.s.paths.append(Path(((cx, box.bottom), (cx, y))))
             y = pbox.bottom + GAP
         if inside:
-            self.s.frames.append(
-                Frame(
-                    STREAM_X - 30,
-                    module_top - 8,
-                    cx + BOX_W / 2 + 14 - (STREAM_X - 30),
-                    (y + 8) - (module_top - 8),
-                    (
-                        f"{container} adds the residual itself:",
-                        "its output is the stream, so its",
-                        "contribution is read inside it",
-                    ),
-                )
-            )
+            self._frame(cx, module_top, y, container)
         return y, module_top
+
+    def _collapse(self, cx: float, y: float, sub: str) -> float:
+        """On a block of several residual streams, what collapses them into the
+        sublayer's input comes first: hyper-connections' {sub}_streams_in, or the
+        active copy AltUp predicts (layers_active_input, read before attention);
+        returns the y below it (``y`` where there is none)."""
+        b = self.b
+        x0 = cx - BOX_W / 2
+        wanted = [f"{sub}_streams_in"] + (["layers_active_input"] if sub == "attentions" else [])
+        collapse = next((p for p in wanted if self.ok(p) and p in b.module), wanted[0])
+        if self.ok(collapse) and collapse in b.module:
+            title = b.module[collapse] or b.calls.get(collapse, "")
+            box = Box(x0, y, BOX_W, NORM_H, title, (), "norm", "collapses the n streams")
+            self.s.boxes.append(box)
+            y = box.bottom + GAP
+            self.s.paths.append(Path(((cx, box.bottom), (cx, y))))
+            beside = cx + BOX_W / 2 + 20
+            self.tap(cx, box.bottom + GAP / 2, [collapse], beside, self.room)
+            self.tap(cx, box.y + NORM_H / 2, [f"{sub}_stream_weights"], beside, self.room)
+        return y
+
+    def _frame(self, cx: float, module_top: float, y: float, container: str) -> None:
+        """The frame around a sublayer that adds the residual itself."""
+        self.s.frames.append(
+            Frame(
+                STREAM_X - 30,
+                module_top - 8,
+                cx + BOX_W / 2 + 14 - (STREAM_X - 30),
+                (y + 8) - (module_top - 8),
+                (
+                    f"{container} adds the residual itself:",
+                    "its output is the stream, so its",
+                    "contribution is read inside it",
+                ),
+            )
+        )
 
     def _inner_lines(self, sub: str) -> list[tuple[str, bool]]:
         b = self.b
@@ -397,62 +408,84 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
     parallel = properties is not None and properties.parallel
     attn_pre = b.module.get("attentions_norm_output")
     if parallel:
-        scene.width = PARALLEL_WIDTH
-        lay.room = 30
-        ax, mx = PARALLEL_X
-        scene.paths.append(Path(((STREAM_X, branch), (mx, branch), (mx, branch + GAP))))
-        scene.paths.append(Path(((ax, branch), (ax, branch + GAP))))
-        scene.junctions.append((ax, branch))  # both columns read the block input
-        a_end, _ = lay.column(ax, branch + GAP, "attentions", "self_attn", attn_pre)
-        mlp_pre = b.module.get("mlps_norm_output") or b.mlp_norm_guess
-        note = "" if b.module.get("mlps_norm_output") else "normalizes the block input"
-        m_end, _ = lay.column(mx, branch + GAP, "mlps", "mlp", mlp_pre, note)
-        add_y = max(a_end, m_end) + 14
-        scene.paths.append(Path(((ax, a_end - GAP), (ax, add_y)), arrow=False))
-        scene.junctions.append((ax, add_y))  # both contributions reach one add
-        scene.paths.append(Path(((mx, m_end - GAP), (mx, add_y), (STREAM_X + 12, add_y))))
-        lay.tap(ax, a_end - GAP / 2 + 2, ["attentions_output"], ax + BOX_W / 2 + 20, 30)
-        lay.tap(mx, m_end - GAP / 2 + 2, ["mlps_output"], mx + BOX_W / 2 + 20, 30)
-        _scale(scene, b, "attentions_output", ax, a_end - GAP / 2 + 6)
-        _scale(scene, b, "mlps_output", mx, m_end - GAP / 2 + 6)
-        scene.adds.append((STREAM_X, add_y))
-        lay.tap(STREAM_X, branch + 70, ["layers_mid"], room=30)
-        bottom = add_y + 46
+        bottom = _parallel_columns(scene, lay, b, branch, attn_pre)
     else:
-        pre_attn = attn_pre
-        a_end, _ = lay.column(COLUMN_X, branch + GAP, "attentions", "self_attn", pre_attn)
-        add1 = a_end + 4
-        scene.paths.append(Path(((STREAM_X, branch), (COLUMN_X, branch), (COLUMN_X, branch + GAP))))
-        scene.paths.append(Path(((COLUMN_X, a_end - GAP), (COLUMN_X, add1), (STREAM_X + 12, add1))))
-        lay.tap(
-            COLUMN_X, a_end - GAP / 2 + 2, _output_names(b, "attentions"), COLUMN_X + BOX_W / 2 + 20
-        )
-        _scale(scene, b, "attentions_output", COLUMN_X, a_end - GAP / 2 + 6)
-        scene.adds.append((STREAM_X, add1))
-        # where a norm follows each add (post_ln), the sum before it is a place too
-        post_ln = properties is not None and properties.norm_after_add
-        extra = 34 if post_ln else 0
-        if post_ln:
-            lay.tap(STREAM_X, add1 + 30, ["layers_mid_prenorm"], room=40)
-        mid_y = add1 + 34 + extra
-        lay.tap(STREAM_X, mid_y, ["layers_mid"], room=40)
-        branch2 = add1 + 62 + extra
-        mlp_pre = b.module.get("mlps_norm_output")
-        m_end, _ = lay.column(COLUMN_X, branch2 + GAP, "mlps", "mlp", mlp_pre)
-        add2 = m_end + 4
-        scene.paths.append(
-            Path(((STREAM_X, branch2), (COLUMN_X, branch2), (COLUMN_X, branch2 + GAP)))
-        )
-        scene.paths.append(Path(((COLUMN_X, m_end - GAP), (COLUMN_X, add2), (STREAM_X + 12, add2))))
-        lay.tap(COLUMN_X, m_end - GAP / 2 + 2, _output_names(b, "mlps"), COLUMN_X + BOX_W / 2 + 20)
-        _scale(scene, b, "mlps_output", COLUMN_X, m_end - GAP / 2 + 6)
-        scene.adds.append((STREAM_X, add2))
-        if post_ln:
-            lay.tap(STREAM_X, add2 + 30, ["layers_output_prenorm"], room=40)
-        bottom = add2 + 46 + extra
+        bottom = _serial_columns(scene, lay, b, branch, attn_pre, properties)
     scene.paths.insert(0, Path(((STREAM_X, stream_top), (STREAM_X, bottom)), "stream"))
     lay.tap(STREAM_X, bottom - 6, ["layers_output"], room=40)
-    # the places the model refuses, with the registry's reason
+    y = _refused_list(scene, b, bottom)
+    scene.legend_y = y + 10
+    scene.height = int(y + 40)
+    return scene
+
+
+def _parallel_columns(
+    scene: Scene, lay: _Layout, b: _Block, branch: float, attn_pre: str | None
+) -> float:
+    """A parallel block's two columns side by side, both reading the block input, their
+    contributions reaching one add; returns the y where the block's stream ends."""
+    scene.width = PARALLEL_WIDTH
+    lay.room = 30
+    ax, mx = PARALLEL_X
+    scene.paths.append(Path(((STREAM_X, branch), (mx, branch), (mx, branch + GAP))))
+    scene.paths.append(Path(((ax, branch), (ax, branch + GAP))))
+    scene.junctions.append((ax, branch))  # both columns read the block input
+    a_end, _ = lay.column(ax, branch + GAP, "attentions", "self_attn", attn_pre)
+    mlp_pre = b.module.get("mlps_norm_output") or b.mlp_norm_guess
+    note = "" if b.module.get("mlps_norm_output") else "normalizes the block input"
+    m_end, _ = lay.column(mx, branch + GAP, "mlps", "mlp", mlp_pre, note)
+    add_y = max(a_end, m_end) + 14
+    scene.paths.append(Path(((ax, a_end - GAP), (ax, add_y)), arrow=False))
+    scene.junctions.append((ax, add_y))  # both contributions reach one add
+    scene.paths.append(Path(((mx, m_end - GAP), (mx, add_y), (STREAM_X + 12, add_y))))
+    lay.tap(ax, a_end - GAP / 2 + 2, ["attentions_output"], ax + BOX_W / 2 + 20, 30)
+    lay.tap(mx, m_end - GAP / 2 + 2, ["mlps_output"], mx + BOX_W / 2 + 20, 30)
+    _scale(scene, b, "attentions_output", ax, a_end - GAP / 2 + 6)
+    _scale(scene, b, "mlps_output", mx, m_end - GAP / 2 + 6)
+    scene.adds.append((STREAM_X, add_y))
+    lay.tap(STREAM_X, branch + 70, ["layers_mid"], room=30)
+    return add_y + 46
+
+
+def _serial_columns(
+    scene: Scene, lay: _Layout, b: _Block, branch: float, attn_pre: str | None, properties: Any
+) -> float:
+    """Attention, then the MLP, each added to the stream (with the sums before the norms
+    where a norm follows each add); returns the y where the block's stream ends."""
+    pre_attn = attn_pre
+    a_end, _ = lay.column(COLUMN_X, branch + GAP, "attentions", "self_attn", pre_attn)
+    add1 = a_end + 4
+    scene.paths.append(Path(((STREAM_X, branch), (COLUMN_X, branch), (COLUMN_X, branch + GAP))))
+    scene.paths.append(Path(((COLUMN_X, a_end - GAP), (COLUMN_X, add1), (STREAM_X + 12, add1))))
+    lay.tap(
+        COLUMN_X, a_end - GAP / 2 + 2, _output_names(b, "attentions"), COLUMN_X + BOX_W / 2 + 20
+    )
+    _scale(scene, b, "attentions_output", COLUMN_X, a_end - GAP / 2 + 6)
+    scene.adds.append((STREAM_X, add1))
+    # where a norm follows each add (post_ln), the sum before it is a place too
+    post_ln = properties is not None and properties.norm_after_add
+    extra = 34 if post_ln else 0
+    if post_ln:
+        lay.tap(STREAM_X, add1 + 30, ["layers_mid_prenorm"], room=40)
+    mid_y = add1 + 34 + extra
+    lay.tap(STREAM_X, mid_y, ["layers_mid"], room=40)
+    branch2 = add1 + 62 + extra
+    mlp_pre = b.module.get("mlps_norm_output")
+    m_end, _ = lay.column(COLUMN_X, branch2 + GAP, "mlps", "mlp", mlp_pre)
+    add2 = m_end + 4
+    scene.paths.append(Path(((STREAM_X, branch2), (COLUMN_X, branch2), (COLUMN_X, branch2 + GAP))))
+    scene.paths.append(Path(((COLUMN_X, m_end - GAP), (COLUMN_X, add2), (STREAM_X + 12, add2))))
+    lay.tap(COLUMN_X, m_end - GAP / 2 + 2, _output_names(b, "mlps"), COLUMN_X + BOX_W / 2 + 20)
+    _scale(scene, b, "mlps_output", COLUMN_X, m_end - GAP / 2 + 6)
+    scene.adds.append((STREAM_X, add2))
+    if post_ln:
+        lay.tap(STREAM_X, add2 + 30, ["layers_output_prenorm"], room=40)
+    return add2 + 46 + extra
+
+
+def _refused_list(scene: Scene, b: _Block, bottom: float) -> float:
+    """The places the model refuses, with the registry's reason (one entry per reason),
+    under the picture; returns the y after them."""
     y = bottom + 40
     scene.refused_y = y
     per_line = int((scene.width - 60) / CHAR)
@@ -467,9 +500,7 @@ def block_scene(model: Any, layer: int = 0, spec: str | None = None) -> Scene:
     y += 22 + sum(LINE * len(lines) + 6 for _, lines in scene.refused)
     if not scene.refused:
         y += LINE
-    scene.legend_y = y + 10
-    scene.height = int(y + 40)
-    return scene
+    return y
 
 
 def _scale(scene: Scene, b: _Block, place: str, x: float, y: float) -> None:
@@ -508,6 +539,30 @@ def diagram_command(spec: str, out: pathlib.Path, layer: int, as_json: bool) -> 
       registry diagram tiny:gpt_neox parallel.svg
       registry diagram tiny:gemma2 - --layer 1 > gemma2.svg
     """
+    model = _load(spec)
+    n = model.internals.num_layers
+    if not -n <= layer < n:
+        click.echo(f"registry diagram: layer {layer} is out of range: layers 0..{n - 1}", err=True)
+        sys.exit(2)
+    scene = block_scene(model, layer % n, spec)
+    svg = render_svg(scene)
+    if str(out) == "-":
+        click.echo(svg, nl=False)
+    else:
+        out.write_text(svg, encoding="utf-8")
+    if as_json:
+        _echo_json(model, spec, layer % n, out, scene)
+    elif str(out) != "-":
+        refused = [name for name, _ in scene.refused]
+        click.echo(
+            f"wrote {out}: block {model.block_structure}, layer {layer % n}"
+            + (f"; refused: {', '.join(refused)}" if refused else "")
+        )
+
+
+def _load(spec: str) -> Any:
+    """The model SPEC names, with attention probabilities enabled and the libraries'
+    logging quiet; exit 1 (with the reason) where it does not load."""
     import logging
     import warnings
 
@@ -527,39 +582,26 @@ def diagram_command(spec: str, out: pathlib.Path, layer: int, as_json: bool) -> 
     transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # unannotated in transformers
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # unannotated in transformers
     try:
-        model = StandardizedTransformer(spec, enable_attention_probs=True)
+        return StandardizedTransformer(spec, enable_attention_probs=True)
     except (TinyBuildError, OSError, ValueError) as exc:
         click.echo(f"registry diagram: cannot load {spec}: {exc}", err=True)
         sys.exit(1)
-    n = model.internals.num_layers
-    if not -n <= layer < n:
-        click.echo(f"registry diagram: layer {layer} is out of range: layers 0..{n - 1}", err=True)
-        sys.exit(2)
-    scene = block_scene(model, layer % n, spec)
-    svg = render_svg(scene)
-    if str(out) == "-":
-        click.echo(svg, nl=False)
-    else:
-        out.write_text(svg, encoding="utf-8")
-    if as_json:
-        status = model.internals.status(layer % n)
-        click.echo(
-            json.dumps(
-                {
-                    "spec": spec,
-                    "layer": layer % n,
-                    "block_structure": model.block_structure,
-                    "out": str(out),
-                    "refused": {k: v for k, v in status.items() if v is not None},
-                    "places": [n for t in scene.taps if t.ok for n in t.names.split(" = ")],
-                },
-                indent=2,
-            ),
-            err=str(out) == "-",
-        )
-    elif str(out) != "-":
-        refused = [name for name, _ in scene.refused]
-        click.echo(
-            f"wrote {out}: block {model.block_structure}, layer {layer % n}"
-            + (f"; refused: {', '.join(refused)}" if refused else "")
-        )
+
+
+def _echo_json(model: Any, spec: str, layer: int, out: pathlib.Path, scene: Scene) -> None:
+    """What the picture shows, as JSON (on stderr where the SVG went to stdout)."""
+    status = model.internals.status(layer)
+    click.echo(
+        json.dumps(
+            {
+                "spec": spec,
+                "layer": layer,
+                "block_structure": model.block_structure,
+                "out": str(out),
+                "refused": {k: v for k, v in status.items() if v is not None},
+                "places": [n for t in scene.taps if t.ok for n in t.names.split(" = ")],
+            },
+            indent=2,
+        ),
+        err=str(out) == "-",
+    )

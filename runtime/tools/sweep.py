@@ -36,6 +36,7 @@ from causalab_mini.internals import NO_STRUCTURE_RULE
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.checks import CHECKS, Context, row_components
 from causalab_mini.tools.checks.recompute import _raw_outputs
+from causalab_mini.tools.verdicts import LOADED, ArchitectureOutcome, ComponentState
 
 GENERIC = ("not found", "unknown error", "failed")
 
@@ -45,7 +46,7 @@ class Result:
     """One architecture's outcome, as the worker reports it."""
 
     model_type: str
-    outcome: str  # certified | unfinished | unbuildable | unloadable | crashed | timeout
+    outcome: ArchitectureOutcome
     reason: str | None = None
     model_class: str | None = None
     structure: str | None = None
@@ -55,8 +56,11 @@ class Result:
     seconds: float = 0.0
     group: str | None = None  # registry/tiny.yaml groups (None: causal_lm, older reports)
 
+    def __post_init__(self) -> None:  # read back from JSON: the member of its string
+        self.outcome = ArchitectureOutcome(self.outcome)
+
     def counts(self) -> dict[str, int]:
-        out = {"ok": 0, "refused": 0, "broken": 0}
+        out = {state.value: 0 for state in ComponentState}
         for item in self.components.values():
             out[item["state"]] += 1
         return out
@@ -85,7 +89,39 @@ class _Checks:
 def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Locate every component at every layer, read them all in one trace, run every
     check that applies, and say per component ok / refused / broken."""
+    addresses, result, partial = _locate_all(model)
+    unordered: dict[Any, str] = {}
+    values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
+    v = {key: values_by_address[a] for key, a in addresses.items()}
+    checks = _Checks()
+    heads_refused = _layout_checks(model, inputs, addresses, checks)
+    ctx = _context(model, inputs, addresses, v, unordered)
+    for check in CHECKS:
+        for outcome in check(ctx):
+            checks.add(outcome.components, outcome.name, outcome.ok, outcome.detail)
+    for name in COMPONENTS:
+        if name in result:
+            continue
+        result[name] = _judged(checks, name)
+        if name in partial:
+            extra = dict(partial[name])
+            if result[name]["state"] == ComponentState.BROKEN:  # keep what broke it as the reason
+                extra["refused_reason"] = extra.pop("reason")
+            result[name].update(extra)
+        if name in heads_refused:
+            result[name]["heads_refused"] = heads_refused[name]
+    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
+        if name in result:
+            result[name].update(notes)
+    return result
 
+
+def _locate_all(
+    model: Any,
+) -> tuple[dict[tuple[str, int | None], Any], dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Every component located at every layer: the addresses by (component, layer);
+    the components refused (or broken, where the reason is generic) on every layer;
+    and those refused on some layers only (certified where they exist)."""
     from causalab_mini.components import ComponentError, locate
 
     n = model.internals.num_layers
@@ -104,52 +140,34 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         reason = next(iter(refusals.values()))
         generic = any(g in reason.lower() for g in GENERIC) and "Its operations are" not in reason
         if generic:
-            result[name] = {"state": "broken", "reason": reason}
+            result[name] = {"state": ComponentState.BROKEN, "reason": reason}
         elif len(refusals) == (n if spec.per_layer else 1):
-            result[name] = {"state": "refused", "reason": reason}
+            result[name] = {"state": ComponentState.REFUSED, "reason": reason}
         else:  # certified where it exists, refused (with the reason) on the other layers
             partial[name] = {
                 "refused_layers": sorted(k for k in refusals if k is not None),
                 "reason": reason,
             }
-    unordered: dict[Any, str] = {}
-    values_by_address = _read_all(model, inputs, addresses, result, partial, unordered)
-    v = {key: values_by_address[a] for key, a in addresses.items()}
-    checks = _Checks()
-    heads_refused = _layout_checks(model, inputs, addresses, checks)
-    ctx = _context(model, inputs, addresses, v, unordered)
-    for check in CHECKS:
-        for outcome in check(ctx):
-            checks.add(outcome.components, outcome.name, outcome.ok, outcome.detail)
-    for name in COMPONENTS:
-        if name in result:
-            continue
-        done = checks.by_component.get(name, [])
-        failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
-        if failed:
-            result[name] = {
-                "state": "broken",
-                "reason": "; ".join(f"{c[0]} ({c[2]})" for c in failed[:3]),
-                "checks": sorted({c[0] for c in done}),
-            }
-        elif not done:
-            result[name] = {
-                "state": "broken",
-                "reason": "resolved, but no check covers it on this model",
-            }
-        else:
-            result[name] = {"state": "ok", "checks": sorted({c[0] for c in done})}
-        if name in partial:
-            extra = dict(partial[name])
-            if result[name]["state"] == "broken":  # keep what broke it as the reason
-                extra["refused_reason"] = extra.pop("reason")
-            result[name].update(extra)
-        if name in heads_refused:
-            result[name]["heads_refused"] = heads_refused[name]
-    for name, notes in ctx.notes.items():  # a check's figures (the lens identity's)
-        if name in result:
-            result[name].update(notes)
-    return result
+    return addresses, result, partial
+
+
+def _judged(checks: _Checks, name: str) -> dict[str, Any]:
+    """A located component's entry: broken where a check (or guard) failed or none
+    covers it, else ok, with the checks that covered it."""
+    done = checks.by_component.get(name, [])
+    failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
+    if failed:
+        return {
+            "state": ComponentState.BROKEN,
+            "reason": "; ".join(f"{c[0]} ({c[2]})" for c in failed[:3]),
+            "checks": sorted({c[0] for c in done}),
+        }
+    if not done:
+        return {
+            "state": ComponentState.BROKEN,
+            "reason": "resolved, but no check covers it on this model",
+        }
+    return {"state": ComponentState.OK, "checks": sorted({c[0] for c in done})}
 
 
 def _context(
@@ -311,7 +329,7 @@ def _read_all(
                 "reason": reason,
             }
         else:
-            result[name] = {"state": "refused", "reason": reason}
+            result[name] = {"state": ComponentState.REFUSED, "reason": reason}
             partial.pop(name, None)
     return _run_in_order(model, inputs, addresses, unordered)
 
@@ -340,11 +358,16 @@ def _run_one(spec: str) -> Result:
     try:
         path = resolve_model_spec(spec if spec.startswith("tiny:") else f"tiny:{spec}")
     except TinyBuildError as exc:
-        return Result(model_type, "unbuildable", str(exc), seconds=time.perf_counter() - started)
+        return Result(
+            model_type,
+            ArchitectureOutcome.UNBUILDABLE,
+            str(exc),
+            seconds=time.perf_counter() - started,
+        )
     except Exception as exc:
         return Result(
             model_type,
-            "unbuildable",
+            ArchitectureOutcome.UNBUILDABLE,
             f"{type(exc).__name__}: {exc}",
             seconds=time.perf_counter() - started,
         )
@@ -354,13 +377,13 @@ def _run_one(spec: str) -> Result:
         first = " ".join(str(exc).split())[:500]
         return Result(
             model_type,
-            "unloadable",
+            ArchitectureOutcome.UNLOADABLE,
             f"nnterp cannot load it: {type(exc).__name__}: {first}",
             seconds=time.perf_counter() - started,
         )
     result = Result(
         model_type,
-        "certified",
+        ArchitectureOutcome.CERTIFIED,
         model_class=model.internals.model_class,
         structure=model.block_structure,
         families=list(model.families),
@@ -369,7 +392,7 @@ def _run_one(spec: str) -> Result:
     try:
         result.components = certify(model, cert.sample_inputs(model))
     except Exception as exc:
-        result.outcome = "crashed"
+        result.outcome = ArchitectureOutcome.CRASHED
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         result.reason = " ".join(tb.split())[:500]
     else:
@@ -393,8 +416,8 @@ def judge_structure(result: Result) -> None:
     """A certified architecture with a component refused for want of a block-structure
     rule is ``unfinished``: the registry has not been told, the model lacks nothing."""
     names = untold(result.components)
-    if result.outcome == "certified" and names:
-        result.outcome = "unfinished"
+    if result.outcome == ArchitectureOutcome.CERTIFIED and names:
+        result.outcome = ArchitectureOutcome.UNFINISHED
         result.reason = (
             f"{len(names)} components refused only because {NO_STRUCTURE_RULE} gives "
             f"this model's block structure ({', '.join(names)}): add a rule naming its "
@@ -448,12 +471,15 @@ def _worker(model_type: str, timeout: float, context: Any) -> Result:
         process.join()
         if answer is None:
             return Result(
-                model_type, "timeout", f"no answer within {timeout:.0f} s", seconds=timeout
+                model_type,
+                ArchitectureOutcome.TIMEOUT,
+                f"no answer within {timeout:.0f} s",
+                seconds=timeout,
             )
     if answer is None:
         return Result(
             model_type,
-            "crashed",
+            ArchitectureOutcome.CRASHED,
             f"the process ended with exit code {process.exitcode}",
             seconds=time.perf_counter() - started,
         )
@@ -490,15 +516,8 @@ def group_name(result: Result | dict[str, Any]) -> str:
 def summarize(results: list[Result]) -> dict[str, Any]:
     totals = {
         "architectures": len(results),
-        "certified": 0,
-        "unfinished": 0,
-        "unbuildable": 0,
-        "unloadable": 0,
-        "crashed": 0,
-        "timeout": 0,
-        "ok": 0,
-        "refused": 0,
-        "broken": 0,
+        **{outcome.value: 0 for outcome in ArchitectureOutcome},
+        **{state.value: 0 for state in ComponentState},
     }
     for r in results:
         totals[r.outcome] += 1
@@ -552,9 +571,10 @@ def _cell(text: str | None, limit: int = 240) -> str:
 
 def _why(result: dict[str, Any]) -> str:
     """An architecture's outcome in a cell: its counts where certified, else its reason."""
-    if result["outcome"] in ("certified", "unfinished"):
+    if result["outcome"] in LOADED:
         states = list(_states(result).values())
-        return f"{result['outcome']}: {states.count('ok')} ok, {states.count('refused')} refused"
+        ok, refused = states.count(ComponentState.OK), states.count(ComponentState.REFUSED)
+        return f"{result['outcome']}: {ok} ok, {refused} refused"
     return f"{result['outcome']}: {_cell(result['reason'])}"
 
 
@@ -617,8 +637,9 @@ def _lens_summary(report: dict[str, Any]) -> str:
     states = [_lens(r).split(":", 1)[0] for r in report["results"] if _lens(r)]
     return (
         f"Lens identity `{LENS_IDENTITY}` (`model.lens`, the family's lens rows): "
-        f"**{states.count('ok')} ok**, **{states.count('refused')} refused** with the "
-        f"family's reason, **{states.count('broken')} broken** (column lens)."
+        f"**{states.count(ComponentState.OK)} ok**, **{states.count(ComponentState.REFUSED)} "
+        f"refused** with the family's reason, **{states.count(ComponentState.BROKEN)} broken** "
+        "(column lens)."
     )
 
 
@@ -710,30 +731,38 @@ def _group_markdown(
         "| architecture | class | structure | ok | refused | broken | lens | note |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
-        counts = {"ok": 0, "refused": 0, "broken": 0}
-        for item in r["components"].values():
-            counts[item["state"]] += 1
-        note = r["reason"] or ""
-        if r["outcome"] in ("certified", "unfinished"):
-            broken = [
-                f"{k}: {i['reason']}" for k, i in r["components"].items() if i["state"] == "broken"
-            ]
-            note = "; ".join(broken)[:300]
-            if r["outcome"] == "unfinished":
-                note = "; ".join(x for x in (r["reason"], note) if x)
-        note = note.replace("|", "\\|").replace("\n", " ")[:300]
-        lines.append(
-            f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
-            f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
-            f"{_cell(_lens(r), 120)} | "
-            f"{'' if r['outcome'] == 'certified' else r['outcome'] + ': '}{note} |"
-        )
-        for item in r["components"].values():
-            if item["state"] == "refused":
-                text = item["reason"].split("\n", 1)[0]
-                reasons[text] = reasons.get(text, 0) + 1
+    lines += [_group_row(r, reasons) for r in results]
     return lines
+
+
+def _group_row(r: dict[str, Any], reasons: dict[str, int]) -> str:
+    """One architecture's line of its group's table (its refusals counted into
+    ``reasons``)."""
+    counts = {state.value: 0 for state in ComponentState}
+    for item in r["components"].values():
+        counts[item["state"]] += 1
+    note = r["reason"] or ""
+    if r["outcome"] in LOADED:
+        broken = [
+            f"{k}: {i['reason']}"
+            for k, i in r["components"].items()
+            if i["state"] == ComponentState.BROKEN
+        ]
+        note = "; ".join(broken)[:300]
+        if r["outcome"] == ArchitectureOutcome.UNFINISHED:
+            note = "; ".join(x for x in (r["reason"], note) if x)
+    note = note.replace("|", "\\|").replace("\n", " ")[:300]
+    row = (
+        f"| {r['model_type']} | {r['model_class'] or ''} | {r['structure'] or ''} | "
+        f"{counts['ok']} | {counts['refused']} | {counts['broken']} | "
+        f"{_cell(_lens(r), 120)} | "
+        f"{'' if r['outcome'] == ArchitectureOutcome.CERTIFIED else r['outcome'] + ': '}{note} |"
+    )
+    for item in r["components"].values():
+        if item["state"] == ComponentState.REFUSED:
+            text = item["reason"].split("\n", 1)[0]
+            reasons[text] = reasons.get(text, 0) + 1
+    return row
 
 
 @click.command("sweep")
@@ -797,10 +826,28 @@ def sweep_command(
       registry sweep --jobs 2 --out docs/coverage.json --doc docs/coverage.md
       registry sweep --doc docs/coverage.md --against nnsight-0.8.json
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
+    chosen = _chosen(only, groups)
+    started = time.perf_counter()
+    results = _swept(chosen, jobs, timeout)
+    seconds = time.perf_counter() - started
+    _print_results(results, seconds, as_json)
+    if out is not None:
+        write_report(results, out, seconds)
+    if doc is not None:
+        report_path = out
+        if report_path is None:
+            import tempfile
 
+            report_path = Path(tempfile.mkstemp(suffix=".json")[1])
+            write_report(results, report_path, seconds)
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        other = json.loads(against.read_text()) if against is not None else None
+        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
+
+
+def _chosen(only: str | None, groups: str | None) -> list[str]:
+    """The model types ``--only`` and ``--group`` pick (a usage error names any that is
+    not a group of registry/tiny.yaml or a model type of the picked groups)."""
     from causalab_mini.tools.tiny import group_model_types
 
     by_group = group_model_types()
@@ -823,8 +870,15 @@ def sweep_command(
             f"not model types of the groups {', '.join(picked)} of this transformers: "
             f"{', '.join(unknown)}"
         )
+    return chosen
+
+
+def _swept(chosen: list[str], jobs: int, timeout: float) -> list[Result]:
+    """``sweep`` over ``chosen``, with a progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     console = Console(stderr=True)
-    started = time.perf_counter()
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -839,7 +893,15 @@ def sweep_command(
             bar.update(task, advance=1, description=f"{result.model_type}: {result.outcome}")
 
         results = sweep(chosen, jobs, timeout, advance)
-    seconds = time.perf_counter() - started
+    return results
+
+
+def _print_results(results: list[Result], seconds: float, as_json: bool) -> None:
+    """The report as JSON (``--json``), or a table (a terminal) or a line an
+    architecture (piped), then the summary."""
+    from rich.console import Console
+    from rich.table import Table
+
     if as_json:  # the report, as --out writes it, on stdout instead of the table
         report = {"seconds": round(seconds, 1), "summary": summarize(results)}
         report["results"] = [r.__dict__ for r in results]
@@ -870,18 +932,6 @@ def sweep_command(
                 f"ok={c['ok']} refused={c['refused']} broken={c['broken']}"
             )
         click.echo(json.dumps(summarize(results)))
-    if out is not None:
-        write_report(results, out, seconds)
-    if doc is not None:
-        report_path = out
-        if report_path is None:
-            import tempfile
-
-            report_path = Path(tempfile.mkstemp(suffix=".json")[1])
-            write_report(results, report_path, seconds)
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        other = json.loads(against.read_text()) if against is not None else None
-        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
 
 
 def main(argv: list[str] | None = None) -> None:

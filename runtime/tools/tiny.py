@@ -741,6 +741,33 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     # sub-config registry/tiny.yaml names (build_from)
     built = getattr(config, _BUILD_FROM[model_type]) if model_type in _BUILD_FROM else config
     text = built.get_text_config()
+    _apply_overrides(model_type, text, overrides)
+    tokenizer = tiny_tokenizer(model_type)
+    vocab_size = getattr(text, "vocab_size", None)
+    if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
+        raise TinyBuildError(
+            f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
+        )
+    auto = _causal_lm_class(model_type, member)
+    model = _instantiate(model_type, auto, built if model_type in _BUILD_FROM else config, seed)
+    _save_and_reload(model_type, auto, model, tokenizer, config, out)
+    manifest = {
+        "model_type": model_type,
+        "model_class": type(model).__name__,
+        "build_class": build_class(member),
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "builder_version": BUILDER_VERSION,
+        "seed": seed,
+        "overrides": overrides,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "build_seconds": round(time.perf_counter() - started, 3),
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _apply_overrides(model_type: str, text: Any, overrides: dict[str, Any]) -> None:
+    """Set each override on the text config (which must have the attribute)."""
     for key, value in overrides.items():
         if not hasattr(text, key):
             raise TinyBuildError(
@@ -748,26 +775,33 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
                 f"is {type(text).__name__}"
             )
         _set_override(model_type, text, key, value)
-    tokenizer = tiny_tokenizer(model_type)
-    vocab_size = getattr(text, "vocab_size", None)
-    if isinstance(vocab_size, int) and len(tokenizer) > vocab_size:
-        raise TinyBuildError(
-            f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
-        )
-    auto: Any  # untyped classmethods
+
+
+def _causal_lm_class(model_type: str, member: str) -> Any:
+    """The transformers class a tiny ``model_type`` (group member ``member``) is built
+    with (untyped classmethods)."""
+    import transformers
+
     if model_type in _BUILD_FROM:
         # the causal-LM class of the model type, which AutoModelForCausalLM maps only
         # from the composite config
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-        auto = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    else:
-        auto = getattr(transformers, build_class(member))
+        return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    return getattr(transformers, build_class(member))
+
+
+def _instantiate(model_type: str, auto: Any, config: Any, seed: int) -> Any:
+    """The model of ``config`` with seeded random weights, in float32, in eval mode
+    (built from the sub-config registry/tiny.yaml names where it names one)."""
+    import torch
+    import transformers
+
     transformers.set_seed(seed)
     torch.manual_seed(seed)
     try:
         if model_type in _BUILD_FROM:
-            model = auto._from_config(built, dtype=torch.float32)
+            model = auto._from_config(config, dtype=torch.float32)
         else:
             model = auto.from_config(config, dtype=torch.float32)
     except ImportError as exc:
@@ -778,7 +812,16 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
         raise TinyBuildError(
             f"cannot instantiate tiny {model_type!r}: {type(exc).__name__}: {_first_line(exc)}"
         ) from exc
-    model = model.to(torch.float32).eval()
+    return model.to(torch.float32).eval()
+
+
+def _save_and_reload(
+    model_type: str, auto: Any, model: Any, tokenizer: Any, config: Any, out: Path
+) -> None:
+    """Save the model and tokenizer into ``out`` and load them back: the same logits,
+    or the build fails."""
+    import torch
+
     before = _smoke_logits(model_type, model, tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -796,19 +839,6 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     after = _smoke_logits(model_type, reloaded, tokenizer)
     if before.shape != after.shape or not torch.allclose(before, after, atol=1e-4, rtol=1e-4):
         raise TinyBuildError(f"tiny {model_type!r} gives other logits after a save/load round trip")
-    manifest = {
-        "model_type": model_type,
-        "model_class": type(model).__name__,
-        "build_class": build_class(member),
-        "transformers_version": transformers.__version__,
-        "torch_version": torch.__version__,
-        "builder_version": BUILDER_VERSION,
-        "seed": seed,
-        "overrides": overrides,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "build_seconds": round(time.perf_counter() - started, 3),
-    }
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
 def _annotation_admits(config: Any, key: str, value: Any) -> bool:

@@ -20,6 +20,7 @@ from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import positions as position_checks
 from causalab_mini.tools.checks import recompute
 from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
+from causalab_mini.tools.verdicts import ComponentState
 
 
 def read_alone(ctx: Context) -> Iterator[Outcome]:
@@ -250,16 +251,16 @@ def lens_identity(ctx: Context) -> Iterator[Outcome]:
     try:
         got = ctx.model.lens(ctx.v[("block_output", ran[-1])])
     except LensRefused as exc:
-        note["lens"] = f"refused: {exc}"
+        note["lens"] = f"{ComponentState.REFUSED}: {exc}"
         return
     except Exception as exc:  # a lens row that does not fit the model: broken, said
-        note["lens"] = f"broken: {type(exc).__name__}: {exc}"
+        note["lens"] = f"{ComponentState.BROKEN}: {type(exc).__name__}: {exc}"
         yield Outcome(("logits",), LENS_IDENTITY, False, note["lens"])
         return
     # the same modules on the same tensor: exact up to float rounding, far below the
     # identities' tolerance (a tiny model's soft-capping moves its logits by 1e-4)
     ok, d = close(got, ctx.v[("logits", None)], atol=LENS_ATOL)
-    note["lens"] = f"{'ok' if ok else 'broken'}: {d}"
+    note["lens"] = f"{ComponentState.OK if ok else ComponentState.BROKEN}: {d}"
     yield Outcome(("logits",), LENS_IDENTITY, ok, d)
 
 

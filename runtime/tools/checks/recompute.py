@@ -53,6 +53,34 @@ def _raw_outputs(
     unembedding's input, from one more trace (in forward order)."""
 
     internals = model.internals
+    wanted, gate_kinds = _wanted_modules(model, addresses)
+    saved: list[tuple[str, int, Any]] = []  # bound before the trace
+    with model.trace(inputs):
+        for kind, layer, what in wanted:
+            _save_one(kind, layer, what, saved)
+    out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
+    for (kind, layer), value in list(out.items()):
+        # a module's own output holds the positions its row leaves out (CPM-Ant's
+        # prompt, ProphetNet's predicting streams): compared with the row's reads, it
+        # leaves them out too
+        if kind in ("attentions", "mlps"):
+            address = internals[kind].address_at(layer)
+            if address.views_tokens:
+                out[(kind, layer)] = address.token_positions(value, internals.count)
+    for layer, kind in gate_kinds.items():
+        out[("gate_kind", layer)] = kind
+    for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
+        out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
+    return out
+
+
+def _wanted_modules(
+    model: Any, addresses: dict[tuple[str, int | None], Any]
+) -> tuple[list[tuple[str, int, Any]], dict[int, str]]:
+    """What ``_raw_outputs`` reads, in forward order, as (kind, layer, what): each
+    layer's attention operands, output gate, attention and MLP modules, then the
+    unembedding's inputs; and the gate's kind by layer."""
+    internals = model.internals
     wanted: list[tuple[str, int, Any]] = []
     gate_kinds: dict[int, str] = {}
     for layer in range(internals.num_layers):
@@ -76,74 +104,66 @@ def _raw_outputs(
         inner = _inner_unembedding(model, head_envoy)
         if inner is not None:
             wanted.append(("unembedding_input", -1, inner))
-    saved: list[tuple[str, int, Any]] = []  # bound before the trace
-    with model.trace(inputs):
-        for kind, layer, what in wanted:
-            if kind in ("lm_head_input", "unembedding_input"):
-                args, kwargs = what.inputs
-                given = args[0] if args else next(iter(kwargs.values()))
-                saved.append((kind, layer, given.save()))
-                continue
-            if kind == "operands":
-                for envoy, side, taken in what:
-                    if side == "value":  # a number the row gives
-                        saved.extend((name, layer, number) for name, number in taken)
-                        continue
-                    if side == "inputs":
-                        args, kwargs = envoy.inputs
-                    else:
-                        got = envoy.output
-                    for name, operand in taken:
-                        if side == "inputs":
-                            found = _argument(args, kwargs, operand.arg, operand.kwarg)
-                        else:
-                            index = operand.returns or 0
-                            found = got[index] if isinstance(got, (tuple, list)) else got
-                        if found is not None:
-                            saved.append(
-                                (name, layer, found.save() if hasattr(found, "save") else found)
-                            )
-            elif kind == "gate":
-                saved.append((kind, layer, what.output.save()))
-            elif kind == "mlps":
-                envoy = what
-                args, kwargs = envoy.inputs
-                # the arguments besides the first (Zaya's router state, MPT's residual)
-                rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
-                saved.append(("mlp_rest", layer, rest))
-                out = getattr(envoy, boundary("output", envoy))
-                saved.append(
-                    (
-                        kind,
-                        layer,
-                        (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
-                    )
-                )
+    return wanted, gate_kinds
+
+
+def _save_one(kind: str, layer: int, what: Any, saved: list[tuple[str, int, Any]]) -> None:
+    """Inside the trace: save what one entry of ``_wanted_modules`` reads."""
+    if kind in ("lm_head_input", "unembedding_input"):
+        args, kwargs = what.inputs
+        given = args[0] if args else next(iter(kwargs.values()))
+        saved.append((kind, layer, given.save()))
+        return
+    if kind == "operands":
+        _save_operands(layer, what, saved)
+    elif kind == "gate":
+        saved.append((kind, layer, what.output.save()))
+    elif kind == "mlps":
+        envoy = what
+        args, kwargs = envoy.inputs
+        # the arguments besides the first (Zaya's router state, MPT's residual)
+        rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
+        saved.append(("mlp_rest", layer, rest))
+        out = getattr(envoy, boundary("output", envoy))
+        saved.append(
+            (
+                kind,
+                layer,
+                (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
+            )
+        )
+    else:
+        module = what
+        out = getattr(module, boundary("output", module))
+        # a copy: a layer may change a module's output in place afterwards (Falcon)
+        saved.append(
+            (
+                kind,
+                layer,
+                (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
+            )
+        )
+
+
+def _save_operands(layer: int, what: Any, saved: list[tuple[str, int, Any]]) -> None:
+    """Inside the trace: save the attention call's operands (its arguments or a
+    module's returns; a number the row gives as it is)."""
+    for envoy, side, taken in what:
+        if side == "value":  # a number the row gives
+            saved.extend((name, layer, number) for name, number in taken)
+            continue
+        if side == "inputs":
+            args, kwargs = envoy.inputs
+        else:
+            got = envoy.output
+        for name, operand in taken:
+            if side == "inputs":
+                found = _argument(args, kwargs, operand.arg, operand.kwarg)
             else:
-                module = what
-                out = getattr(module, boundary("output", module))
-                # a copy: a layer may change a module's output in place afterwards (Falcon)
-                saved.append(
-                    (
-                        kind,
-                        layer,
-                        (out[0] if isinstance(out, (tuple, list)) else out).clone().save(),
-                    )
-                )
-    out = {(kind, layer): getattr(t, "value", t) for kind, layer, t in saved}
-    for (kind, layer), value in list(out.items()):
-        # a module's own output holds the positions its row leaves out (CPM-Ant's
-        # prompt, ProphetNet's predicting streams): compared with the row's reads, it
-        # leaves them out too
-        if kind in ("attentions", "mlps"):
-            address = internals[kind].address_at(layer)
-            if address.views_tokens:
-                out[(kind, layer)] = address.token_positions(value, internals.count)
-    for layer, kind in gate_kinds.items():
-        out[("gate_kind", layer)] = kind
-    for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
-        out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
-    return out
+                index = operand.returns or 0
+                found = got[index] if isinstance(got, (tuple, list)) else got
+            if found is not None:
+                saved.append((name, layer, found.save() if hasattr(found, "save") else found))
 
 
 def _argument(args: Any, kwargs: Any, arg: int | None, kwarg: str | None) -> Any:
@@ -302,29 +322,12 @@ def _consistency_checks(
     def key(n: str) -> tuple[str, int]:
         return n, layer
 
-    internals = model.internals
-
-    def norm_of_mid() -> tuple[bool, str] | None:
-        """norm(layers_mid) == mlps_norm_output, where both are read at the norm's input
-        and output with nothing between (None where they are not)."""
-        mid = internals["layers_mid"].address_at(layer)
-        norm = internals["mlps_norm_output"].address_at(layer)
-        plain = not (mid.source or norm.source or mid.scale or norm.scale)
-        sides = (mid.io.value, norm.io.value)
-        if not (plain and mid.module == norm.module and sides == ("input", "output")):
-            return None
-        normed = _row_module(model, layer, "layers_mid")._module(v[key("block_mid")])
-        if isinstance(normed, tuple):
-            normed = normed[0]
-        found: tuple[bool, str] = close(normed, v[key("mlp_input_norm")])
-        return found
-
     with torch.no_grad():
         both = key("block_mid") in v and key("mlp_input_norm") in v
         # a structure whose MLP module normalizes its own input (a reversible block): no
         # identity names the norm's output, which certifies mlps_norm_output here
         if both and not any("mlps_norm_output" in i for i in cert.structure_identities(model)):
-            found = norm_of_mid()
+            found = _norm_of_mid(model, v, layer)
             if found is not None:
                 yield Outcome.of(
                     ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
@@ -332,7 +335,7 @@ def _consistency_checks(
         # no contribution row read on the layer: no identity names layers_mid, which
         # this certifies instead
         if both and key("attention_output") not in v and key("mlp_output") not in v:
-            found = norm_of_mid()
+            found = _norm_of_mid(model, v, layer)
             if found is not None:
                 yield Outcome.of(
                     ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
@@ -352,23 +355,54 @@ def _consistency_checks(
             yield Outcome.of(
                 covered, "output projection(attention_premix) == attention's output", ok
             )
-        if key("mlp_input") in v and ("mlps", layer) in raw:
-            mlp = _row_module(model, layer, "mlps")._module
-            args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
-            try:
-                # with the other arguments it was given (Zaya's router state from the
-                # layer before, MPT's and BLOOM's residual)
-                out = mlp(v[key("mlp_input")], *args, **kwargs)
-            except TypeError:
-                out = None
-            if isinstance(out, tuple):
-                out = out[0]
-            if out is not None:
-                name = "mlp(mlp_input) == the MLP's output"
-                if args or kwargs:
-                    name = "mlp(mlp_input, its other arguments) == the MLP's output"
-                ok, d = close(out, raw[("mlps", layer)])
-                yield Outcome.of(["mlp_input"], name, ok, d)
+        yield from _mlp_refed(model, v, raw, layer)
+
+
+def _norm_of_mid(
+    model: Any, v: dict[tuple[str, int | None], Any], layer: int
+) -> tuple[bool, str] | None:
+    """norm(layers_mid) == mlps_norm_output, where both are read at the norm's input
+    and output with nothing between (None where they are not)."""
+    internals = model.internals
+    mid = internals["layers_mid"].address_at(layer)
+    norm = internals["mlps_norm_output"].address_at(layer)
+    plain = not (mid.source or norm.source or mid.scale or norm.scale)
+    sides = (mid.io.value, norm.io.value)
+    if not (plain and mid.module == norm.module and sides == ("input", "output")):
+        return None
+    normed = _row_module(model, layer, "layers_mid")._module(v[("block_mid", layer)])
+    if isinstance(normed, tuple):
+        normed = normed[0]
+    found: tuple[bool, str] = close(normed, v[("mlp_input_norm", layer)])
+    return found
+
+
+def _mlp_refed(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+) -> Iterator[Outcome]:
+    """mlp_input, fed to the MLP module (with the other arguments it was given), gives
+    the module's output."""
+    key = ("mlp_input", layer)
+    if key in v and ("mlps", layer) in raw:
+        mlp = _row_module(model, layer, "mlps")._module
+        args, kwargs = raw.get(("mlp_rest", layer), ([], {}))
+        try:
+            # with the other arguments it was given (Zaya's router state from the
+            # layer before, MPT's and BLOOM's residual)
+            out = mlp(v[key], *args, **kwargs)
+        except TypeError:
+            out = None
+        if isinstance(out, tuple):
+            out = out[0]
+        if out is not None:
+            name = "mlp(mlp_input) == the MLP's output"
+            if args or kwargs:
+                name = "mlp(mlp_input, its other arguments) == the MLP's output"
+            ok, d = close(out, raw[("mlps", layer)])
+            yield Outcome.of(["mlp_input"], name, ok, d)
 
 
 def _interior_checks(
@@ -412,6 +446,22 @@ def _interior_checks(
                 ok,
                 d,
             )
+    yield from _score_checks(model, v, raw, layer)
+
+
+def _score_checks(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+) -> Iterator[Outcome]:
+    """The scores (or, where they are refused, the log probabilities) against
+    q·kᵀ·scaling and the attention's mask, from the query and key read."""
+    import torch
+
+    def key(n: str) -> tuple[str, int]:
+        return n, layer
+
     if all(key(n) in v for n in ("attention_query", "attention_key", "attention_scores")):
         s = v[key("attention_scores")]
         visible = torch.isfinite(s) & (s > torch.finfo(s.dtype).min / 2)
