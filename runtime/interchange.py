@@ -220,10 +220,10 @@ def _moves(
 
 def _order(
     moves: list[Any], wanted: list[Any], logits_at: ComponentAddress
-) -> list[tuple[tuple[int, int], bool, int]]:
+) -> list[tuple[tuple[int, int | float], bool, int]]:
     """What the trace does, in forward order: (rank, reads after writes at one rank,
     what: a patch (negative), a read (its index), or the logits (the last))."""
-    steps: list[tuple[tuple[int, int], bool, int]] = [
+    steps: list[tuple[tuple[int, int | float], bool, int]] = [
         (m[0].rank, False, -1 - i) for i, m in enumerate(moves)
     ]
     steps += [(a.rank, True, i) for i, (a, _) in enumerate(wanted)]

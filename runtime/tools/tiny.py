@@ -170,7 +170,7 @@ def build_class(model_type: str) -> str:
 
     group, model_type = split_member(model_type)
     if group is not None:
-        return TINY_GROUPS[group][1]
+        return str(TINY_GROUPS[group][1])
     mapped = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     auto_class: str = auto_class_for((mapped,) if isinstance(mapped, str) else (), model_type, None)
     return auto_class
@@ -956,7 +956,8 @@ def _smoke_logits(model_type: str, model: Any, tokenizer: Any) -> Any:
     import torch
 
     batch = dict(tokenizer(_SMOKE_TEXTS, return_tensors="pt", padding=True))
-    batch.update(side_inputs(model.config, *batch["input_ids"].shape, tokens=batch))
+    rows, seq = batch["input_ids"].shape
+    batch.update(side_inputs(model.config, rows, seq, tokens=batch))
     try:
         with torch.no_grad():
             logits = model(**batch).logits
