@@ -196,6 +196,11 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "family_operands": {f.name: dict(f.operands) for f in families if f.operands},
         "lens": registry.lens,
         "family_lens": {f.name: f.lens for f in families if f.lens is not None},
+        "family_media_tokens": {
+            f.name: {medium: names for medium, names in f.media_tokens}
+            for f in families
+            if f.media_tokens
+        },
         "family_structure_unknown": {
             f.name: f.structure_unknown_reason for f in families if f.structure_unknown_reason
         },
