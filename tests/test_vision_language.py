@@ -180,15 +180,17 @@ def test_the_image_anchor_is_where_the_image_tokens_sit(model_type: str) -> None
     import torch
 
     from causalab_mini import positions as P
-    from causalab_mini.plan import Plan
     from causalab_mini.locator import locate
+    from causalab_mini.plan import Plan
 
     model = _loaded(f"tiny:{model_type}")
     inputs = _image_inputs(model, seed=0)
     ids = inputs["input_ids"]
     image_id = _image_id(model)
     assert P.media_token_ids(model)[0] == {"image": image_id}
-    where = [[i for i in range(ids.shape[1]) if int(ids[r, i]) == image_id] for r in range(len(ids))]
+    where = [
+        [i for i in range(ids.shape[1]) if int(ids[r, i]) == image_id] for r in range(len(ids))
+    ]
     assert where[0]
     assert P.resolve(model, inputs, {"anchor": "image"}) == where
     # the text's first and last tokens, around the image (BOS, image, text)
