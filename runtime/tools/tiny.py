@@ -816,8 +816,8 @@ def _config_path(config: Any, path: str, layer: int | None) -> Any:
 def side_inputs(config: Any, batch: int, seq: int, seed: int = 0) -> dict[str, Any]:
     """The keyword inputs registry/tiny.yaml ``side_inputs`` gives ``config``'s model
     type beside the token ids (empty for most): seeded random normal tensors of the
-    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (ids
-    below a bound, or a constant fill, where the row says so)."""
+    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
+    constant integer fill, a mask, where the row says so)."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
@@ -836,9 +836,6 @@ def side_inputs(config: Any, batch: int, seq: int, seed: int = 0) -> dict[str, A
         dims = [size(dim, layer) for dim in row["shape"]]
         if "fill" in row:  # a mask: every entry the row's integer
             return torch.full(dims, row["fill"], dtype=torch.long)
-        if "ids_below" in row:  # ids of another vocabulary (a Q-Former's prompt)
-            high = size(row["ids_below"], layer)
-            return torch.randint(0, high, dims, generator=generator)
         return torch.randn(*dims, generator=generator)
 
     def made(row: Any, layer: int | None) -> Any:
