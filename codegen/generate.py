@@ -216,6 +216,8 @@ def _family(registry: Registry, f: Any) -> emit.Bracket:
         fields["structure_unknown"] = f.structure_unknown_reason
     if f.lens is not None:
         fields["lens"] = f.lens
+    if f.media_tokens:
+        fields["media_tokens"] = emit.proxy(dict(f.media_tokens))
     return emit.call("Family", **fields)
 
 

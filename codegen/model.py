@@ -75,6 +75,8 @@ class FamilyDef:
     # why no block structure applies to this family (the reason of every structural
     # place), where none does
     structure_unknown_reason: str | None = None
+    # medium (image) -> the config attributes that may hold its placeholder token id
+    media_tokens: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # what the model applies to the last block's output to make its logits, where it
     # is not the default lens (places.yaml)
     lens: Lens | None = None
@@ -407,6 +409,9 @@ def family(
         ),
         operands=tuple((name, operand(o)) for name, o in raw.get("operands", {}).items()),
         structure_unknown_reason=_joined(raw.get("structure_unknown_reason")),
+        media_tokens=tuple(
+            (medium, tuple(names)) for medium, names in raw.get("media_tokens", {}).items()
+        ),
         lens=lens(raw["lens"]) if "lens" in raw else None,
     )
 

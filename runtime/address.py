@@ -403,8 +403,10 @@ class Family:
     ``addresses`` (rows replacing or adding to the defaults), and what it says of its
     attention's interiors (why there are none: ``interiors_unavailable``; its own
     forward's ``interiors``; where it keeps the ``operands``), of its block structure
-    (why none applies: ``structure_unknown``) and of its ``lens`` (the steps from the
-    last block's output to its logits, where they are not the default's)."""
+    (why none applies: ``structure_unknown``), of its ``lens`` (the steps from the last
+    block's output to its logits, where they are not the default's) and of where media
+    enter its inputs (``media_tokens``: the config attributes of each medium's
+    placeholder token id)."""
 
     name: str
     match: FamilyMatch
@@ -415,6 +417,8 @@ class Family:
     operands: Mapping[str, Operand] = field(default_factory=dict)
     structure_unknown: str | None = None
     lens: Lens | None = None
+    # medium (image) -> the config attributes that may hold its placeholder token's id
+    media_tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ A position is pure data, written the way documents write it::
     {"span": "fox", "index": -1}   the last token of that span
     {"anchor": "bos"}              the special token the tokenizer put first
     {"anchor": "eos"}              the special token the tokenizer put last
+    {"anchor": "image"}            every token an image's features fill (its placeholders)
     "all"                          every content token
     [ ... ]                        several of these, in the order given
 
@@ -18,6 +19,12 @@ families. So ``{"index": 0}`` is the first word on a tokenizer that prepends ``<
 and on one that prepends nothing, and on a left-padded short row alike. The ``chat``
 frame renders the tokenizer's chat template around a user message and keeps only the
 message's tokens as content (the template's scaffolding is outside it).
+
+A batch of token ids (a processor's output: an image's placeholder tokens among the
+text's) is a frame too: its image tokens (the placeholder id the model's family names,
+registry family field ``media_tokens``, read from the loaded config) are the ``image``
+anchor and outside the content, so ``{"index": -1}`` is the last text token with or
+without an image in the input.
 
 ``encode`` tokenizes texts into the batch a trace runs (with ``position_ids`` counted
 from each row's first real token, so an absolute-position model sees each row as it
@@ -35,7 +42,9 @@ from typing import Any
 
 from . import plain
 
-ANCHORS = ("bos", "eos")
+ANCHORS = ("bos", "eos", "image")
+# anchors that name every token of a medium (the placeholders its features fill), not one
+MEDIA_ANCHORS = ("image",)
 FRAMES = ("plain", "chat")
 
 
@@ -66,7 +75,7 @@ class Position:
             raise PositionError(
                 f"{self.spec()!r} mixes kinds of position: write one of "
                 '{"index": i}, {"span": "text"} (with an optional "index"), '
-                '{"anchor": "bos"|"eos"} or "all"'
+                '{"anchor": "bos"|"eos"|"image"} or "all"'
             )
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise PositionError(
@@ -131,7 +140,7 @@ def parse(spec: Any) -> tuple[Position, ...]:
             return (Position(every=True),)
         raise PositionError(
             f'unknown position {spec!r}: write "all", {{"index": i}}, '
-            '{"span": "text"} or {"anchor": "bos"|"eos"}'
+            '{"span": "text"} or {"anchor": "bos"|"eos"|"image"}'
         )
     if isinstance(spec, Mapping):
         extra = set(spec) - _KEYS
@@ -182,6 +191,11 @@ class Frame:
     offsets: tuple[tuple[int, int], ...]  # per token, character offsets into ``text``
     anchors: Mapping[str, int] = field(default_factory=dict)
     real: tuple[int, ...] = ()  # batch indices the attention mask keeps
+    # medium (image) -> batch indices of its placeholder tokens (outside the content);
+    # a medium the model has no placeholder for is absent, with why in ``no_media``
+    media: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    no_media: Mapping[str, str] = field(default_factory=dict)
+    has_text: bool = True  # False: built from token ids (no text to find a span in)
 
     def describe(self, row: int | None = None) -> str:
         head = f"row {row}: " if row is not None else ""
@@ -212,6 +226,43 @@ def _tokenizer_of(model: Any) -> Any:
             f"{type(tokenizer).__name__} is not one: load the fast tokenizer (use_fast=True)"
         )
     return tokenizer
+
+
+def media_token_ids(model: Any) -> tuple[dict[str, int], dict[str, str]]:
+    """Medium (image) -> the placeholder token id of ``model``'s inputs, read from its
+    loaded config at the attributes its families' ``media_tokens`` field names (the
+    first one set, on the config or its text config); and, for each medium it has none
+    for, why (one line)."""
+    from .family import families_of
+
+    matched = families_of(model)
+    families = tuple(f.name for f in matched)
+    module = getattr(model, "_model", None)
+    config = getattr(module, "config", None)
+    configs = [c for c in (config, getattr(model, "text_config", None)) if c is not None]
+    found: dict[str, int] = {}
+    why: dict[str, str] = {}
+    for medium in MEDIA_ANCHORS:
+        names = [n for f in matched for n in f.media_tokens.get(medium, ())]
+        if not names:
+            fams = ", ".join(families) or "none"
+            why[medium] = (
+                f"the model's families ({fams}) name no {medium} placeholder token (registry "
+                f"family field media_tokens): its inputs hold no {medium} tokens"
+            )
+            continue
+        value = next(
+            (getattr(c, n) for n in names for c in configs if getattr(c, n, None) is not None),
+            None,
+        )
+        if isinstance(value, int) and not isinstance(value, bool):
+            found[medium] = value
+        else:
+            why[medium] = (
+                f"the loaded config sets none of {', '.join(names)} (the {medium} "
+                "placeholder token id its family names): it has no such tokens"
+            )
+    return found, why
 
 
 def _texts(inputs: Any) -> list[str]:
@@ -278,6 +329,14 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     if frame not in FRAMES:
         raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
     tokenizer = _tokenizer_of(model)
+    media, no_media = media_token_ids(model)
+    if isinstance(inputs, Mapping) and "input_ids" in inputs:
+        if frame != "plain":
+            raise PositionError(
+                f"a batch of token ids has no chat template rendering to find: the {frame} "
+                "frame takes text; use the plain frame"
+            )
+        return _encode_ids(tokenizer, inputs, media, no_media)
     texts = _texts(inputs)
     windows: list[tuple[int, int]] = []
     if frame == "chat":
@@ -300,7 +359,17 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     mask = batch["attention_mask"]
     specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
     frames = [
-        _row_frame(tokenizer, batch, row, texts[row], sources[row], frame, windows, specials)
+        _row_frame(
+            tokenizer,
+            batch,
+            row,
+            (texts[row], sources[row]),
+            frame,
+            windows,
+            specials,
+            media,
+            no_media,
+        )
         for row in range(len(sources))
     ]
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -308,19 +377,73 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     return Encoded(inputs=out, frames=tuple(frames), frame=frame)
 
 
+def _encode_ids(
+    tokenizer: Any, inputs: Mapping[str, Any], media: Mapping[str, int], no_media: Mapping[str, str]
+) -> Encoded:
+    """The frames of a batch given as token ids (a processor's output, an image's
+    placeholders among the text's tokens): real tokens are the attention mask's (all,
+    without one), the tokenizer's special tokens and each medium's placeholders are
+    outside the content, the bos/eos anchors are special tokens at a row's ends. The
+    inputs are the batch as given (its other keys, pixel_values, kept)."""
+    import torch
+
+    ids = torch.as_tensor(inputs["input_ids"])
+    if ids.dim() != 2:
+        raise PositionError(
+            f"input_ids of shape {tuple(ids.shape)}: a batch of token ids is (batch, seq)"
+        )
+    mask = inputs.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask)
+    frames: list[Frame] = []
+    for row in range(ids.shape[0]):
+        tokens = [int(t) for t in ids[row]]
+        real = [i for i in range(len(tokens)) if int(mask[row, i])]
+        if not real:
+            raise PositionError(f"row {row} of the token batch is all padding: give it tokens")
+        special = tokenizer.get_special_tokens_mask(tokens, already_has_special_tokens=True)
+        placed = {m: tuple(i for i in real if tokens[i] == t) for m, t in media.items()}
+        in_media = {i for p in placed.values() for i in p}
+        content = [i for i in real if not special[i] and i not in in_media]
+        anchors = {
+            name: at
+            for name, at in (("bos", real[0]), ("eos", real[-1]))
+            if special[at] and at not in in_media
+        }
+        if not content:
+            raise PositionError(f"row {row} of the token batch has no text token: give it words")
+        text = tokenizer.decode([tokens[i] for i in content])
+        frames.append(
+            Frame(
+                text=text,
+                tokens=tuple(tokenizer.convert_ids_to_tokens(tokens)),
+                content=tuple(content),
+                offsets=tuple((0, 0) for _ in tokens),
+                anchors=anchors,
+                real=tuple(real),
+                media=placed,
+                no_media=no_media,
+                has_text=False,
+            )
+        )
+    return Encoded(inputs=dict(inputs), frames=tuple(frames), frame="plain")
+
+
 def _row_frame(
     tokenizer: Any,
     batch: Any,
     row: int,
-    text: str,
-    source: str,
+    texts: tuple[str, str],
     frame: str,
     windows: list[tuple[int, int]],
     specials: dict[str, Any],
+    media: Mapping[str, int],
+    no_media: Mapping[str, str],
 ) -> Frame:
     """Row ``row`` of a tokenized batch as a frame: its real tokens, its content (the
-    tokens of ``text``: not the tokenizer's specials, or, in the chat frame, inside the
-    user message's window of the rendered ``source``), offsets and anchors."""
+    tokens of the text, ``texts`` = (text, source): not the tokenizer's specials nor a
+    medium's placeholders, or, in the chat frame, inside the user message's window of
+    the rendered source), offsets, anchors and each medium's placeholders."""
+    text, source = texts
     ids = batch["input_ids"]
     mask = batch["attention_mask"]
     special = batch["special_tokens_mask"]
@@ -336,6 +459,8 @@ def _row_frame(
     else:
         content = [i for i in real if not int(special[row, i])]
         text = source
+    placed = {m: tuple(i for i in real if int(ids[row, i]) == t) for m, t in media.items()}
+    content = [i for i in content if not any(i in p for p in placed.values())]
     anchors = _anchors(frame, real, content, ids[row], special[row], specials)
     if not content:
         raise PositionError(
@@ -348,6 +473,8 @@ def _row_frame(
         offsets=tuple(spans),
         anchors=anchors,
         real=tuple(real),
+        media=placed,
+        no_media=no_media,
     )
 
 
@@ -387,7 +514,7 @@ def trace_inputs(model: Any, encoded: Encoded) -> dict[str, Any]:
         return inputs
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     if "position_ids" not in parameters and not takes_any:
-        inputs.pop("position_ids")
+        inputs.pop("position_ids", None)  # a batch given as ids may have none
     return inputs
 
 
@@ -395,6 +522,17 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
     where = frame.describe(row)
     if position.every:
         return list(frame.content)
+    if position.anchor in MEDIA_ANCHORS:
+        medium = position.anchor
+        if medium in frame.no_media:
+            raise PositionError(f"{position}: {frame.no_media[medium]}")
+        placed = list(frame.media.get(medium, ()))
+        if not placed:
+            raise PositionError(
+                f"{position}: {where} holds no {medium} token; feed the input with its "
+                f"{medium} (the processor's batch, placeholders included) or address text"
+            )
+        return placed
     if position.anchor is not None:
         at = frame.anchors.get(position.anchor)
         if at is None:
@@ -424,6 +562,11 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
 
 def _span(position: Position, frame: Frame, row: int) -> list[int]:
     assert position.span is not None
+    if not frame.has_text:
+        raise PositionError(
+            f"{position}: row {row} was given as token ids, which carry no text to find "
+            "a span in; address it by index, or encode the text"
+        )
     text, span = frame.text, position.span
     found = []
     start = text.find(span)
@@ -464,7 +607,8 @@ def _span(position: Position, frame: Frame, row: int) -> list[int]:
 
 def resolve(model: Any, inputs: Any, position: Any, frame: str = "plain") -> list[list[int]]:
     """The token indices ``position`` names in each row of the batch a trace runs on
-    ``inputs`` (a text, a list of texts, or an ``Encoded`` from ``encode``): one list
+    ``inputs`` (a text, a list of texts, a batch of token ids, or an ``Encoded`` from
+    ``encode``): one list
     per row, in the order the position spec gives, in the batch's own coordinates
     (padding counted). Refuses, with the position, the row and what to write, any
     position a row does not have."""
@@ -520,6 +664,7 @@ def describe_frame(encoded: Encoded) -> str:
         lines.append(f"row {row} ({encoded.frame} frame): {fr.text!r}")
         content = {t: k for k, t in enumerate(fr.content)}
         anchors = {v: k for k, v in fr.anchors.items()}
+        anchors.update({i: m for m, placed in fr.media.items() for i in placed})
         n = len(fr.content)
         for i, token in enumerate(fr.tokens):
             if i in content:
@@ -540,12 +685,14 @@ def describe_frame(encoded: Encoded) -> str:
 __all__ = [
     "ANCHORS",
     "FRAMES",
+    "MEDIA_ANCHORS",
     "Encoded",
     "Frame",
     "Position",
     "PositionError",
     "describe_frame",
     "encode",
+    "media_token_ids",
     "parse",
     "put",
     "resolve",

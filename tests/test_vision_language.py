@@ -157,3 +157,68 @@ def test_an_image_enters_at_the_placeholders_after_the_embeddings(model_type: st
     else:
         assert len(still) < int(image.sum()) // 2
         assert bool((still == newline.detach()).all())
+
+
+def _feature_tensor(features: Any) -> Any:
+    """What get_image_features returns (a tensor, a list of them, or a model output)
+    as one (rows, width) tensor, in the order the rows fill the placeholders."""
+    import torch
+
+    if not isinstance(features, (torch.Tensor, list, tuple)):
+        features = features.pooler_output
+    if isinstance(features, (list, tuple)):
+        return torch.cat([_feature_tensor(f) for f in features])
+    return features.reshape(-1, features.shape[-1])
+
+
+@pytest.mark.parametrize("model_type", ["llava", "mistral3"])
+def test_the_image_anchor_is_where_the_image_tokens_sit(model_type: str) -> None:
+    """{"anchor": "image"} names the positions of the image's placeholder tokens (the
+    id the family's media_tokens field reads from the loaded config), the content
+    frame keeps only the text's tokens, and a read of block_input[0] at the anchor is
+    the image features the model put there."""
+    import torch
+
+    from causalab_mini import positions as P
+    from causalab_mini.locator import locate
+    from causalab_mini.plan import Plan
+
+    model = _loaded(f"tiny:{model_type}")
+    inputs = _image_inputs(model, seed=0)
+    ids = inputs["input_ids"]
+    image_id = _image_id(model)
+    assert P.media_token_ids(model)[0] == {"image": image_id}
+    where = [
+        [i for i in range(ids.shape[1]) if int(ids[r, i]) == image_id] for r in range(len(ids))
+    ]
+    assert where[0]
+    assert P.resolve(model, inputs, {"anchor": "image"}) == where
+    # the text's first and last tokens, around the image (BOS, image, text)
+    text = [i for i in range(1, ids.shape[1]) if i not in where[0]]
+    assert P.resolve(model, inputs, {"index": 0}) == [[text[0]]]
+    assert P.resolve(model, inputs, {"index": -1}) == [[text[-1]]]
+    assert P.resolve(model, inputs, "all") == [text]
+
+    at = locate(model, "block_input", 0, position={"anchor": "image"})
+    whole = locate(model, "block_input", 0)
+    got = Plan.of([at, whole]).run(model, inputs)
+    pixels = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    pixels.pop("token_type_ids", None)
+    with torch.no_grad():
+        features = _feature_tensor(model._model.model.get_image_features(**pixels))
+    assert got[at].shape == (1, len(where[0]), model.hidden_size)
+    torch.testing.assert_close(got[at][0], features, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[at][0], got[whole][0, where[0]])
+
+
+def test_the_image_anchor_is_refused_without_image_tokens() -> None:
+    """A text input holds no image token, and a model whose family names no image
+    placeholder has none: both refused, each with its one-line reason."""
+    from causalab_mini import positions as P
+
+    model = _loaded("tiny:llava")
+    with pytest.raises(P.PositionError, match="holds no image token"):
+        P.resolve(model, ["The quick brown fox"], {"anchor": "image"})
+    text_only = _loaded("tiny:llama")
+    with pytest.raises(P.PositionError, match="name no image placeholder"):
+        P.resolve(text_only, ["The quick brown fox"], {"anchor": "image"})

@@ -900,32 +900,35 @@ def side_inputs(
 ) -> dict[str, Any]:
     """The keyword inputs registry/tiny.yaml ``side_inputs`` gives ``config``'s model
     type beside the token ids (empty for most): seeded random normal tensors of the
-    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq``, or
-    (a row's ``from``) a tensor of the token batch ``tokens`` itself (an
-    encoder-decoder's decoder_input_ids: the encoder's own ids)."""
+    shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
+    constant integer fill, a mask, where the row says so), or (a row's ``from``) a tensor
+    of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
+    encoder's own ids)."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
     generator = torch.Generator().manual_seed(seed)
 
-    def tensor(shape: Any, layer: int | None) -> Any:
-        dims = []
-        for dim in shape:
-            if dim == "batch":
-                dims.append(batch)
-            elif dim == "seq":
-                dims.append(seq)
-            elif isinstance(dim, int):
-                dims.append(dim)
-            else:
-                dims.append(int(_config_path(config, dim["config"], layer)) * dim.get("times", 1))
+    def size(dim: Any, layer: int | None) -> int:
+        if dim == "batch":
+            return batch
+        if dim == "seq":
+            return seq
+        if isinstance(dim, int):
+            return dim
+        return int(_config_path(config, dim["config"], layer)) * dim.get("times", 1)
+
+    def tensor(row: Any, layer: int | None) -> Any:
+        dims = [size(dim, layer) for dim in row["shape"]]
+        if "fill" in row:  # a mask: every entry the row's integer
+            return torch.full(dims, row["fill"], dtype=torch.long)
         return torch.randn(*dims, generator=generator)
 
     def made(row: Any, layer: int | None) -> Any:
         count = row.get("tuple")
         if count is None:
-            return tensor(row["shape"], layer)
-        return tuple(tensor(row["shape"], layer) for _ in range(count))
+            return tensor(row, layer)
+        return tuple(tensor(row, layer) for _ in range(count))
 
     out: dict[str, Any] = {}
     missing = object()
