@@ -3,7 +3,9 @@
 Step 0's forward runs the prompt, so its positions resolve on the prompt's content
 frame per row, exactly as ``Plan.run`` resolves them. Every later step's forward runs
 one new token per row (the key-value cache holds the rest), the token being
-generated, and that token is what ``{"index": -1}`` names there; no other position
+generated (the one the step before produced, whose logits give this step's token),
+and that token is what ``{"index": -1}`` names there (the last column where no cache
+is kept); no other position
 names a token of such a step, so any other spec is refused before anything runs.
 An address without positions reads each step's whole tensor: the prompt's at step 0,
 (batch, 1, ...) after.
@@ -130,6 +132,12 @@ def _width(model: Any, step: int) -> int:
     return int(ids.shape[1])
 
 
+def _keeps_logits(model: Any) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' own test)."""
+    supports = getattr(getattr(model, "_model", model), "_supports_logits_to_keep", None)
+    return bool(supports()) if callable(supports) else False
+
+
 def generate(
     plan: Any,
     model: Any,
@@ -160,6 +168,10 @@ def generate(
     batch = {"input_ids": ids, "attention_mask": encoded.inputs["attention_mask"]}
     # an EOS does not end the run early (the steps and tokens are max_new_tokens long)
     generate_kwargs.setdefault("min_new_tokens", max_new_tokens)
+    if _keeps_logits(model):
+        # generate computes step 0's logits at the last column only (logits_to_keep=1);
+        # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
+        generate_kwargs.setdefault("logits_to_keep", 0)
     saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
     result: list[Any] = []
     try:

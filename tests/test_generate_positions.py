@@ -62,6 +62,30 @@ def test_a_left_padded_batch_generates_and_reads_as_each_prompt_alone(
             assert torch.equal(both.steps[0][last][row], alone.steps[0][last][0])
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_last_token_of_a_step_is_the_newest_and_its_logits_give_the_next(
+    family: str, tiny_model: Callable[..., StandardizedTransformer]
+) -> None:
+    model = _model(tiny_model, family)
+    ids = locate(model, "input_ids", position=LAST)
+    logits = locate(model, "logits", position=LAST)
+    whole = locate(model, "logits")
+    out = Plan.of([ids, logits, whole]).generate(
+        model, TEXTS, max_new_tokens=STEPS, do_sample=False
+    )
+    width = out.sequences.shape[1] - STEPS
+    # step 0: each row's last prompt token, with the prompt's logits (all of them)
+    assert torch.equal(out.steps[0][ids][:, 0], out.sequences[:, width - 1])
+    assert out.steps[0][whole].shape[1] == width
+    ran = Plan.of([logits]).run(model, TEXTS)
+    torch.testing.assert_close(out.steps[0][logits], ran[logits], rtol=0, atol=1e-5)
+    for k, step in enumerate(out.steps):
+        if k:  # the token generated at the step before
+            assert torch.equal(step[ids][:, 0], out.tokens[:, k - 1]), f"step {k}"
+        # greedy: its logits give the token this step generates
+        assert torch.equal(step[logits][:, 0].argmax(-1), out.tokens[:, k]), f"step {k}"
+
+
 def test_the_token_being_generated_is_the_last_one_without_a_cache(
     tiny_model: Callable[..., StandardizedTransformer],
 ) -> None:
