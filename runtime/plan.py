@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import plain
 from .geometry import ComponentError
@@ -21,6 +21,9 @@ from .locator import ComponentAddress, _refuse
 from .lower import _prepare_sources, lower, lower_step
 from .ops import OperationNotFound
 from .positions import Encoded, encode, resolve, stacked, trace_inputs
+
+if TYPE_CHECKING:
+    from .generation import Generation
 
 
 def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | None:
@@ -188,6 +191,32 @@ class Plan:
                 raise original from None
             raise
         return {a: getattr(t, "value", t) for a, t in zip(addresses, saved, strict=True)}
+
+    def generate(
+        self,
+        model: Any,
+        inputs: Any,
+        *,
+        max_new_tokens: int,
+        frame: str = "plain",
+        **generate_kwargs: Any,
+    ) -> Generation:
+        """Run the plan at every step of ``model.generate`` on ``inputs`` (text, or
+        ``positions.encode(model, texts)``; ``generate_kwargs`` go to generate, e.g.
+        ``do_sample=False``); return a ``Generation``: each step's reads, by address,
+        and the generated tokens.
+
+        Step 0 runs the prompt: positions resolve per row of the prompt batch in the
+        content ``frame``, as in ``run``. Each later step runs one new token per row,
+        the token being generated: ``{"index": -1}`` there is that token, and any other
+        position is refused before anything runs. A write at ``{"index": -1}`` is made
+        at every step (it steers generation); an address without positions reads each
+        step's whole tensor. Local nnsight>=0.8 only (``causalab_mini.generation``)."""
+        from .generation import generate
+
+        return generate(
+            self, model, inputs, max_new_tokens=max_new_tokens, frame=frame, **generate_kwargs
+        )
 
 
 def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:

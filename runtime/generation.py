@@ -1,0 +1,211 @@
+"""A plan run at every step of ``generate``: ``Plan.generate`` (``causalab_mini.plan``).
+
+Step 0's forward runs the prompt, so its positions resolve on the prompt's content
+frame per row, exactly as ``Plan.run`` resolves them. Every later step's forward runs
+one new token per row (the key-value cache holds the rest), the token being
+generated (the one the step before produced, whose logits give this step's token),
+and that token is what ``{"index": -1}`` names there (the last column where no cache
+is kept); no other position
+names a token of such a step, so any other spec is refused before anything runs.
+An address without positions reads each step's whole tensor: the prompt's at step 0,
+(batch, 1, ...) after.
+
+``generate`` is handed ``input_ids`` and ``attention_mask`` only: transformers'
+``generate`` counts ``position_ids`` from the attention mask itself (each left-padded
+row from its first real token) and extends them step by step, so the ones
+``positions.encode`` makes for one forward are not passed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import compat, plain
+from .errors import PlaceUnavailable, RemoteRefused, WriteRefused
+from .geometry import ComponentError
+from .lower import _prepare_sources, lower
+from .ops import OperationNotFound
+from .positions import (
+    Encoded,
+    Position,
+    PositionError,
+    _spec_of,
+    _text,
+    encode,
+    parse,
+    resolve,
+    stacked,
+)
+
+LAST = (Position(index=-1),)  # the one position a step after the first has
+
+
+class GenerationRefused(ValueError):
+    """A plan that ``Plan.generate`` cannot run as written, with what to write."""
+
+
+@dataclass(frozen=True, eq=False)
+class Generation:
+    """What ``Plan.generate`` returns: ``steps``, one {address: tensor} per generation
+    step in order (step 0 ran the prompt); ``tokens``, the generated ids (batch,
+    max_new_tokens); ``sequences``, the prompt batch (padding included) followed by
+    them, as ``generate`` returns it."""
+
+    steps: tuple[dict[Any, Any], ...]
+    tokens: Any
+    sequences: Any
+
+
+def _refuse_positions(plan: Any) -> None:
+    """Refuse every position a step after the first does not have: all but
+    ``{"index": -1}``, before anything runs."""
+    for s in plan.steps:
+        spec = s.address.position
+        if spec and parse(spec) != LAST:
+            spec = _spec_of(parse(spec))
+            raise PositionError(
+                f"{s.address} in generate: {_text(spec)} names tokens of the prompt, and at "
+                "step 1 and after each step's forward runs one new token per row (the token "
+                'being generated), which only {"index": -1} names: read it at step 0, on '
+                "the prompt (Plan.of(...).run(model, texts) runs that forward), or address "
+                '{"index": -1}'
+            )
+
+
+def _refuse_whole_writes(plan: Any) -> None:
+    for s in plan.steps:
+        if s.write and not s.address.position:
+            raise GenerationRefused(
+                f"{s.address} in generate: a write of the whole tensor puts one value at "
+                "every step, and the tensor there is the prompt's at step 0 and (batch, "
+                '1, ...) after, so no value fits both: write at {"index": -1} (the token '
+                "of each step), or write the whole place in Plan.run on the prompt"
+            )
+
+
+def _refuse_setup(kwargs: Mapping[str, Any]) -> None:
+    if kwargs.get("remote") or kwargs.get("backend") is not None:
+        raise RemoteRefused(
+            "Plan.generate runs on the local nnsight engine only: a plan at generation "
+            "steps is not sent to NDIF yet; run it locally (drop remote=/backend=), or "
+            "run Plan.run(model, texts, remote=True) on the prompt"
+        )
+    if not compat.is_08():
+        raise GenerationRefused(
+            f"Plan.generate steps through generation with nnsight 0.8's tracer.iter, and "
+            f"nnsight {compat.nnsight_version()} is installed: install nnsight>=0.8, or run "
+            "Plan.run on the prompt (the forward of step 0)"
+        )
+    for key in ("num_beams", "num_return_sequences"):
+        if kwargs.get(key, 1) != 1:
+            raise GenerationRefused(
+                f"Plan.generate with {key}={kwargs[key]}: the batch generate runs is then "
+                "not the prompt batch the positions and tokens are counted on; generate "
+                f"with {key}=1"
+            )
+
+
+def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
+    encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
+    mask = encoded.inputs["attention_mask"]
+    if not bool(mask[:, -1].all()):
+        rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
+        raise GenerationRefused(
+            f"Plan.generate on a right-padded batch (rows {rows} end in padding): "
+            "transformers generates each row's next token after the batch's last column, "
+            "which in those rows is padding: pad on the left "
+            "(model.tokenizer.padding_side = 'left')"
+        )
+    return encoded
+
+
+def _width(model: Any, step: int) -> int:
+    """The number of tokens per row the forward of ``step`` (after the first) runs."""
+    args, kwargs = model.inputs
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        raise GenerationRefused(
+            f"generate step {step}: the forward was given no input_ids, so the token being "
+            "generated cannot be told: generate from text"
+        )
+    return int(ids.shape[1])
+
+
+def _keeps_logits(model: Any) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' own test)."""
+    supports = getattr(getattr(model, "_model", model), "_supports_logits_to_keep", None)
+    return bool(supports()) if callable(supports) else False
+
+
+def generate(
+    plan: Any,
+    model: Any,
+    inputs: Any,
+    *,
+    max_new_tokens: int,
+    frame: str = "plain",
+    **generate_kwargs: Any,
+) -> Generation:
+    """Run ``plan`` at every step of greedy or sampled generation on ``inputs`` (text,
+    or ``positions.encode(model, texts)``): see the module's docstring and
+    ``Plan.generate``."""
+    import torch
+
+    _refuse_setup(generate_kwargs)
+    if type(max_new_tokens) is not int or max_new_tokens < 1:
+        raise GenerationRefused(f"max_new_tokens is a positive int, not {max_new_tokens!r}")
+    _refuse_positions(plan)
+    _refuse_whole_writes(plan)
+    encoded = _batch(model, inputs, frame)
+    ids = encoded.inputs["input_ids"]
+    specs = {s.address.position for s in plan.steps if s.address.position}
+    first = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}
+    last = torch.zeros((ids.shape[0], 1), dtype=torch.long)  # filled at each step
+    _prepare_sources(model, [s.address for s in plan.steps])
+    program0, addresses = lower(plan, model, False, first, remote=False)
+    program, _ = lower(plan, model, False, dict.fromkeys(specs, last), remote=False)
+    batch = {"input_ids": ids, "attention_mask": encoded.inputs["attention_mask"]}
+    # an EOS does not end the run early (the steps and tokens are max_new_tokens long)
+    generate_kwargs.setdefault("min_new_tokens", max_new_tokens)
+    if _keeps_logits(model):
+        # generate computes step 0's logits at the last column only (logits_to_keep=1);
+        # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
+        generate_kwargs.setdefault("logits_to_keep", 0)
+    saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
+    result: list[Any] = []
+    try:
+        with model.generate(batch, max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
+            for step in tracer.iter[:max_new_tokens]:
+                if step and specs:
+                    last.fill_(_width(model, step) - 1)  # the token being generated
+                steps = program if step else program0
+                saved.append([v.save() for v in plain.run(model, steps, None, model.internals)])
+            result.append(tracer.result.save())
+    except (
+        OperationNotFound,
+        PlaceUnavailable,
+        WriteRefused,
+        ComponentError,
+        GenerationRefused,
+        PositionError,
+    ) as exc:
+        original = getattr(exc, "original", None)
+        if isinstance(original, Exception) and original is not exc:
+            raise original from None
+        raise
+    if not result or len(saved) != max_new_tokens:
+        raise GenerationRefused(
+            f"generate ran {len(saved)} of max_new_tokens={max_new_tokens} steps (it "
+            "stopped early, min_new_tokens being lower): leave min_new_tokens unset, or "
+            "ask for as many new tokens as it runs"
+        )
+    sequences = getattr(result[0], "value", result[0])
+    steps_out = tuple(
+        {a: getattr(t, "value", t) for a, t in zip(addresses, values, strict=True)}
+        for values in saved
+    )
+    return Generation(steps=steps_out, tokens=sequences[:, ids.shape[1] :], sequences=sequences)
+
+
+__all__ = ["Generation", "GenerationRefused", "generate"]
