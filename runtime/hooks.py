@@ -454,12 +454,17 @@ def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[An
 
 
 def lowered(
-    plan: Any, model: Any, held: bool = False, indices: Mapping[Any, Any] | None = None
+    plan: Any,
+    model: Any,
+    held: bool = False,
+    indices: Mapping[Any, Any] | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
-    """``lower``'s program for this engine, each per-head or per-stream step with the
-    layout check the nnsight engine makes; what plain steps cannot say is refused."""
+    """``lower``'s program for this engine; what plain steps cannot say is refused.
+    ``check(address)`` (``plan.layout_check``) gives the check the nnsight engine makes
+    of the tensor held at a per-head or per-stream address (None where there is none);
+    a write, and a read handed on (not ``held``), makes it in its hook."""
     from .lower import lower
-    from .plan import _checked, _flat, _streams_checked
 
     dispatched(model)
     try:
@@ -471,25 +476,21 @@ def lowered(
         ) from None
     out = []
     for s, step in zip(plan.steps, program, strict=True):
-        address = s.address
-        if (address.head is not None or address.stream is not None) and (s.write or not held):
-
-            def check(native: Any, address: Any = address) -> None:
-                if address.head is not None:
-                    _checked(address, native)
-                if address.stream is not None:
-                    _streams_checked(address, _flat(address, native))
-
-            step = {**step, "check": check}
-        out.append(step)
+        made = check(s.address) if check is not None and (s.write or not held) else None
+        out.append(step if made is None else {**step, "check": made})
     return tuple(out), reads
 
 
 def run_plan(
-    plan: Any, model: Any, inputs: Any, held: bool = False, indices: Mapping[Any, Any] | None = None
+    plan: Any,
+    model: Any,
+    inputs: Any,
+    held: bool = False,
+    indices: Mapping[Any, Any] | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> dict[Any, Any]:
     """``Plan.run(..., engine="hooks")``: the plan's reads by address."""
-    program, reads = lowered(plan, model, held, indices)
+    program, reads = lowered(plan, model, held, indices, check)
     return dict(zip(reads, run(model, program, inputs), strict=True))
 
 

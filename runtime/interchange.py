@@ -314,7 +314,7 @@ def _hooks_chunk(
     (``causalab_mini.hooks``): a patch's value is made of the place's tensor in its
     hook, and a read is cut into its groups there, as the trace does."""
     from .hooks import lowered, run
-    from .plan import Plan, Step
+    from .plan import Plan, Step, layout_check
 
     plan_steps, extra, order = [], [], []
     for _, _, what in steps:
@@ -336,7 +336,7 @@ def _hooks_chunk(
             plan_steps.append(Step(logits_at))
             extra.append({"then": lambda full, at=lasts: _per_group(full, groups, at, 1)})
         order.append(what)
-    program, _ = lowered(Plan(tuple(plan_steps)), model)
+    program, _ = lowered(Plan(tuple(plan_steps)), model, check=layout_check)
     program = tuple({**step, **more} for step, more in zip(program, extra, strict=True))
     reads = run(model, program, trace_inputs(model, encoded))
     return dict(zip(order, reads, strict=True))

@@ -187,6 +187,21 @@ def _checked(address: ComponentAddress, native: Any) -> None:
         raise _refuse(address.component, f"head {address.head} is not sliced out: {reason}")
 
 
+def layout_check(address: ComponentAddress) -> Any:
+    """For the hooks engine: the check ``read``/``write`` make of the tensor held at a
+    per-head or per-stream ``address`` (None where they make none)."""
+    if address.head is None and address.stream is None:
+        return None
+
+    def check(native: Any) -> None:
+        if address.head is not None:
+            _checked(address, native)
+        if address.stream is not None:
+            _streams_checked(address, _flat(address, native))
+
+    return check
+
+
 def _positions_due(address: ComponentAddress, index: Any) -> Any:
     """The (batch, n) token index a read or write at ``address`` takes, or None for every
     position; refuses an address with positions and no index (they are resolved on the
@@ -377,7 +392,7 @@ class Plan:
         if engine == "hooks":
             from .hooks import run_plan as run_hooks
 
-            return run_hooks(self, model, inputs, held=held, indices=indices)
+            return run_hooks(self, model, inputs, held, indices, layout_check)
         if remote.get("remote") or remote.get("backend") is not None:
             from .remote import run_plan
 
