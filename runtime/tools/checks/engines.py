@@ -91,7 +91,15 @@ def hooks_engine(ctx: Any) -> Iterator[Outcome]:
 
     model, inputs = ctx.model, ctx.inputs
     probe = min(1, ctx.n - 1)
-    keys = [k for k in ctx.addresses if k[1] in (None, probe)]
+    # each component at the probe layer, or, where it is refused there (a hybrid
+    # stack's attention-only rows), at the first layer it has
+    layers: dict[str, list[int | None]] = {}
+    for name, layer in ctx.addresses:
+        layers.setdefault(name, []).append(layer)
+    keys = [
+        (name, probe if probe in at else None if None in at else min(int(x) for x in at))
+        for name, at in layers.items()
+    ]
     served: dict[tuple[str, int | None], Any] = {}
     for key in keys:
         address = ctx.addresses[key]
