@@ -152,9 +152,19 @@ def _apply(step: dict[str, Any], call: _Call) -> Any:
     return then(value) if then is not None else value
 
 
+_ROUTED: dict[Any, str | None] = {}
+
+
 def _routed(module: Any) -> str | None:
     """Why ``module``'s forward does not call its attention through transformers'
-    interface exactly once (None where it does)."""
+    interface exactly once (None where it does); read once per module class."""
+    kind = type(module)
+    if kind not in _ROUTED:
+        _ROUTED[kind] = _routing(module)
+    return _ROUTED[kind]
+
+
+def _routing(module: Any) -> str | None:
     try:
         text = inspect.getsource(type(module).forward)
     except (OSError, TypeError):
@@ -399,10 +409,7 @@ def forward_inputs(model: Any, inputs: Any) -> tuple[tuple[Any, ...], dict[str, 
     """The call ``model.trace(inputs)`` makes of the model: nnsight's own batching of
     one input (tokenizing, padding, position ids), on the model's device."""
     batcher = model._batcher_class(model, {})
-    if isinstance(inputs, Mapping):
-        batcher.add(dict(inputs))
-    else:
-        batcher.add(inputs)
+    batcher.add(inputs)  # as model.trace(inputs) adds its one input
     args, kwargs = batcher.assemble(model._call)
     device = getattr(model, "device", None)
     if device is not None:

@@ -259,3 +259,38 @@ def test_engine_refusals(tiny_model: Load) -> None:
             ["b"],
             engine="x",
         )
+
+
+def test_the_sweep_check_holds_and_notices_a_hooks_engine_that_differs(
+    tiny_model: Load, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from causalab_mini import hooks
+    from causalab_mini.tools import certify
+    from causalab_mini.tools.checks import Context, engines
+
+    model = tiny_model("tiny:llama", True)
+    names = ("block_input", "attention_z", "attention_scores", "block_mid", "block_output")
+    addresses = {(c, 1): locate(model, c, 1) for c in names}
+    addresses[("logits", None)] = locate(model, "logits")
+    ctx = Context(model, certify.sample_inputs(model), addresses, {})
+    clean = list(engines.hooks_engine(ctx))
+    assert clean and all(o.ok for o in clean), [o for o in clean if not o.ok]
+    covered = {c for o in clean for c in o.components}
+    assert {"block_input", "attention_z", "block_mid", "block_output", "logits"} <= covered
+    assert {engines.READS, engines.WRITES, engines.HEAD, engines.POSITIONS} <= {
+        o.name for o in clean
+    }
+    assert ctx.notes["attention_scores"]["engines"] == "nnsight"
+    assert "softmax" in ctx.notes["attention_scores"]["hooks_refused"]
+    assert ctx.notes["block_mid"]["engines"] == engines.BOTH
+    apply = hooks._apply
+
+    def off(step: dict[str, Any], call: Any) -> Any:  # a hooks engine one ulp-ish off
+        value = apply(step, call)
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value * (1 + 1e-6)
+        return value
+
+    monkeypatch.setattr(hooks, "_apply", off)
+    tampered = list(engines.hooks_engine(Context(model, ctx.inputs, addresses, {})))
+    assert any(not o.ok for o in tampered if o.name == engines.READS)
