@@ -138,6 +138,43 @@ def _keeps_logits(model: Any) -> bool:
     return bool(supports()) if callable(supports) else False
 
 
+def _run_steps(
+    model: Any,
+    batch: dict[str, Any],
+    programs: tuple[Any, Any],
+    last: Any,
+    specs: set[Any],
+    max_new_tokens: int,
+    generate_kwargs: dict[str, Any],
+) -> tuple[list[list[Any]], list[Any]]:
+    """Run step 0's program and then the later steps' in ``model.generate``; per step
+    the saved reads, and the generated sequences (our refusals as we wrote them)."""
+    program0, program = programs
+    saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
+    result: list[Any] = []
+    try:
+        with model.generate(batch, max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
+            for step in tracer.iter[:max_new_tokens]:
+                if step and specs:
+                    last.fill_(_width(model, step) - 1)  # the token being generated
+                steps = program if step else program0
+                saved.append([v.save() for v in plain.run(model, steps, None, model.internals)])
+            result.append(tracer.result.save())
+    except (
+        OperationNotFound,
+        PlaceUnavailable,
+        WriteRefused,
+        ComponentError,
+        GenerationRefused,
+        PositionError,
+    ) as exc:
+        original = getattr(exc, "original", None)
+        if isinstance(original, Exception) and original is not exc:
+            raise original from None
+        raise
+    return saved, result
+
+
 def generate(
     plan: Any,
     model: Any,
@@ -172,28 +209,9 @@ def generate(
         # generate computes step 0's logits at the last column only (logits_to_keep=1);
         # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
         generate_kwargs.setdefault("logits_to_keep", 0)
-    saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
-    result: list[Any] = []
-    try:
-        with model.generate(batch, max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
-            for step in tracer.iter[:max_new_tokens]:
-                if step and specs:
-                    last.fill_(_width(model, step) - 1)  # the token being generated
-                steps = program if step else program0
-                saved.append([v.save() for v in plain.run(model, steps, None, model.internals)])
-            result.append(tracer.result.save())
-    except (
-        OperationNotFound,
-        PlaceUnavailable,
-        WriteRefused,
-        ComponentError,
-        GenerationRefused,
-        PositionError,
-    ) as exc:
-        original = getattr(exc, "original", None)
-        if isinstance(original, Exception) and original is not exc:
-            raise original from None
-        raise
+    saved, result = _run_steps(
+        model, batch, (program0, program), last, specs, max_new_tokens, generate_kwargs
+    )
     if not result or len(saved) != max_new_tokens:
         raise GenerationRefused(
             f"generate ran {len(saved)} of max_new_tokens={max_new_tokens} steps (it "

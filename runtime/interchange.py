@@ -127,12 +127,17 @@ def interchange(
     batch_size: int = 32,
     return_sources: bool = False,
     frame: str = "plain",
+    engine: str = "nnsight",
 ) -> InterchangeResult:
     """Run every (base, source) pair with ``patches`` applied to the base (see the
     module's text); ``batch_size`` pairs per trace. ``patches`` are located addresses
     with positions (or ``Patch(address, source=k)`` where a pair has several sources:
     ``sources[i]`` is then a tuple). Returns the base runs' reads and last-token logits,
-    and the sources' with ``return_sources``."""
+    and the sources' with ``return_sources``. ``engine="hooks"`` runs each chunk with
+    plain torch hooks (``causalab_mini.hooks``) instead of an nnsight trace."""
+    from .hooks import check_engine
+
+    check_engine(engine, False)
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size is a positive int, not {batch_size!r}")
     base_texts, slot_texts = _pairs(bases, sources)
@@ -151,6 +156,7 @@ def interchange(
                 [texts[start:stop] for texts in slot_texts],
                 return_sources,
                 frame,
+                engine,
             )
         )
     return _joined(chunks, len(slot_texts) if return_sources else 0)
@@ -218,30 +224,27 @@ def _moves(
     return moves
 
 
-def _order(
-    moves: list[Any], wanted: list[Any], logits_at: ComponentAddress
-) -> list[tuple[tuple[int, int | float], bool, int]]:
+Order = list[tuple[tuple[int, int | float], bool, int]]
+
+
+def _order(moves: list[Any], wanted: list[Any], logits_at: ComponentAddress) -> Order:
     """What the trace does, in forward order: (rank, reads after writes at one rank,
     what: a patch (negative), a read (its index), or the logits (the last))."""
-    steps: list[tuple[tuple[int, int | float], bool, int]] = [
-        (m[0].rank, False, -1 - i) for i, m in enumerate(moves)
-    ]
+    steps: Order = [(m[0].rank, False, -1 - i) for i, m in enumerate(moves)]
     steps += [(a.rank, True, i) for i, (a, _) in enumerate(wanted)]
     steps.append((logits_at.rank, True, len(wanted)))
     steps.sort(key=lambda s: (s[0], s[1]))
     return steps
 
 
-def _patch(model: Any, address: ComponentAddress, pairs: list[tuple[Any, int, Any]]) -> None:
-    """Write each base row's tokens of ``address`` with its source row's (in the trace)."""
-    whole = replace(address, position=())
-    axis = handed_axis(address) - 1  # of one row
-    full = read(model, whole)
+def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
+    """``full`` (every row, as read hands it on) with each base row's tokens at the
+    patch's positions taken from its source row; the source rows as they were."""
     patched = full.clone()
     for i, (at, row, source_at) in enumerate(pairs):
         # a view of row i with its sequence first: writing it writes patched
         patched[i].movedim(axis, 0)[at] = full[row].movedim(axis, 0)[source_at]
-    write(model, whole, patched)
+    return patched
 
 
 def _results(
@@ -273,8 +276,9 @@ def _chunk(
     slots: list[list[str]],
     return_sources: bool,
     frame: str,
+    engine: str = "nnsight",
 ) -> InterchangeResult:
-    """One batch of pairs: the bases and their sources as rows of one trace."""
+    """One batch of pairs: the bases and their sources as rows of one run."""
     k = len(bases)
     encoded = encode(model, [*bases, *(t for texts in slots for t in texts)], frame)
     groups = [range(0, k), *(range(k * (s + 1), k * (s + 2)) for s in range(len(slots)))]
@@ -285,12 +289,32 @@ def _chunk(
         (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
         for a in reads
     ]
+    steps = _order(moves, wanted, logits_at)
+    run = _hooks_chunk if engine == "hooks" else _traced_chunk
+    values = run(model, steps, moves, wanted, logits_at, groups, last, encoded)
+    return _results(values, reads, groups, return_sources)
+
+
+def _traced_chunk(
+    model: Any,
+    steps: Order,
+    moves: list[Any],
+    wanted: list[Any],
+    logits_at: ComponentAddress,
+    groups: list[range],
+    last: Any,
+    encoded: Any,
+) -> dict[int, list[Any]]:
+    """One chunk in an nnsight trace: per read (and the logits), its value per group."""
     saved: list[tuple[int, Any]] = []  # bound before the trace: nnsight hands saves back
     _prepare_sources(model, [m[0] for m in moves] + [a for a, _ in wanted])
     with model.trace(trace_inputs(model, encoded)):
-        for _, _, what in _order(moves, wanted, logits_at):
+        for _, _, what in steps:
             if what < 0:
-                _patch(model, *moves[-1 - what])
+                address, pairs = moves[-1 - what]
+                whole = replace(address, position=())
+                axis = handed_axis(address) - 1  # of one row
+                write(model, whole, _patched(read(model, whole), pairs, axis))
             elif what < len(wanted):
                 address, read_at = wanted[what]
                 full = read(model, replace(address, position=()))
@@ -301,8 +325,49 @@ def _chunk(
                 full = read(model, logits_at)
                 lasts = [last[g.start : g.stop] for g in groups]
                 saved.append((what, [_saved(t) for t in _per_group(full, groups, lasts, 1)]))
-    values = {what: [_value(t) for t in v] for what, v in saved}
-    return _results(values, reads, groups, return_sources)
+    return {what: [_value(t) for t in v] for what, v in saved}
+
+
+def _hooks_chunk(
+    model: Any,
+    steps: Order,
+    moves: list[Any],
+    wanted: list[Any],
+    logits_at: ComponentAddress,
+    groups: list[range],
+    last: Any,
+    encoded: Any,
+) -> dict[int, list[Any]]:
+    """The same chunk as ``_traced_chunk``, as one lowered program run with torch hooks
+    (``causalab_mini.hooks``): a patch's value is made of the place's tensor in its
+    hook, and a read is cut into its groups there, as the trace does."""
+    from .hooks import lowered, run
+    from .plan import Plan, Step
+
+    plan_steps, extra, order = [], [], []
+    for _, _, what in steps:
+        if what < 0:
+            address, pairs = moves[-1 - what]
+            axis = handed_axis(address) - 1
+            plan_steps.append(Step(replace(address, position=()), True, None))
+            extra.append({"edit": lambda full, pairs=pairs, axis=axis: _patched(full, pairs, axis)})
+            continue
+        if what < len(wanted):
+            address, read_at = wanted[what]
+            read_axis = handed_axis(address) if address.position else None
+            plan_steps.append(Step(replace(address, position=())))
+            extra.append(
+                {"then": lambda full, at=read_at, ax=read_axis: _per_group(full, groups, at, ax)}
+            )
+        else:
+            lasts = [last[g.start : g.stop] for g in groups]
+            plan_steps.append(Step(logits_at))
+            extra.append({"then": lambda full, at=lasts: _per_group(full, groups, at, 1)})
+        order.append(what)
+    program, _ = lowered(Plan(tuple(plan_steps)), model)
+    program = tuple({**step, **more} for step, more in zip(program, extra, strict=True))
+    reads = run(model, program, trace_inputs(model, encoded))
+    return dict(zip(order, reads, strict=True))
 
 
 def _saved(value: Any) -> Any:

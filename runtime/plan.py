@@ -156,6 +156,7 @@ class Plan:
         held: bool = False,
         *,
         frame: str = "plain",
+        engine: str = "nnsight",
         **remote: Any,
     ) -> dict[ComponentAddress, Any]:
         """Run the plan in one trace; return what was read, by address. With ``held``,
@@ -169,10 +170,21 @@ class Plan:
         row's first real token.
 
         ``remote=True`` (or ``backend=...``) runs it on NDIF as plain nnsight module
-        accesses (``causalab_mini.remote``): every read comes back, or it raises."""
+        accesses (``causalab_mini.remote``): every read comes back, or it raises.
+
+        ``engine="hooks"`` runs it locally with plain torch forward hooks
+        (``causalab_mini.hooks``: the same tensors, no trace; it refuses what needs a
+        forward's source); nnsight's trace is the default and the only remote engine."""
         if set(remote) - {"remote", "backend", "blocking"}:
             raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
+        from .hooks import check_engine
+
+        check_engine(engine, bool(remote.get("remote") or remote.get("backend") is not None))
         inputs, indices = _resolved(self, model, inputs, frame)
+        if engine == "hooks":
+            from .hooks import run_plan as run_hooks
+
+            return run_hooks(self, model, inputs, held, indices)
         if remote.get("remote") or remote.get("backend") is not None:
             from .remote import run_plan
 

@@ -73,6 +73,7 @@ def test_every_check_has_a_unit_test() -> None:
     # tests/test_interchange.py: the sweep's check notices a block_input row that reads
     # the attention's norm (the residual then carries the base's tokens on)
     writes |= {"position_reads_and_writes", "interchange_identities"}
+    writes.add("hooks_engine")  # tests/test_hooks_engine.py, with a tampered engine
     assert {check.__name__ for check in k.CHECKS} == set(TAMPER) | writes
 
 

@@ -679,6 +679,7 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
             at = next(i for i, line in enumerate(part) if line.startswith("Lens identity"))
             part[at:at] = [structures, ""]
         lines += part
+        lines += _engines_markdown(by_group[group])
     lines += ["", "## Refusals, by reason", "", "| times | reason |", "|---|---|"]
     for text, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         cell = text[:400].replace("|", "\\|")
@@ -686,6 +687,37 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
     if against is not None:
         lines += differences_markdown(report, against)
     return "\n".join(lines) + "\n"
+
+
+def _engines_markdown(results: list[dict[str, Any]]) -> list[str]:
+    """Per architecture, the certified components each engine serves (the sweep's
+    hooks_engine check notes ``engines``; nothing where a report predates it)."""
+    rows = []
+    for r in results:
+        ok = {k: i for k, i in r["components"].items() if i["state"] == "ok"}
+        if not any("engines" in i for i in ok.values()):
+            continue
+        hooks = [k for k, i in ok.items() if "hooks" in i.get("engines", "")]
+        reads = [k for k in hooks if "reads only" in ok[k]["engines"]]
+        rest = [k for k in ok if k not in hooks]
+        refused = "; ".join(f"{k}" for k in rest)
+        rows.append(
+            f"| {r['model_type']} | {', '.join(r.get('families') or [])} | {len(ok)} | "
+            f"{len(hooks)} | {', '.join(reads)} | {_cell(refused, 300)} |"
+        )
+    if not rows:
+        return []
+    return [
+        "",
+        "Engines: of the components certified (ok), those the hooks engine "
+        '(`engine="hooks"`) serves, certified torch.equal to the nnsight engine\'s by the '
+        "sweep's hooks_engine check; the nnsight engine serves every ok component. The "
+        "reasons of the hooks engine's refusals are in coverage.json (`hooks_refused`).",
+        "",
+        "| architecture | families | ok (nnsight) | hooks | hooks reads only | hooks refuses |",
+        "|---|---|---|---|---|---|",
+        *rows,
+    ]
 
 
 def _group_label(group: str) -> str:

@@ -751,6 +751,187 @@ def bench_tracing(repeats: int, small_repeats: int) -> dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------- engines
+
+
+ENGINE_READS = (
+    "block_input",
+    "attention_output",
+    "block_mid",
+    "mlp_input",
+    "mlp_output",
+    "block_output",
+)  # x 4 layers: 24 residual-stream reads
+ENGINE_ROWS = {
+    "block_input": "layers_input",
+    "attention_output": "attentions_output",
+    "block_mid": "layers_mid",
+    "mlp_input": "mlps_input",
+    "mlp_output": "mlps_output",
+    "block_output": "layers_output",
+}
+INTERCHANGE_PAIRS = 32
+GRID_PAIRS = 8
+
+
+def _pairs(model: Any, n: int) -> tuple[list[str], list[str]]:
+    """``n`` (base, source) pairs of equal token length from the sweep's sentences."""
+    from causalab_mini.tools.checks.positions import equal_length_pairs
+
+    found = equal_length_pairs(model)
+    assert found is not None, "no two sentences of equal length under this tokenizer"
+    bases, sources = found
+    return [bases[i % len(bases)] for i in range(n)], [sources[i % len(sources)] for i in range(n)]
+
+
+def bench_engines(repeats: int) -> dict[str, Any]:
+    """The hooks engine against the bare forward and the nnsight engine: 24 residual
+    reads, a 1-position interchange of 32 pairs, model.internals against hand-written
+    nnsight on the same 24 rows, and a (layer x position) patching grid's throughput."""
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import Plan, locate
+    from causalab_mini.interchange import interchange
+    from causalab_mini.positions import encode, resolve, trace_inputs
+    from causalab_mini.tools.tiny import build_tiny
+
+    log("engines: tiny llama 4x256, batch 4, seq 128")
+    path = build_tiny("llama", overrides=READS_MODEL)
+    model = StandardizedTransformer(str(path))
+    inputs = _tokens(READS_BATCH, READS_SEQ, model._model.config.vocab_size)
+    floor = TorchHooks(path)
+    n = model.internals.num_layers
+    addresses = [locate(model, c, i) for i in range(n) for c in ENGINE_READS]
+    plan = Plan.of(reads=addresses)
+    internals = model.internals
+    rows = [internals[ENGINE_ROWS[c]] for c in ENGINE_READS]
+    hand = [HAND_LAYER[ENGINE_ROWS[c]] for c in ENGINE_READS]
+
+    def internals_reads() -> list[Any]:
+        out = []
+        with model.trace(inputs):
+            for i in range(n):
+                for row in rows:
+                    out.append(row[i].save())
+        return out
+
+    def hand_reads() -> list[Any]:
+        out = []
+        with model.trace(inputs):
+            for i in range(n):
+                layer = model.model.layers[i]
+                for read in hand:
+                    out.append(read(layer).save())
+        return out
+
+    def no_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            with torch.no_grad():
+                return fn()
+
+        return run
+
+    hooks_reads = _values(plan.run(model, inputs, engine="hooks"))
+    checks = {
+        "engines: hooks reads == nnsight reads": _same(
+            hooks_reads, _values(plan.run(model, inputs))
+        ),
+        "engines: internals == hand-written (24 rows)": _same(
+            _values(internals_reads()), _values(hand_reads())
+        ),
+    }
+    times = interleaved(
+        {
+            "bare": no_grad(lambda: floor.forward(inputs)),
+            "hooks": no_grad(lambda: plan.run(model, inputs, engine="hooks")),
+            "nnsight_plan": no_grad(lambda: plan.run(model, inputs)),
+            "internals": no_grad(internals_reads),
+            "nnsight_hand": no_grad(hand_reads),
+        },
+        repeats,
+    )
+    out: dict[str, Any] = {
+        "reads": {
+            "model": {**READS_MODEL, "batch": READS_BATCH, "seq": READS_SEQ},
+            "reads_per_forward": len(addresses),
+            "times": timing(times),
+            "figures": {
+                "hooks engine / bare forward": figure(times, "hooks", "bare", 1.05),
+                "nnsight engine / bare forward": figure(times, "nnsight_plan", "bare", None),
+                "hooks engine / nnsight engine": figure(times, "hooks", "nnsight_plan", None),
+                "internals / nnsight hand-written": figure(
+                    times, "internals", "nnsight_hand", 1.05
+                ),
+            },
+        }
+    }
+
+    # -- a 1-position interchange of 32 pairs, against the bare forward of its batch
+    bases, sources = _pairs(model, INTERCHANGE_PAIRS)
+    patch = locate(model, "block_output", 1, position={"index": -1})
+    batch = trace_inputs(model, encode(model, [*bases, *sources]))
+    a = interchange(model, [patch], bases, sources)
+    b = interchange(model, [patch], bases, sources, engine="hooks")
+    checks["engines: interchange hooks == nnsight"] = bool(torch.equal(a.logits, b.logits))
+    times = interleaved(
+        {
+            "bare": no_grad(lambda: floor.forward(batch)),
+            "hooks": no_grad(lambda: interchange(model, [patch], bases, sources, engine="hooks")),
+            "nnsight": no_grad(lambda: interchange(model, [patch], bases, sources)),
+        },
+        repeats,
+    )
+    out["interchange"] = {
+        "pairs": INTERCHANGE_PAIRS,
+        "rows": int(batch["input_ids"].shape[0]),
+        "seq": int(batch["input_ids"].shape[1]),
+        "times": timing(times),
+        "figures": {
+            "hooks interchange / bare forward": figure(times, "hooks", "bare", 1.05),
+            "nnsight interchange / bare forward": figure(times, "nnsight", "bare", None),
+            "hooks interchange / nnsight interchange": figure(times, "hooks", "nnsight", None),
+        },
+    }
+
+    # -- a full (layer x position) activation-patching grid: one interchange per cell
+    # one length for every pair: each position names a token in every row
+    bases, sources = ([texts[0]] * GRID_PAIRS for texts in _pairs(model, 1))
+    positions = len(resolve(model, [bases[0]], "all")[0])
+    cells = [
+        locate(model, "block_input", layer, position={"index": p})
+        for layer in range(n)
+        for p in range(positions)
+    ]
+
+    def grid(engine: str) -> Callable[[], Any]:
+        def run() -> list[Any]:
+            with torch.no_grad():
+                return [
+                    interchange(model, [c], bases, sources, engine=engine).logits for c in cells
+                ]
+
+        return run
+
+    checks["engines: patching grid hooks == nnsight"] = _same(grid("hooks")(), grid("nnsight")())
+    grid_repeats = max(3, repeats // 8)
+    times = interleaved({"hooks": grid("hooks"), "nnsight": grid("nnsight")}, grid_repeats, 1)
+    patches = len(cells) * GRID_PAIRS
+    out["grid"] = {
+        "cells": len(cells),
+        "pairs": GRID_PAIRS,
+        "patches": patches,
+        "times": timing(times),
+        "patches_per_s": {
+            engine: patches / statistics.median(values) for engine, values in times.items()
+        },
+        "transformer_lens": "not measured: not installed in the bench venv (no network here)",
+        "figures": {"hooks grid / nnsight grid": figure(times, "hooks", "nnsight", None)},
+    }
+    out["checks"] = checks
+    return out
+
+
 # ---------------------------------------------------------------------- part 2
 
 
@@ -1157,6 +1338,22 @@ def table(result: dict[str, Any]) -> str:
             "per read: trace-body thread CPU, internals / hand",
             p["figures"]["internals / nnsight hand-written, worker-thread CPU per read"],
         )
+    e = result.get("engines")
+    if e:
+        for part in ("reads", "interchange", "grid"):
+            for label, fig in e[part]["figures"].items():
+                ratio_row(f"engines {part}: {label}", fig)
+        per_s = e["grid"]["patches_per_s"]
+        rows.append(
+            (
+                f"engines grid ({e['grid']['patches']} patches): patches/s hooks, nnsight",
+                f"{per_s['hooks']:.0f}",
+                f"{per_s['nnsight']:.0f}",
+                "-",
+                "-",
+                "",
+            )
+        )
     r2 = result.get("resolve")
     if r2:
         f = r2["figures"]
@@ -1308,8 +1505,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        default="tracing,resolve,tooling",
-        help="comma-separated parts: tracing, resolve, tooling",
+        default="tracing,engines,resolve,tooling",
+        help="comma-separated parts: tracing, engines, resolve, tooling",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -1339,6 +1536,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     if "tracing" in parts:
         result["tracing"] = bench_tracing(args.repeats, args.small_repeats)
+    if "engines" in parts:
+        result["engines"] = bench_engines(args.repeats)
     if "resolve" in parts:
         with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
             result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))
@@ -1350,7 +1549,10 @@ def main(argv: list[str] | None = None) -> int:
     result["table"] = table(result)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(result["table"])
-    checks = result.get("tracing", {}).get("checks", {})
+    checks = {
+        **result.get("tracing", {}).get("checks", {}),
+        **result.get("engines", {}).get("checks", {}),
+    }
     bad = [k for k, v in checks.items() if not v]
     if result.get("resolve") and not result["resolve"]["no_forward_no_weights"]:
         bad.append("resolve: a forward ran or a weight loaded")

@@ -1,0 +1,476 @@
+"""A second engine: lowered plans (``causalab_mini.lower``'s programs) run with plain
+``torch.nn.Module`` forward hooks and pre-hooks, no nnsight trace.
+
+``Plan.run(model, inputs, engine="hooks")`` (and ``interchange(..., engine="hooks")``)
+lower the plan as a remote run does and hand each step to a hook at its module: a step
+at a module's input to a forward pre-hook (``with_kwargs=True``), one at its output to
+a forward hook. What a step does with the tensor there (select, copy, scale, snapshot,
+in-place writes, heads, streams, positions, the write checks) is ``causalab_mini.plain``'s
+own functions, called on a stand-in for the Envoy (``_Call``), so the two engines run
+the same code on the same tensors.
+
+Interiors: where a module's forward calls its attention through transformers'
+attention-function interface (``ALL_ATTENTION_FUNCTIONS.get_interface``), the steps
+at that call (query, key, value, z) run in a wrapper of the function the interface
+hands out, installed for the run; the probabilities are read where the function
+returns its dropout's output as its second value (eager attention), and never
+written (that needs the function's own source). Anything else that names an
+operation inside a forward's source is refused with the reason: use
+``engine="nnsight"``.
+
+Every hook (and the interface wrapper) is removed when the run ends: on success, on
+an error, on KeyboardInterrupt. A module run more than once in the forward, or a
+step whose hook never fired, is refused rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from . import plain
+from .errors import RemoteRefused
+
+ENGINES = ("nnsight", "hooks")
+INTERFACE = "attention_interface("
+GET_INTERFACE = "ALL_ATTENTION_FUNCTIONS.get_interface("
+DROPOUT = "nn.functional.dropout("
+USE_NNSIGHT = "use engine='nnsight' (the default), which runs it"
+
+_UNSET = object()
+
+
+class HooksRefused(RuntimeError):
+    """A step the hooks engine does not run, with the reason and the engine that does."""
+
+
+def refused(where: str, reason: str) -> HooksRefused:
+    return HooksRefused(f"engine='hooks' does not run {where}: {reason}; {USE_NNSIGHT}")
+
+
+def check_engine(engine: Any, remote: bool) -> None:
+    """Refuse an engine this library has not, and the hooks engine remotely."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine is one of {', '.join(map(repr, ENGINES))}, not {engine!r}")
+    if engine == "hooks" and remote:
+        raise RemoteRefused(
+            "engine='hooks' runs the model here, with torch hooks, and a remote run is "
+            "nnsight's (the server runs the plan in an nnsight trace): drop engine='hooks' "
+            "to run remotely, or drop remote=/backend= to run here with hooks"
+        )
+
+
+# ---------------------------------------------------------------------- a call
+
+
+class _Call:
+    """One call of a module (or of the attention function) as ``plain``'s steps see an
+    Envoy: ``inputs`` (args, kwargs), ``input`` (the first positional argument, else
+    the first keyword one, as nnsight's), ``output``; what a write sets is kept and
+    handed back by the hook."""
+
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any = _UNSET):
+        self.args, self.kwargs, self._output = tuple(args), dict(kwargs), output
+        self.changed = False
+
+    @property
+    def inputs(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return self.args, self.kwargs
+
+    @inputs.setter
+    def inputs(self, value: tuple[Any, Any]) -> None:
+        self.args, self.kwargs = tuple(value[0]), dict(value[1])
+        self.changed = True
+
+    @property
+    def input(self) -> Any:
+        return self.args[0] if self.args else next(iter(self.kwargs.values()))
+
+    @input.setter
+    def input(self, value: Any) -> None:
+        if self.args:
+            self.args = (value, *self.args[1:])
+        else:
+            self.kwargs = {**self.kwargs, next(iter(self.kwargs)): value}
+        self.changed = True
+
+    @property
+    def output(self) -> Any:
+        assert self._output is not _UNSET, "a pre-hook has no output"
+        return self._output
+
+    @output.setter
+    def output(self, value: Any) -> None:
+        self._output = value
+        self.changed = True
+
+    # a module with a child named input/output has its boundary at nns_* (tree.boundary)
+    nns_input = input
+    nns_output = output
+
+
+# ---------------------------------------------------------------------- steps
+
+
+def _apply(step: dict[str, Any], call: _Call, env: Any) -> Any:
+    """Run one step at ``call`` with ``causalab_mini.plain``'s read and write (``env``:
+    the model's internals, so a refusal is the nnsight engine's own); a read returns
+    what it read."""
+    at = {**step, "envoy": call, "ops": ()}
+    if step["write"]:
+        edit = step.get("edit")
+        if edit is not None:  # the value made of the place's own tensor (interchange)
+            at["value"] = edit(plain.read(None, {**at, "held": False}, env))
+        plain.write(None, at, env)
+        return None
+    value = plain.read(None, at, env)
+    then = step.get("then")
+    return then(value) if then is not None else value
+
+
+_ROUTED: dict[Any, str | None] = {}
+
+
+def _routed(module: Any) -> str | None:
+    """Why ``module``'s forward does not call its attention through transformers'
+    interface exactly once (None where it does); read once per module class."""
+    kind = type(module)
+    if kind not in _ROUTED:
+        _ROUTED[kind] = _routing(module)
+    return _ROUTED[kind]
+
+
+def _routing(module: Any) -> str | None:
+    try:
+        text = inspect.getsource(type(module).forward)
+    except (OSError, TypeError):
+        return "its forward's source cannot be read to see how it calls attention"
+    if GET_INTERFACE not in text:
+        return (
+            "its forward does not take its attention function from transformers' "
+            "interface (ALL_ATTENTION_FUNCTIONS.get_interface), whose function this engine "
+            "wraps; reaching the operation needs the forward's source"
+        )
+    calls = sum(
+        1
+        for i in range(len(text))
+        if text.startswith(INTERFACE, i)
+        and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] in "_."))
+    )
+    if calls != 1:
+        return f"its forward calls {INTERFACE!r} {calls} times, and this engine wraps one call"
+    return None
+
+
+_DROPOUT_RETURNED: dict[Any, str | None] = {}
+
+
+def _returns_dropout(fn: Any) -> str | None:
+    """Why the attention function ``fn`` does not return its dropout's output as its
+    second value (None where it does: ``x = nn.functional.dropout(...)``, x never
+    assigned again, ``return ..., x`` its last statement)."""
+    key = getattr(fn, "__code__", fn)
+    if key in _DROPOUT_RETURNED:
+        return _DROPOUT_RETURNED[key]
+    why = None
+    try:
+        body = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0].body  # type: ignore[attr-defined]
+    except (OSError, TypeError, SyntaxError, IndexError, AttributeError) as exc:
+        body, why = [], f"its source cannot be read ({type(exc).__name__})"
+
+    def dropout_of(s: Any) -> str | None:
+        if (
+            isinstance(s, ast.Assign)
+            and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name)
+            and isinstance(s.value, ast.Call)
+            and ast.unparse(s.value.func) + "(" == DROPOUT
+        ):
+            return s.targets[0].id
+        return None
+
+    at = [i for i, s in enumerate(body) if dropout_of(s) is not None]
+    if why is None and len(at) != 1:
+        why = f"it calls {DROPOUT!r} {len(at)} times (not once, as an assignment)"
+    elif why is None:
+        name, last = dropout_of(body[at[0]]), body[-1]
+        if not (
+            isinstance(last, ast.Return)
+            and isinstance(last.value, ast.Tuple)
+            and len(last.value.elts) >= 2
+            and isinstance(last.value.elts[1], ast.Name)
+            and last.value.elts[1].id == name
+        ):
+            why = f"it does not return {name} (its dropout's output) as its second value"
+        elif any(
+            isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
+            for s in body[at[0] + 1 :]
+            for n in ast.walk(s)
+        ):
+            why = f"it assigns {name} again after its dropout"
+    if why is not None:
+        why = f"the attention function {getattr(fn, '__qualname__', fn)!r}: {why}"
+    _DROPOUT_RETURNED[key] = why
+    return why
+
+
+def _torch_module(model: Any, envoy: Any) -> Any:
+    return model._module if envoy is None else envoy._module
+
+
+def _side(step: dict[str, Any]) -> str:
+    if step["take"] is not None:
+        return "input" if step["take"][0] == "arg" else "output"
+    return "input" if step["attr"] in ("input", "nns_input") else "output"
+
+
+def _placed(model: Any, step: dict[str, Any]) -> tuple[str, Any, str]:
+    """Where a step runs: ("module" | "call" | "probs", the torch module, side)."""
+    where = step["where"]
+    module = _torch_module(model, step["envoy"])
+    ops = tuple(step["ops"])
+    if not ops:
+        return "module", module, _side(step)
+    if ops[0] != INTERFACE:
+        raise refused(
+            where,
+            f"it is the operation {' > '.join(ops)} inside a forward, which only the "
+            "forward's source reaches",
+        )
+    why = _routed(module)
+    if why is not None:
+        raise refused(where, why)
+    if len(ops) == 1:
+        return "call", module, _side(step)
+    if ops[1:] == (DROPOUT,) and step["attr"] == "output" and step["select"] is None:
+        if step["write"]:
+            raise refused(
+                where,
+                "a write of the probabilities must reach the product inside the attention "
+                "function, which only the function's source reaches (this engine reads them "
+                "as the function's second return value)",
+            )
+        return "probs", module, "output"
+    raise refused(
+        where,
+        f"it is the operation {' > '.join(ops)} inside the attention function, which only "
+        "the function's source reaches",
+    )
+
+
+# ---------------------------------------------------------------------- running
+
+
+class _Run:
+    """The hooks of one run: the steps by where they run, what they read, the calls
+    seen (a module run twice is refused)."""
+
+    def __init__(self, model: Any, program: tuple[dict[str, Any], ...]):
+        self.program = program
+        self.env = model.internals
+        self.reads: dict[int, Any] = {}
+        self.done: set[int] = set()
+        self.at: dict[tuple[str, int, str], list[int]] = {}
+        self.modules: dict[int, Any] = {}
+        for i, step in enumerate(program):
+            kind, module, side = _placed(model, step)
+            self.at.setdefault((kind, id(module), side), []).append(i)
+            self.modules[id(module)] = module
+        self.fired: set[tuple[str, int, str]] = set()
+
+    def steps(self, key: tuple[str, int, str], call: _Call) -> None:
+        if key in self.fired:
+            step = self.program[self.at[key][0]]
+            raise refused(
+                step["where"],
+                f"its module ({type(self.modules[key[1]]).__name__}) runs more than once in "
+                "this forward, and hooks cannot tell which call the plan means",
+            )
+        self.fired.add(key)
+        for i in self.at[key]:
+            value = _apply(self.program[i], call, self.env)
+            if not self.program[i]["write"]:
+                self.reads[i] = value
+            self.done.add(i)
+
+    def pre_hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
+        def hook(_module: Any, args: Any, kwargs: Any) -> Any:
+            call = _Call(args, kwargs)
+            self.steps(key, call)
+            return (call.args, call.kwargs) if call.changed else None
+
+        return hook
+
+    def hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
+        def hook(_module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+            call = _Call(args, kwargs, output)
+            self.steps(key, call)
+            return call.output if call.changed else None
+
+        return hook
+
+    def attention(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The attention function's call for a module with steps at it."""
+        module = args[0]
+        key = ("call", id(module), "input")
+        call = _Call(args, kwargs)
+        if key in self.at:
+            self.steps(key, call)
+        out = fn(*call.args, **call.kwargs)
+        key = ("call", id(module), "output")
+        if key in self.at:
+            done = _Call(call.args, call.kwargs, out)
+            self.steps(key, done)
+            out = done.output
+        key = ("probs", id(module), "output")
+        if key in self.at:
+            why = _returns_dropout(fn)
+            if why is not None:
+                raise refused(self.program[self.at[key][0]]["where"], why)
+            if not isinstance(out, (tuple, list)) or len(out) < 2 or out[1] is None:
+                raise refused(
+                    self.program[self.at[key][0]]["where"],
+                    "the attention function returned no probabilities",
+                )
+            self.steps(key, _Call((), {}, out[1]))
+        return out
+
+    def wants_attention(self) -> set[int]:
+        return {k[1] for k in self.at if k[0] in ("call", "probs")}
+
+
+def _install_interface(run: _Run, handles: list[Callable[[], None]]) -> None:
+    """Wrap what ``ALL_ATTENTION_FUNCTIONS.get_interface`` hands out, for this run."""
+    wanted = run.wants_attention()
+    if not wanted:
+        return
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as interface
+
+    before = interface.__dict__.get("get_interface", _UNSET)
+    original = interface.get_interface
+
+    def get_interface(implementation: Any, default: Any) -> Any:
+        fn = original(implementation, default)
+
+        def attention(*args: Any, **kwargs: Any) -> Any:
+            if args and id(args[0]) in wanted and args[0] is run.modules.get(id(args[0])):
+                return run.attention(fn, args, kwargs)
+            return fn(*args, **kwargs)
+
+        return attention
+
+    interface.get_interface = get_interface  # type: ignore[method-assign]
+
+    def restore() -> None:
+        if before is _UNSET:
+            interface.__dict__.pop("get_interface", None)
+        else:
+            interface.get_interface = before
+
+    handles.append(restore)
+
+
+def _moved(value: Any, device: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, Mapping):
+        return type(value)({k: _moved(v, device) for k, v in value.items()})  # type: ignore[call-arg]
+    if isinstance(value, (tuple, list)):
+        return type(value)(_moved(v, device) for v in value)
+    return value
+
+
+def forward_inputs(model: Any, inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The call ``model.trace(inputs)`` makes of the model: nnsight's own batching of
+    one input (tokenizing, padding, position ids), on the model's device."""
+    batcher = model._batcher_class(model, {})
+    batcher.add(inputs)  # as model.trace(inputs) adds its one input
+    args, kwargs = batcher.assemble(model._call)
+    device = getattr(model, "device", None)
+    if device is not None:
+        args, kwargs = _moved(args, device), _moved(kwargs, device)
+    return args, kwargs
+
+
+def dispatched(model: Any) -> None:
+    """Load the real weights where nnsight has not yet (a hook on a meta module would
+    never fire: dispatch replaces the modules)."""
+    if not getattr(model, "dispatched", True):
+        model.dispatch()
+
+
+def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[Any]:
+    """Run ``program`` (``lower``'s steps, in forward order; a step may carry ``edit``,
+    a write's value made of the place's handed tensor, and ``then``, applied to a read
+    in its hook) in one forward of
+    ``model`` on ``inputs``; return the reads in program order. Every hook is removed
+    before this returns or raises."""
+    dispatched(model)
+    run_ = _Run(model, program)
+    args, kwargs = forward_inputs(model, inputs)
+    handles: list[Callable[[], None]] = []
+    try:
+        for (kind, ident, side), _ in run_.at.items():
+            if kind != "module":
+                continue
+            module = run_.modules[ident]
+            key = (kind, ident, side)
+            if side == "input":
+                h = module.register_forward_pre_hook(run_.pre_hook(key), with_kwargs=True)
+            else:
+                h = module.register_forward_hook(run_.hook(key), with_kwargs=True)
+            handles.append(h.remove)
+        _install_interface(run_, handles)
+        model._call(*args, **kwargs)
+    finally:
+        for remove in reversed(handles):
+            remove()
+    missing = [i for i in range(len(program)) if i not in run_.done]
+    if missing:
+        raise refused(
+            program[missing[0]]["where"],
+            "its hook never fired: the module (or the attention call) did not run in this "
+            "forward the way a hook reaches it",
+        )
+    return [run_.reads[i] for i in range(len(program)) if not program[i]["write"]]
+
+
+def lowered(
+    plan: Any,
+    model: Any,
+    held: bool = False,
+    indices: Mapping[Any, Any] | None = None,
+) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
+    """``lower``'s program for this engine (as a remote run's: what plain steps cannot
+    say is refused). The heads' and streams' checks are ``plain``'s, in each hook."""
+    from .lower import lower
+
+    dispatched(model)
+    try:
+        program, reads = lower(plan, model, held, indices)
+    except RemoteRefused as exc:
+        reason = str(exc).replace("read it in a local trace", "read it with nnsight")
+        raise HooksRefused(
+            f"engine='hooks' runs plain steps and refuses this one: {reason}; {USE_NNSIGHT}"
+        ) from None
+    return program, reads
+
+
+def run_plan(
+    plan: Any,
+    model: Any,
+    inputs: Any,
+    held: bool = False,
+    indices: Mapping[Any, Any] | None = None,
+) -> dict[Any, Any]:
+    """``Plan.run(..., engine="hooks")``: the plan's reads by address."""
+    program, reads = lowered(plan, model, held, indices)
+    return dict(zip(reads, run(model, program, inputs), strict=True))
+
+
+__all__ = ["ENGINES", "HooksRefused", "check_engine", "forward_inputs", "run", "run_plan"]

@@ -1,0 +1,226 @@
+"""The sweep's check of the second engine (``causalab_mini.hooks``): every component
+the hooks engine serves, on the probe layer and the whole-model places, gives tensors
+``torch.equal`` to the nnsight engine's, read alone, read together, one head's slice,
+and written (the read before the write, the place after it and the logits); a read and
+a write at a position and an interchange likewise. A component the hooks engine
+refuses is noted with its reason (``engines`` in the component's entry), and a
+component where the two engines disagree (or the hooks engine fails) is broken: it
+cannot count as certified."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.positions import SENTENCES, text_fed
+
+READS = "engine='hooks' reads == engine='nnsight' reads (torch.equal)"
+HEAD = "engine='hooks' == engine='nnsight' on one head's slice, read and written (torch.equal)"
+WRITES = (
+    "engine='hooks' write == engine='nnsight' write: the read before, the place after, "
+    "the logits (torch.equal)"
+)
+POSITIONS = "engine='hooks' == engine='nnsight' at a position, read and written (torch.equal)"
+INTERCHANGE = "engine='hooks' interchange == engine='nnsight' interchange (torch.equal)"
+BOTH = "nnsight, hooks"
+
+
+def _equal(a: Any, b: Any) -> bool:
+    import torch
+
+    if isinstance(a, (list, tuple)):
+        return (
+            isinstance(b, (list, tuple))
+            and len(a) == len(b)
+            and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
+    return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+class _BothRefuse(Exception):
+    """The nnsight engine refused the plan, and the hooks engine refused it too."""
+
+
+def _both(plan: Any, model: Any, inputs: Any) -> tuple[dict[Any, Any], dict[Any, Any]]:
+    """The plan run by each engine; where nnsight refuses it, the hooks engine must
+    refuse it too (``_BothRefuse``), else the run it made is a failure."""
+    try:
+        want = plan.run(model, inputs)
+    except Exception as exc:
+        try:
+            plan.run(model, inputs, engine="hooks")
+        except Exception:
+            raise _BothRefuse(f"both engines refuse: {str(exc)[:160]}") from None
+        raise AssertionError(f"nnsight refuses ({str(exc)[:160]}) and hooks ran it") from None
+    return want, plan.run(model, inputs, engine="hooks")
+
+
+def _value(read: Any) -> Any:
+    """A value to write where ``read`` was read: another tensor of its shape and dtype."""
+    import torch
+
+    if not isinstance(read, torch.Tensor) or not read.is_floating_point():
+        return None
+    return read * 0.5 + 1
+
+
+def _outcome(ctx: Any, component: str, name: str, run: Any) -> Iterator[Outcome]:
+    """``run()`` -> (ok, detail); a write the hooks engine refuses (with its reason) is
+    noted, the component then served for reads only; anything else it raises is a
+    failure, said."""
+    from causalab_mini.hooks import HooksRefused
+
+    try:
+        ok, detail = run()
+    except _BothRefuse as exc:
+        ok, detail = True, str(exc)
+    except HooksRefused as exc:
+        note = ctx.notes.setdefault(component, {})
+        note["engines"] = f"{BOTH} (reads only)"
+        note["hooks_refused"] = str(exc).split("\n", 1)[0]
+        return
+    except Exception as exc:  # the hooks engine broke where the nnsight engine ran
+        ok, detail = False, f"{type(exc).__name__}: {str(exc)[:200]}"
+    yield Outcome((component,), name, ok, detail)
+
+
+def hooks_engine(ctx: Any) -> Iterator[Outcome]:
+    from causalab_mini.hooks import HooksRefused
+    from causalab_mini.plan import Plan
+
+    model, inputs = ctx.model, ctx.inputs
+    probe = min(1, ctx.n - 1)
+    # each component at the probe layer, or, where it is refused there (a hybrid
+    # stack's attention-only rows), at the first layer it has
+    layers: dict[str, list[int | None]] = {}
+    for name, layer in ctx.addresses:
+        layers.setdefault(name, []).append(layer)
+    keys = [
+        (name, probe if probe in at else None if None in at else min(int(x) for x in at))
+        for name, at in layers.items()
+    ]
+    served: dict[tuple[str, int | None], Any] = {}
+    for key in keys:
+        address = ctx.addresses[key]
+        if address in ctx.unordered:
+            continue  # broken by its own check
+        note = ctx.notes.setdefault(key[0], {})
+        try:
+            plan = Plan.of([address])
+            got = plan.run(model, inputs, engine="hooks")[address]
+        except HooksRefused as exc:
+            note["engines"] = "nnsight"
+            note["hooks_refused"] = str(exc).split("\n", 1)[0]
+            continue
+        except Exception as exc:
+            note["engines"] = "nnsight"
+            detail = f"{type(exc).__name__}: {str(exc)[:200]}"
+            yield Outcome((key[0],), READS, False, detail)
+            continue
+        want = plan.run(model, inputs)[address]
+        served[key] = address
+        note["engines"] = BOTH
+        ok = _equal(want, got)
+        yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs alone")
+    if not served:
+        return
+    together = Plan.of(served.values())
+    try:
+        want_all = together.run(model, inputs)
+    except Exception:
+        want_all = None  # nnsight refuses them in one trace; each alone was compared
+    if want_all is not None:
+        got_all = together.run(model, inputs, engine="hooks")
+        for key, address in served.items():
+            ok = _equal(want_all[address], got_all[address])
+            yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs")
+    ordered = sorted(served.items(), key=lambda kv: kv[1].rank)
+    logits = served.get(("logits", None))
+    for i, (key, address) in enumerate(ordered):
+        if not address.writable or key[0] == "logits":
+            continue
+        before = ordered[i - 1][1] if i else None
+        yield from _outcome(
+            ctx, key[0], WRITES, lambda a=address, b=before: _write(model, inputs, a, b, logits)
+        )
+        if address.per_head != "none" and address.heads:
+            yield from _outcome(ctx, key[0], HEAD, lambda k=key: _head(model, inputs, k, logits))
+    if text_fed(ctx) and ("block_input", probe) in served:
+        yield from _outcome(ctx, "block_input", POSITIONS, lambda: _positions(model, probe))
+    if text_fed(ctx) and ("block_output", probe) in served:
+        yield from _outcome(ctx, "block_output", INTERCHANGE, lambda: _interchange(model, probe))
+
+
+def _write(model: Any, inputs: Any, address: Any, before: Any, logits: Any) -> tuple[bool, str]:
+    from causalab_mini.plan import Plan
+
+    clean = Plan.of([address]).run(model, inputs)[address]
+    value = _value(clean)
+    if value is None:
+        return True, "not a float tensor: compared as reads only"
+    reads = [a for a in (before, address, logits) if a is not None]
+    want, got = _both(Plan.of(reads, [(address, value)]), model, inputs)
+    bad = [str(a.component) for a in reads if not _equal(want[a], got[a])]
+    return not bad, f"differ: {', '.join(bad)}" if bad else ""
+
+
+def _head(model: Any, inputs: Any, key: tuple[str, int | None], logits: Any) -> tuple[bool, str]:
+    from causalab_mini.components import ComponentError, locate
+    from causalab_mini.plan import Plan
+
+    try:
+        address = locate(model, key[0], key[1], head=0)
+    except ComponentError as exc:
+        return True, f"no head address: {str(exc)[:120]}"
+    want, got = _both(Plan.of([address]), model, inputs)
+    if not _equal(want[address], got[address]):
+        return False, "the head's read differs"
+    value = _value(want[address])
+    if value is None:
+        return True, "read only"
+    reads = [address] + ([logits] if logits is not None else [])
+    want, got = _both(Plan.of(reads, [(address, value)]), model, inputs)
+    bad = [str(a.component) for a in reads if not _equal(want[a], got[a])]
+    return not bad, f"differ: {', '.join(bad)}" if bad else ""
+
+
+def _positions(model: Any, layer: int) -> tuple[bool, str]:
+    from causalab_mini import compat
+    from causalab_mini.components import locate
+    from causalab_mini.plan import Plan
+
+    texts = list(SENTENCES[:2])
+    at = locate(model, "block_input", layer, position={"index": -1})
+    after = locate(model, "block_output", layer)
+    want, got = _both(Plan.of([at, after]), model, texts)
+    if not all(_equal(want[a], got[a]) for a in (at, after)):
+        return False, "a read at {'index': -1} differs"
+    if not compat.is_08():
+        return True, "reads only (a write at positions is refused below nnsight 0.8)"
+    value = want[at] * 0.5 + 1
+    want, got = _both(Plan.of([at, after], [(at, value)]), model, texts)
+    bad = [str(a.component) for a in (at, after) if not _equal(want[a], got[a])]
+    return not bad, f"differ after a write at a position: {', '.join(bad)}" if bad else ""
+
+
+def _interchange(model: Any, layer: int) -> tuple[bool, str]:
+    from causalab_mini.components import locate
+    from causalab_mini.interchange import interchange
+
+    patch = locate(model, "block_output", layer, position={"index": -1})
+    read = locate(model, "block_input", layer, position={"index": -1})
+    bases, sources = list(SENTENCES[:3]), list(SENTENCES[3:6])
+    a = interchange(model, [patch], bases, sources, reads=[read], return_sources=True)
+    b = interchange(
+        model, [patch], bases, sources, reads=[read], return_sources=True, engine="hooks"
+    )
+    ok = (
+        _equal(a.logits, b.logits)
+        and _equal(a.sources[0].logits, b.sources[0].logits)
+        and _equal(a.reads[read], b.reads[read])
+    )
+    return ok, "" if ok else "the logits or the read differ"
+
+
+__all__ = ["BOTH", "hooks_engine"]

@@ -1,0 +1,296 @@
+"""The hooks engine (``causalab_mini.hooks``, ``Plan.run(..., engine="hooks")``):
+tensors torch.equal to the nnsight engine's, reads, writes (the read before, the
+place after, the logits), heads, streams, positions and interchange; what it refuses,
+and why; no hook outlives a run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from causalab_mini import compat
+from causalab_mini.components import ComponentError, locate
+from causalab_mini.errors import RemoteRefused, WriteRefused
+from causalab_mini.generated import COMPONENTS
+from causalab_mini.hooks import HooksRefused
+from causalab_mini.interchange import interchange
+from causalab_mini.plan import Plan
+
+Load = Callable[..., Any]
+TEXTS = ["The cat sat on the mat", "Hello, world!"]
+FAMILIES = ["tiny:llama", "tiny:gpt2"]
+
+
+def _addresses(model: Any, layers: tuple[int, ...] = (0, 1)) -> list[Any]:
+    out = []
+    for name, spec in COMPONENTS.items():
+        for layer in layers if spec.per_layer else (None,):
+            try:
+                out.append(locate(model, name, layer))
+            except ComponentError:
+                pass
+    return out
+
+
+def _served(model: Any, addresses: list[Any]) -> tuple[list[Any], dict[str, str]]:
+    served, refused = [], {}
+    for address in addresses:
+        try:
+            Plan.of([address]).run(model, TEXTS, engine="hooks")
+            served.append(address)
+        except HooksRefused as exc:
+            refused[address.component] = str(exc)
+    return served, refused
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_every_served_read_equals_nnsight(spec: str, tiny_model: Load) -> None:
+    model = tiny_model(spec, True)
+    served, refused = _served(model, _addresses(model))
+    assert {"block_input", "attention_query", "attention_z", "block_mid", "logits"} <= {
+        a.component for a in served
+    }
+    want = Plan.of(served).run(model, TEXTS)
+    got = Plan.of(served).run(model, TEXTS, engine="hooks")
+    for address in served:
+        assert torch.equal(want[address], got[address]), address
+    held = Plan.of(served).run(model, TEXTS, held=True, engine="hooks")
+    assert torch.equal(held[served[0]], Plan.of(served).run(model, TEXTS, held=True)[served[0]])
+    # the softmax's input is inside the attention function: only nnsight reaches it
+    assert "attention_scores" in refused
+    assert "use engine='nnsight'" in refused["attention_scores"]
+    assert "softmax" in refused["attention_scores"]
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+@pytest.mark.parametrize(
+    "component,head", [("block_mid", None), ("attention_z", 1), ("mlp_output", None)]
+)
+def test_a_write_reads_before_writes_and_reads_after_as_nnsight(
+    spec: str, component: str, head: int | None, tiny_model: Load
+) -> None:
+    model = tiny_model(spec)
+    before = locate(model, "block_input", 1)
+    place = locate(model, component, 1, head=head)
+    logits = locate(model, "logits")
+    clean = Plan.of([before, place, logits]).run(model, TEXTS)
+    value = clean[place] * 0.5 + 1
+    kept = value.clone()
+    results = []
+    for engine in ("nnsight", "hooks"):
+        plan = Plan.of([before, place, logits], [(place, value)])
+        results.append(plan.run(model, TEXTS, engine=engine))
+    want, got = results
+    for out in (want, got):
+        assert torch.equal(out[before], clean[before])  # the read before keeps its value
+        assert torch.equal(out[place], value)  # the place reads back the write
+        assert not torch.equal(out[logits], clean[logits])  # and it reaches the logits
+    for address in (before, place, logits):
+        assert torch.equal(want[address], got[address]), address
+    assert torch.equal(value, kept)  # the value handed in is never changed
+
+
+def test_a_write_that_does_not_fit_is_refused_as_by_nnsight(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    place = locate(model, "block_mid", 1)
+    shape = Plan.of([place]).run(model, TEXTS)[place].shape
+    for bad in (torch.zeros(shape[0], 1, shape[2]), torch.zeros(shape, dtype=torch.float64)):
+        with pytest.raises(WriteRefused):
+            Plan.of(writes=[(place, bad)]).run(model, TEXTS)
+        with pytest.raises(WriteRefused, match="block_mid"):
+            Plan.of(writes=[(place, bad)]).run(model, TEXTS, engine="hooks")
+
+
+def test_streams_equal_nnsight(tiny_model: Load) -> None:
+    model = tiny_model("tiny:deepseek_v4")
+    whole = locate(model, "block_input", 1)
+    one = locate(model, "block_input", 1, stream=1)
+    mid = locate(model, "block_output", 1)
+    clean = Plan.of([whole, one, mid]).run(model, TEXTS)
+    got = Plan.of([whole, one, mid]).run(model, TEXTS, engine="hooks")
+    for address in (whole, one, mid):
+        assert torch.equal(clean[address], got[address])
+    value = clean[one] + 1
+    want = Plan.of([one, mid], [(one, value)]).run(model, TEXTS)
+    got = Plan.of([one, mid], [(one, value)]).run(model, TEXTS, engine="hooks")
+    assert torch.equal(got[one], value) and not torch.equal(got[mid], clean[mid])
+    assert torch.equal(want[mid], got[mid])
+
+
+def test_flat_tokens_are_refused_with_the_engine_that_reads_them(tiny_model: Load) -> None:
+    model = tiny_model("tiny:opt")
+    address = locate(model, "mlp_output", 1)
+    with pytest.raises(HooksRefused, match=r"held flat.*use engine='nnsight'"):
+        Plan.of([address]).run(model, TEXTS, engine="hooks")
+    assert Plan.of([address]).run(model, TEXTS)[address] is not None  # nnsight reads it
+
+
+def test_inline_attention_interiors_are_refused(tiny_model: Load) -> None:
+    model = tiny_model("tiny:bloom")
+    with pytest.raises(HooksRefused, match=r"attention_query.*inside a forward.*engine='nnsight'"):
+        Plan.of([locate(model, "attention_query", 1)]).run(model, TEXTS, engine="hooks")
+
+
+def test_a_probabilities_write_is_refused_and_its_read_served(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama", True)
+    probs = locate(model, "attention_probs", 1)
+    read = Plan.of([probs]).run(model, TEXTS, engine="hooks")[probs]
+    assert torch.equal(read, Plan.of([probs]).run(model, TEXTS)[probs])
+    with pytest.raises(HooksRefused, match="a write of the probabilities"):
+        Plan.of(writes=[(probs, read.clone())]).run(model, TEXTS, engine="hooks")
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_positions_equal_nnsight(spec: str, tiny_model: Load) -> None:
+    model = tiny_model(spec)
+    last = locate(model, "block_output", 1, position={"index": -1})
+    at = locate(model, "block_input", 1, position={"index": 2})
+    whole = locate(model, "block_output", 1)
+    earlier = locate(model, "block_input", 0)
+    reads = [earlier, at, whole, last]
+    clean = Plan.of(reads).run(model, TEXTS)
+    got = Plan.of(reads).run(model, TEXTS, engine="hooks")
+    for address in reads:
+        assert torch.equal(clean[address], got[address])
+    if not compat.is_08():
+        return
+    value = clean[at] + 1
+    want = Plan.of(reads, [(at, value)]).run(model, TEXTS)
+    got = Plan.of(reads, [(at, value)]).run(model, TEXTS, engine="hooks")
+    assert torch.equal(got[earlier], clean[earlier])
+    assert torch.equal(got[at], value)
+    assert not torch.equal(got[whole], clean[whole])
+    for address in reads:
+        assert torch.equal(want[address], got[address])
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2", "tiny:bloom"])
+def test_interchange_equals_nnsight(spec: str, tiny_model: Load) -> None:
+    model = tiny_model(spec)
+    patches = [
+        locate(model, "block_output", 1, position={"index": -1}),
+        locate(model, "mlp_output", 0, position={"index": -1}),
+    ]
+    reads = [
+        locate(model, "block_input", 0, position={"index": -1}),
+        locate(model, "block_mid", 1, position="all"),
+    ]
+    bases = ["The cat sat on the mat", "Rome is the capital of Italy", "Hello"]
+    sources = ["The dog slept by the door", "Berlin is the capital of Germany", "Good"]
+    a = interchange(model, patches, bases, sources, reads=reads, return_sources=True)
+    b = interchange(
+        model, patches, bases, sources, reads=reads, return_sources=True, engine="hooks"
+    )
+    assert torch.equal(a.logits, b.logits)
+    assert torch.equal(a.sources[0].logits, b.sources[0].logits)
+    for address in reads:
+        x, y = a.reads[address], b.reads[address]
+        if isinstance(x, list):  # ragged: each row its own tokens
+            assert len(x) == len(y) and all(torch.equal(p, q) for p, q in zip(x, y, strict=True))
+        else:
+            assert torch.equal(x, y)
+
+
+def _hooks(model: Any) -> list[tuple[str, int, int]]:
+    return [
+        (name, len(m._forward_pre_hooks), len(m._forward_hooks))
+        for name, m in model._module.named_modules()
+        if m._forward_pre_hooks or m._forward_hooks
+    ]
+
+
+def _interface_patched() -> bool:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return "get_interface" in ALL_ATTENTION_FUNCTIONS.__dict__
+
+
+def test_no_hook_outlives_a_run(tiny_model: Load) -> None:
+    from causalab_mini import hooks
+    from causalab_mini.model import StandardizedTransformer
+
+    model = StandardizedTransformer("tiny:llama")  # its own: this test runs it hooked
+    addresses = [a for a in _addresses(model, (1,)) if a.component != "attention_scores"]
+    before = _hooks(model)
+    Plan.of(addresses).run(model, TEXTS, engine="hooks")
+    assert _hooks(model) == before and not _interface_patched()
+    place = locate(model, "attention_z", 1)
+    with pytest.raises(WriteRefused):  # an error inside a hook
+        Plan.of([locate(model, "block_input", 0)], [(place, torch.zeros(1))]).run(
+            model, TEXTS, engine="hooks"
+        )
+    assert _hooks(model) == before and not _interface_patched()
+
+    def interrupt(value: Any) -> Any:
+        raise KeyboardInterrupt
+
+    program, _ = hooks.lowered(Plan.of([place]), model)
+    program = ({**program[0], "then": interrupt},)
+    with pytest.raises(KeyboardInterrupt):
+        hooks.run(model, program, TEXTS)
+    assert _hooks(model) == before and not _interface_patched()
+    # traced with nnsight afterwards, it gives the tensors of a model never hooked
+    fresh = StandardizedTransformer("tiny:llama")
+    used = Plan.of(addresses).run(model, TEXTS)
+    clean = Plan.of(_same(fresh, addresses)).run(fresh, TEXTS)
+    for a, b in zip(addresses, _same(fresh, addresses), strict=True):
+        assert torch.equal(used[a], clean[b]), a
+
+
+def _same(model: Any, addresses: list[Any]) -> list[Any]:
+    return [locate(model, a.component, a.layer) for a in addresses]
+
+
+def test_engine_refusals(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    plan = Plan.of([locate(model, "block_input", 1)])
+    with pytest.raises(RemoteRefused, match=r"engine='hooks' runs the model here.*drop"):
+        plan.run(model, TEXTS, engine="hooks", remote=True)
+    with pytest.raises(ValueError, match="engine is one of 'nnsight', 'hooks'"):
+        plan.run(model, TEXTS, engine="torch")
+    with pytest.raises(ValueError, match="engine is one of"):
+        interchange(
+            model,
+            [locate(model, "block_input", 1, position={"index": -1})],
+            ["a"],
+            ["b"],
+            engine="x",
+        )
+
+
+def test_the_sweep_check_holds_and_notices_a_hooks_engine_that_differs(
+    tiny_model: Load, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from causalab_mini import hooks
+    from causalab_mini.tools import certify
+    from causalab_mini.tools.checks import Context, engines
+
+    model = tiny_model("tiny:llama", True)
+    names = ("block_input", "attention_z", "attention_scores", "block_mid", "block_output")
+    addresses = {(c, 1): locate(model, c, 1) for c in names}
+    addresses[("logits", None)] = locate(model, "logits")
+    ctx = Context(model, certify.sample_inputs(model), addresses, {})
+    clean = list(engines.hooks_engine(ctx))
+    assert clean and all(o.ok for o in clean), [o for o in clean if not o.ok]
+    covered = {c for o in clean for c in o.components}
+    assert {"block_input", "attention_z", "block_mid", "block_output", "logits"} <= covered
+    assert {engines.READS, engines.WRITES, engines.HEAD, engines.POSITIONS} <= {
+        o.name for o in clean
+    }
+    assert ctx.notes["attention_scores"]["engines"] == "nnsight"
+    assert "softmax" in ctx.notes["attention_scores"]["hooks_refused"]
+    assert ctx.notes["block_mid"]["engines"] == engines.BOTH
+    apply = hooks._apply
+
+    def off(step: dict[str, Any], call: Any) -> Any:  # a hooks engine one ulp-ish off
+        value = apply(step, call)
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value * (1 + 1e-6)
+        return value
+
+    monkeypatch.setattr(hooks, "_apply", off)
+    tampered = list(engines.hooks_engine(Context(model, ctx.inputs, addresses, {})))
+    assert any(not o.ok for o in tampered if o.name == engines.READS)
