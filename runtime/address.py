@@ -360,9 +360,6 @@ class RenameConfig:
     unbound on the family (each is bound to its own name, which binds nothing): an
     alias it would make hides a child or another alias the family relies on, which
     nnsight 0.8 refuses at load and 0.6/0.7 resolved silently;
-    ``audio_token_key`` names the config attribute holding an audio-language
-    wrapper's audio placeholder id (the first set one of several): where the audio
-    features enter the stream, after ``embeddings_output`` (:func:`media_token_id`);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -392,7 +389,6 @@ class RenameConfig:
     interchange_unavailable: str | None = None
     # where audio enters the stream (an audio-language wrapper): the config attribute(s)
     # holding the audio placeholder token's id, the first set one the model's
-    audio_token_key: Names | None = None
     addresses: Mapping[str, Address] = field(default_factory=dict)
 
 
@@ -417,7 +413,7 @@ class Family:
     operands: Mapping[str, Operand] = field(default_factory=dict)
     structure_unknown: str | None = None
     lens: Lens | None = None
-    # medium (image) -> the config attributes that may hold its placeholder token's id
+    # medium (image, audio) -> the config attributes that may hold its placeholder id
     media_tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 

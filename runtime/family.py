@@ -109,53 +109,31 @@ def resolve(
     )
 
 
-# medium -> the RenameConfig field that names the config attribute of its placeholder
-# token's id (where a wrapper scatters that medium's features into the stream)
-MEDIA_TOKEN_KEYS: Mapping[str, str] = {"audio": "audio_token_key"}
-
-
 def media_token_id(model: Any, medium: str = "audio") -> int:
-    """The id of ``medium``'s placeholder token on a loaded ``model``: the wrapper
-    writes the medium's projected features into the stream at the tokens of this id,
-    after ``embeddings_output`` and before ``layers_input[0]``. Which config attribute
-    holds it is the family's row (``audio_token_key``); the value is the loaded
-    config's. Refused with the reason where the families state no such row, or the
-    config sets none of the attributes the row names."""
+    """The id of ``medium``'s placeholder token on a loaded ``model`` (the wrapper writes
+    the medium's projected features into the stream at the tokens of this id, after
+    ``embeddings_output`` and before ``layers_input[0]``): read from the loaded config
+    at the attributes the family's ``media_tokens`` names (``positions.media_token_ids``,
+    the one reader). Refused with the reason where the families name none, or the
+    config sets none of them."""
     from causalab_mini.errors import PlaceUnavailable
 
-    if medium not in MEDIA_TOKEN_KEYS:
+    from .positions import MEDIA_ANCHORS, media_token_ids
+
+    if medium not in MEDIA_ANCHORS:
         raise ValueError(
             f"unknown medium {medium!r}: the media whose placeholders a family row can "
-            f"name are {', '.join(MEDIA_TOKEN_KEYS)}"
+            f"name are {', '.join(MEDIA_ANCHORS)}"
         )
-    field_name = MEDIA_TOKEN_KEYS[medium]
-    resolution = model.resolution
-    families = ", ".join(resolution.families) or "none"
-    cls = type(model._model).__name__
-    keys = getattr(resolution.rename, field_name)
-    if keys is None:
-        raise PlaceUnavailable(
-            f"no {medium} placeholder on {cls} (family: {families}): its families state no "
-            f"{field_name}, so where {medium} enters the stream is not known; add "
-            f"{field_name} (the config attribute holding the placeholder's id) to the "
-            "family's rename in registry/families/<family>.yaml"
-        )
-    keys = (keys,) if isinstance(keys, str) else tuple(keys)
-    config = model._model.config
-    for key in keys:
-        value = getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    raise PlaceUnavailable(
-        f"no {medium} placeholder on {cls} (family: {families}): its config sets none of "
-        f"{', '.join(keys)} ({field_name}), so no token of the input is where {medium} "
-        "enters the stream; set the placeholder's id in the checkpoint's config"
-    )
+    found, why = media_token_ids(model)
+    if medium not in found:
+        cls = type(model._model).__name__
+        raise PlaceUnavailable(f"no {medium} placeholder on {cls}: {why[medium]}")
+    return found[medium]
 
 
 __all__ = [
     "CONTAINERS",
-    "MEDIA_TOKEN_KEYS",
     "Resolution",
     "families_for",
     "families_of",

@@ -4,7 +4,7 @@ random mel features given to the model class directly (no feature extractor). Th
 places keep their identities and transformers' own hidden states with the audio in the
 input, and the audio enters the stream where the family's row says: after
 embeddings_output (the placeholder tokens' own embeddings), at the tokens whose id is
-the config attribute the row names (audio_token_key), in layers_input[0].
+the config attribute the family names (media_tokens: audio), in layers_input[0].
 
 The text-only certification of these types is the generic one (the sweep, with
 ``--group audio_text_to_text``); this adds what only an audio input shows.
@@ -18,7 +18,7 @@ import pytest
 
 from causalab_mini.errors import PlaceUnavailable
 from causalab_mini.family import media_token_id
-from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated import FAMILIES, FAMILY_MATCH
 from causalab_mini.generated.tiny import TINY_GROUPS, TINY_NOT_BUILDABLE
 from causalab_mini.tools import certify
 from causalab_mini.tools.tiny import group_model_types
@@ -49,7 +49,7 @@ def test_every_audio_type_has_a_family_or_a_reason() -> None:
     audio enters, or is refused tiny with a reason of its own."""
     matched = {t for f in AUDIO_FAMILIES for t in FAMILY_MATCH[f].model_types}
     for family in AUDIO_FAMILIES:
-        assert FAMILY_RENAME[family].audio_token_key
+        assert FAMILIES[family].media_tokens["audio"]
     for model_type in group_model_types()[GROUP]:
         reason = TINY_NOT_BUILDABLE.get(model_type)
         assert (model_type in matched) != (reason is not None), model_type
@@ -88,8 +88,7 @@ def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None
     """media_token_id reads the attribute the family row names on the loaded config;
     a model whose families name none is refused with the row to write."""
     model = _loaded(f"tiny:{model_type}")
-    keys = model.resolution.rename.audio_token_key
-    keys = (keys,) if isinstance(keys, str) else keys
+    keys = [k for f in model.resolution.matched for k in f.media_tokens.get("audio", ())]
     config = model._model.config
     found = [getattr(config, k) for k in keys if getattr(config, k, None) is not None]
     assert found and media_token_id(model, "audio") == found[0]
@@ -99,7 +98,7 @@ def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None
 
 
 def test_a_text_model_has_no_audio_placeholder(tiny_model: Any) -> None:
-    with pytest.raises(PlaceUnavailable, match="state no audio_token_key"):
+    with pytest.raises(PlaceUnavailable, match="name no audio placeholder token"):
         media_token_id(tiny_model("tiny:llama"), "audio")
 
 
@@ -118,6 +117,13 @@ def test_audio_enters_at_the_placeholders_after_the_embeddings(model_type: str) 
     inputs = _audio_inputs(model, seed=0)
     audio = inputs["input_ids"][0] == media_token_id(model, "audio")
     assert int(audio.sum()) > 1 and int((~audio).sum()) > 1
+    from causalab_mini import positions
+
+    # the audio anchor names those tokens; the content frame is the text around them
+    anchored = positions.resolve(model, inputs, {"anchor": "audio"})[0]
+    assert anchored == [int(i) for i in audio.nonzero().flatten()]
+    content = positions.resolve(model, inputs, "all")[0]
+    assert content and not set(content) & set(anchored)
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
