@@ -362,13 +362,13 @@ def _install_interface(run: _Run, handles: list[Callable[[], None]]) -> None:
 
         return attention
 
-    interface.get_interface = get_interface  # type: ignore[method-assign]
+    setattr(interface, "get_interface", get_interface)  # noqa: B010 - for this run only
 
     def restore() -> None:
         if before is _UNSET:
             interface.__dict__.pop("get_interface", None)
         else:
-            interface.get_interface = before
+            setattr(interface, "get_interface", before)  # noqa: B010
 
     handles.append(restore)
 

@@ -344,7 +344,9 @@ def _hooks_chunk(
     from .hooks import lowered, run
     from .plan import Plan, Step
 
-    plan_steps, extra, order = [], [], []
+    plan_steps: list[Any] = []
+    extra: list[dict[str, Any]] = []
+    order: list[int] = []
     for _, _, what in steps:
         if what < 0:
             address, pairs = moves[-1 - what]

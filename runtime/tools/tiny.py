@@ -911,12 +911,12 @@ def side_inputs(
 
     def size(dim: Any, layer: int | None) -> int:
         if dim == "batch":
-            return batch
+            return int(batch)
         if dim == "seq":
-            return seq
+            return int(seq)
         if isinstance(dim, int):
             return dim
-        return int(_config_path(config, dim["config"], layer)) * dim.get("times", 1)
+        return int(_config_path(config, dim["config"], layer)) * int(dim.get("times", 1))
 
     def tensor(row: Any, layer: int | None) -> Any:
         dims = [size(dim, layer) for dim in row["shape"]]

@@ -97,7 +97,14 @@ def hooks_engine(ctx: Any) -> Iterator[Outcome]:
     for name, layer in ctx.addresses:
         layers.setdefault(name, []).append(layer)
     keys = [
-        (name, probe if probe in at else None if None in at else min(int(x) for x in at))
+        (
+            name,
+            probe
+            if probe in at
+            else None
+            if None in at
+            else min(int(x) for x in at if x is not None),
+        )
         for name, at in layers.items()
     ]
     served: dict[tuple[str, int | None], Any] = {}
