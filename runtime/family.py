@@ -109,35 +109,11 @@ def resolve(
     )
 
 
-def media_token_id(model: Any, medium: str = "audio") -> int:
-    """The id of ``medium``'s placeholder token on a loaded ``model`` (the wrapper writes
-    the medium's projected features into the stream at the tokens of this id, after
-    ``embeddings_output`` and before ``layers_input[0]``): read from the loaded config
-    at the attributes the family's ``media_tokens`` names (``positions.media_token_ids``,
-    the one reader). Refused with the reason where the families name none, or the
-    config sets none of them."""
-    from causalab_mini.errors import PlaceUnavailable
-
-    from .positions import MEDIA_ANCHORS, media_token_ids
-
-    if medium not in MEDIA_ANCHORS:
-        raise ValueError(
-            f"unknown medium {medium!r}: the media whose placeholders a family row can "
-            f"name are {', '.join(MEDIA_ANCHORS)}"
-        )
-    found, why = media_token_ids(model)
-    if medium not in found:
-        cls = type(model._model).__name__
-        raise PlaceUnavailable(f"no {medium} placeholder on {cls}: {why[medium]}")
-    return found[medium]
-
-
 __all__ = [
     "CONTAINERS",
     "Resolution",
     "families_for",
     "families_of",
-    "media_token_id",
     "merged_rename",
     "resolve",
     "structure_for",

@@ -266,6 +266,27 @@ def media_token_ids(model: Any) -> tuple[dict[str, int], dict[str, str]]:
     return found, why
 
 
+def media_token_id(model: Any, medium: str = "audio") -> int:
+    """The id of ``medium``'s placeholder token on a loaded ``model`` (the wrapper writes
+    the medium's projected features into the stream at the tokens of this id, after
+    ``embeddings_output`` and before ``layers_input[0]``): read from the loaded config
+    at the attributes the family's ``media_tokens`` names (``media_token_ids``, the one
+    reader). Refused with the reason where the families name none, or the
+    config sets none of them."""
+    from .errors import PlaceUnavailable
+
+    if medium not in MEDIA_ANCHORS:
+        raise ValueError(
+            f"unknown medium {medium!r}: the media whose placeholders a family row can "
+            f"name are {', '.join(MEDIA_ANCHORS)}"
+        )
+    found, why = media_token_ids(model)
+    if medium not in found:
+        cls = type(model._model).__name__
+        raise PlaceUnavailable(f"no {medium} placeholder on {cls}: {why[medium]}")
+    return found[medium]
+
+
 def _texts(inputs: Any) -> list[str]:
     if isinstance(inputs, str):
         texts = [inputs]
@@ -693,6 +714,7 @@ __all__ = [
     "PositionError",
     "describe_frame",
     "encode",
+    "media_token_id",
     "media_token_ids",
     "parse",
     "put",

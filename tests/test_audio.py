@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from causalab_mini.errors import PlaceUnavailable
-from causalab_mini.family import media_token_id
 from causalab_mini.generated import FAMILIES, FAMILY_MATCH
 from causalab_mini.generated.tiny import TINY_GROUPS, TINY_NOT_BUILDABLE
+from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 from causalab_mini.tools.tiny import group_model_types
 

@@ -85,28 +85,45 @@ def _outcome(ctx: Any, component: str, name: str, run: Any) -> Iterator[Outcome]
     yield Outcome((component,), name, ok, detail)
 
 
+def _probe_keys(ctx: Any, probe: int) -> list[tuple[str, int | None]]:
+    """Each component at the probe layer, or, where it is refused there (a hybrid
+    stack's attention-only rows), at the first layer it has."""
+    layers: dict[str, list[int | None]] = {}
+    for name, layer in ctx.addresses:
+        layers.setdefault(name, []).append(layer)
+    keys: list[tuple[str, int | None]] = []
+    for name, at in layers.items():
+        if probe in at:
+            keys.append((name, probe))
+        elif None in at:
+            keys.append((name, None))
+        else:
+            keys.append((name, min(int(x) for x in at if x is not None)))
+    return keys
+
+
+def _together(model: Any, inputs: Any, served: dict[Any, Any]) -> Iterator[Outcome]:
+    """Every served component read in one run, by both engines."""
+    from causalab_mini.plan import Plan
+
+    together = Plan.of(served.values())
+    try:
+        want_all = together.run(model, inputs)
+    except Exception:
+        return  # nnsight refuses them in one trace; each alone was compared
+    got_all = together.run(model, inputs, engine="hooks")
+    for key, address in served.items():
+        ok = _equal(want_all[address], got_all[address])
+        yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs")
+
+
 def hooks_engine(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.hooks import HooksRefused
     from causalab_mini.plan import Plan
 
     model, inputs = ctx.model, ctx.inputs
     probe = min(1, ctx.n - 1)
-    # each component at the probe layer, or, where it is refused there (a hybrid
-    # stack's attention-only rows), at the first layer it has
-    layers: dict[str, list[int | None]] = {}
-    for name, layer in ctx.addresses:
-        layers.setdefault(name, []).append(layer)
-    keys = [
-        (
-            name,
-            probe
-            if probe in at
-            else None
-            if None in at
-            else min(int(x) for x in at if x is not None),
-        )
-        for name, at in layers.items()
-    ]
+    keys = _probe_keys(ctx, probe)
     served: dict[tuple[str, int | None], Any] = {}
     for key in keys:
         address = ctx.addresses[key]
@@ -132,16 +149,7 @@ def hooks_engine(ctx: Any) -> Iterator[Outcome]:
         yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs alone")
     if not served:
         return
-    together = Plan.of(served.values())
-    try:
-        want_all = together.run(model, inputs)
-    except Exception:
-        want_all = None  # nnsight refuses them in one trace; each alone was compared
-    if want_all is not None:
-        got_all = together.run(model, inputs, engine="hooks")
-        for key, address in served.items():
-            ok = _equal(want_all[address], got_all[address])
-            yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs")
+    yield from _together(model, inputs, served)
     ordered = sorted(served.items(), key=lambda kv: kv[1].rank)
     logits = served.get(("logits", None))
     for i, (key, address) in enumerate(ordered):
