@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from .geometry import ComponentError
 from .locator import ComponentAddress, locate
@@ -237,6 +237,20 @@ def _order(moves: list[Any], wanted: list[Any], logits_at: ComponentAddress) -> 
     return steps
 
 
+class _Chunk(NamedTuple):
+    """What one batch of pairs runs: the steps in forward order, the patches' moves,
+    the reads with their per-group indices, the logits' address, the rows of each
+    group, each row's last content token, and the encoded batch."""
+
+    steps: Order
+    moves: list[Any]
+    wanted: list[Any]
+    logits_at: ComponentAddress
+    groups: list[range]
+    last: Any
+    encoded: Any
+
+
 def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
     """``full`` (every row, as read hands it on) with each base row's tokens at the
     patch's positions taken from its source row; the source rows as they were."""
@@ -289,23 +303,17 @@ def _chunk(
         (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
         for a in reads
     ]
-    steps = _order(moves, wanted, logits_at)
+    chunk = _Chunk(
+        _order(moves, wanted, logits_at), moves, wanted, logits_at, groups, last, encoded
+    )
     run = _hooks_chunk if engine == "hooks" else _traced_chunk
-    values = run(model, steps, moves, wanted, logits_at, groups, last, encoded)
+    values = run(model, chunk)
     return _results(values, reads, groups, return_sources)
 
 
-def _traced_chunk(
-    model: Any,
-    steps: Order,
-    moves: list[Any],
-    wanted: list[Any],
-    logits_at: ComponentAddress,
-    groups: list[range],
-    last: Any,
-    encoded: Any,
-) -> dict[int, list[Any]]:
+def _traced_chunk(model: Any, chunk: _Chunk) -> dict[int, list[Any]]:
     """One chunk in an nnsight trace: per read (and the logits), its value per group."""
+    steps, moves, wanted, logits_at, groups, last, encoded = chunk
     saved: list[tuple[int, Any]] = []  # bound before the trace: nnsight hands saves back
     _prepare_sources(model, [m[0] for m in moves] + [a for a, _ in wanted])
     with model.trace(trace_inputs(model, encoded)):
@@ -328,19 +336,11 @@ def _traced_chunk(
     return {what: [_value(t) for t in v] for what, v in saved}
 
 
-def _hooks_chunk(
-    model: Any,
-    steps: Order,
-    moves: list[Any],
-    wanted: list[Any],
-    logits_at: ComponentAddress,
-    groups: list[range],
-    last: Any,
-    encoded: Any,
-) -> dict[int, list[Any]]:
+def _hooks_chunk(model: Any, chunk: _Chunk) -> dict[int, list[Any]]:
     """The same chunk as ``_traced_chunk``, as one lowered program run with torch hooks
     (``causalab_mini.hooks``): a patch's value is made of the place's tensor in its
     hook, and a read is cut into its groups there, as the trace does."""
+    steps, moves, wanted, logits_at, groups, last, encoded = chunk
     from .hooks import lowered, run
     from .plan import Plan, Step
 

@@ -386,24 +386,6 @@ class Internals(Mapping[str, Place]):
                 except Exception:
                     continue  # the read says why, with the row, where it is asked for
 
-    def unmerge_heads(self, name: str, layer: int | None, merged: Any) -> Any:
-        """``merged`` (batch*heads, ...) at a merged_heads row of ``layer``, viewed as
-        (batch, heads, ...) with the layer's attention head count."""
-        from .geometry import num_heads
-
-        heads = num_heads(self.model, layer)
-        dims = tuple(getattr(merged, "shape", ()))
-        if not dims or dims[0] % heads:
-            raise PlaceUnavailable(
-                self._refusal(
-                    name,
-                    layer,
-                    f"the block holds it with batch and heads merged, {dims}, and its "
-                    f"first axis is no multiple of the layer's {heads} heads",
-                )
-            )
-        return merged.view(dims[0] // heads, heads, *dims[1:])
-
     def unflatten(self, name: str, layer: int | None, flat: Any) -> Any:
         """``flat`` (tokens, ...) at a flat_tokens row of ``layer``, viewed as (batch,
         seq, ...) with the batch and sequence of the layer's input in this forward; a

@@ -233,6 +233,26 @@ def _positions_refused(address: ComponentAddress) -> WriteRefused:
     )
 
 
+def component_fields(address: ComponentAddress) -> dict[str, Any]:
+    """How a component hands on the tensor at its place, as step fields: its name, its
+    layout (several streams: ``streams_<layout>``), its heads' geometry and the head,
+    the stream and the sequence axis it takes."""
+    return {
+        "where": _where(address),
+        "component": address.component,
+        "layout": f"streams_{address.stream_layout}"
+        if address.stream_layout is not None
+        else address.layout,
+        "per_head": address.per_head != "none",
+        "heads": (address.layout, address.heads, address.head_dim, address.width),
+        "head": address.head,
+        "stream": None
+        if address.stream is None
+        else (address.stream, address.streams, address.width),
+        "axis": address.sequence_axis,
+    }
+
+
 def lower_step(
     model: Any,
     address: ComponentAddress,
@@ -256,23 +276,8 @@ def lower_step(
         step = _boundary_step(model, address, write=write, remote=remote)
     else:
         step = _interior_step(model, address, remote=remote)
-    step.update(
-        write=write,
-        value=value,
-        held=held,
-        where=_where(address),
-        component=address.component,
-        layout=f"streams_{address.stream_layout}"
-        if address.stream_layout is not None
-        else address.layout,
-        per_head=address.per_head != "none",
-        heads=(address.layout, address.heads, address.head_dim, address.width),
-        head=address.head,
-        stream=None if address.stream is None else (address.stream, address.streams, address.width),
-        index=index,
-        axis=address.sequence_axis,
-        nested=[],
-    )
+    step.update(component_fields(address), write=write, value=value, held=held, index=index)
+    step["nested"] = []
     return step
 
 
@@ -361,4 +366,11 @@ def _prepare_sources(
     return nested
 
 
-__all__ = ["copied", "copied_for_edits", "lower", "lower_step", "row_step"]
+__all__ = [
+    "component_fields",
+    "copied",
+    "copied_for_edits",
+    "lower",
+    "lower_step",
+    "row_step",
+]

@@ -281,17 +281,24 @@ def _raw(model: Any, step: dict[str, Any], env: Any) -> tuple[Any, Any, Any]:
     return target, whole, _select_get(whole, step["select"])
 
 
+def _meant(step: dict[str, Any], raw: Any, env: Any) -> Any:
+    """The model's tensor ``raw`` as the step's place means it: viewed, a copy where
+    the tensor changes in place later, scaled where the row says."""
+    value = _viewed(step, raw, env)
+    if step["copy"]:
+        value = value.clone()
+    if step["scale"] is not None:
+        value = value * step["scale"]
+    return value
+
+
 def _whole(model: Any, step: dict[str, Any], env: Any = None, edit: bool = False) -> Any:
     """The tensor at the step's place as its place means it (all heads): viewed, a
     copy where the tensor changes in place later, scaled where the row says. With
     ``edit`` (a read handed to the user on the client), its in-place edits are the
     place's write (``causalab_mini.edits``)."""
     target, _, raw = _raw(model, step, env)
-    value = _viewed(step, raw, env)
-    if step["copy"]:
-        value = value.clone()
-    if step["scale"] is not None:
-        value = value * step["scale"]
+    value = _meant(step, raw, env)
     if edit and env is not None and step["take"] is None:
         value = env.handed(step, value, target)
     return value
@@ -417,7 +424,7 @@ def layout_mismatch(step: dict[str, Any], held: Any) -> str | None:
     if not step["per_head"] or layout is None:
         return None
     shape = tuple(int(n) for n in held)
-    where = step["component"]
+    where = step["where"]
     axes = {"bhsd": (1, 3), "bshd": (2, 3), "bhds": (1, 2), "bhsk": (1, None)}
     if layout in axes:
         if len(shape) != 4:
@@ -508,11 +515,7 @@ def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
     head's or a stream's write replaces that slice only, a write at positions those
     tokens only, every other position as the model computed it."""
     target, whole, raw = _raw(model, step, env)
-    native = _viewed(step, raw, env)
-    if step["copy"]:
-        native = native.clone()
-    if step["scale"] is not None:
-        native = native * step["scale"]
+    native = _meant(step, raw, env)
     flat = _flat(step["layout"], native)
     if step["head"] is not None:
         _heads_checked(step, native, env)

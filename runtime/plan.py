@@ -18,7 +18,7 @@ from . import plain
 from .geometry import ComponentError
 from .internals import PlaceUnavailable, WriteRefused, check_value
 from .locator import ComponentAddress, _refuse
-from .lower import _prepare_sources, lower, lower_step
+from .lower import _prepare_sources, component_fields, lower, lower_step
 from .ops import OperationNotFound
 from .positions import Encoded, encode, resolve, stacked, trace_inputs
 
@@ -31,17 +31,7 @@ def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | Non
     it is handed on flat) does not have the heads and head size the address states
     (None where it does, or where the place is not per head): ``plain.layout_mismatch``
     on the address's geometry."""
-    step = {
-        "per_head": address.per_head != "none",
-        "heads": (address.layout, address.heads, address.head_dim, address.width),
-        "head": address.head,
-        "component": _where(address),
-    }
-    return plain.layout_mismatch(step, held)
-
-
-def _where(address: ComponentAddress) -> str:
-    return address.component if address.layer is None else f"{address.component}[{address.layer}]"
+    return plain.layout_mismatch(component_fields(address), held)
 
 
 def _positions_due(address: ComponentAddress, index: Any) -> Any:
@@ -79,17 +69,8 @@ def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
     the place's tensor as handed on (all heads)."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    where = _where(address)
-    step = {
-        "per_head": address.per_head != "none",
-        "heads": (address.layout, address.heads, address.head_dim, address.width),
-        "head": address.head,
-        "stream": None
-        if address.stream is None
-        else (address.stream, address.streams, address.width),
-        "component": address.component,
-        "where": where,
-    }
+    step = component_fields(address)
+    where = step["where"]
     if address.head is not None:
         where = f"head {address.head} of {where}"
         current = current[plain._head_slice(step)]

@@ -23,7 +23,7 @@ from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 from causalab_mini.tools.tiny import group_model_types
 
-from .test_multimodal import _failed, _loaded, _text_ids
+from .test_multimodal import _failed, _loaded, _with_media
 
 GROUP = "audio_text_to_text"
 AUDIO_FAMILIES = ("audio_language", "granite_speech")
@@ -69,9 +69,8 @@ def _audio_inputs(model: Any, seed: int) -> dict[str, Any]:
     feature_mask = torch.ones(1, frames, dtype=torch.long)
     tower = model._model.model.audio_tower
     _, lengths = tower._get_feat_extract_output_lengths(feature_mask.sum(-1))
-    ids = _text_ids(model)
     placeholders = torch.full((1, int(lengths[0])), media_token_id(model, "audio"))
-    input_ids = torch.cat([ids[:, :1], placeholders, ids[:, 1:]], dim=1)
+    input_ids = _with_media(model, placeholders)
     return {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),

@@ -17,8 +17,23 @@ from causalab_mini.tools import certify
 pytestmark = [pytest.mark.slow, pytest.mark.semantic, pytest.mark.wide]
 
 
+TEXT = "The quick brown fox"
+
+
 def _text_ids(model: Any) -> Any:
-    return model.tokenizer(["The quick brown fox"], return_tensors="pt")["input_ids"]
+    return model.tokenizer([TEXT], return_tensors="pt")["input_ids"]
+
+
+def _with_media(model: Any, media: Any) -> Any:
+    """The text's ids with the placeholder ids ``media`` (1, n) before its first content
+    token: after whatever the tokenizer puts first (the content frame says where)."""
+    import torch
+
+    from causalab_mini import positions
+
+    ids = _text_ids(model)
+    first = positions.resolve(model, TEXT, {"index": 0})[0][0]
+    return torch.cat([ids[:, :first], media, ids[:, first:]], dim=1)
 
 
 def _loaded(spec: str) -> Any:
@@ -50,9 +65,8 @@ def _gemma3_inputs(model: Any, seed: int) -> dict[str, Any]:
     import torch
 
     config = model._model.config
-    ids = _text_ids(model)
     image = torch.full((1, config.mm_tokens_per_image), config.image_token_id)
-    input_ids = torch.cat([ids[:, :1], image, ids[:, 1:]], dim=1)
+    input_ids = _with_media(model, image)
     generator = torch.Generator().manual_seed(seed)
     size = config.vision_config.image_size
     return {
@@ -104,9 +118,8 @@ def _mllama_inputs(model: Any, seed: int) -> dict[str, Any]:
 
     config = model._model.config
     vision = config.vision_config
-    ids = _text_ids(model)
     image = torch.full((1, 1), config.image_token_id)
-    input_ids = torch.cat([ids[:, :1], image, ids[:, 1:]], dim=1)
+    input_ids = _with_media(model, image)
     tiles, size = vision.max_num_tiles, vision.image_size
     generator = torch.Generator().manual_seed(seed)
     tile_mask = torch.zeros(1, 1, tiles, dtype=torch.long)

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from causalab_mini.generated import FAMILY_MATCH
+from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 
-from .test_multimodal import _failed, _loaded, _text_ids
+from .test_multimodal import _failed, _loaded, _with_media
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic, pytest.mark.wide]
 
@@ -95,12 +96,9 @@ def _image_inputs(model: Any, seed: int) -> dict[str, Any]:
     pixels = _pixels(model.model_type, config, torch.Generator().manual_seed(seed))
     with torch.no_grad():
         rows = _feature_rows(model._model.model.get_image_features(**pixels))
-    ids = _text_ids(model)
-    image_id = getattr(config, "image_token_id", None)
-    if image_id is None:
-        image_id = config.image_token_index
+    image_id = media_token_id(model, "image")
     image = torch.full((1, rows), image_id)
-    input_ids = torch.cat([ids[:, :1], image, ids[:, 1:]], dim=1)
+    input_ids = _with_media(model, image)
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), **pixels}
     if model.model_type == "paligemma":  # the image and the prompt are its prefix
         inputs["token_type_ids"] = torch.zeros_like(input_ids)
