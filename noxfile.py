@@ -11,6 +11,7 @@ nox.options.sessions = ["lint", "typecheck", "registry", "tests"]
 # pip takes this torch from the machine's disk (a CPU build); an unpinned torch would
 # pull a multi-GB CUDA build.
 TORCH = "torch==2.13.0"
+TRANSFORMER_LENS = "transformer-lens==4.3.0"
 CODEGEN_DEPS = [
     "ruamel.yaml>=0.18",
     "jsonschema>=4.20",
@@ -131,6 +132,8 @@ def bench(session: nox.Session) -> None:
     their figures side by side, the first as the baseline."""
     session.install(TORCH)
     session.install("-e", ".[dev]")
+    # the patching grid's third engine: this venv's only, never a dependency
+    session.install(TRANSFORMER_LENS)
     args = list(session.posargs)
     versions: list[str] = []
     for i, arg in enumerate(args):

@@ -255,9 +255,13 @@ def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
     """``full`` (every row, as read hands it on) with each base row's tokens at the
     patch's positions taken from its source row; the source rows as they were."""
     patched = full.clone()
-    for i, (at, row, source_at) in enumerate(pairs):
-        # a view of row i with its sequence first: writing it writes patched
-        patched[i].movedim(axis, 0)[at] = full[row].movedim(axis, 0)[source_at]
+    rows = [i for i, (at, _, _) in enumerate(pairs) for _ in at]
+    source_rows = [row for at, row, _ in pairs for _ in at]
+    tokens = [t for at, _, _ in pairs for t in at]
+    source_tokens = [t for _, _, source_at in pairs for t in source_at]
+    # one indexed copy on views with the sequence second: writing the view writes patched
+    seq = axis + 1
+    patched.movedim(seq, 1)[rows, tokens] = full.movedim(seq, 1)[source_rows, source_tokens]
     return patched
 
 

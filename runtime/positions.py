@@ -350,6 +350,8 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     message inside the tokenizer's chat template)."""
     if frame not in FRAMES:
         raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
+    import torch
+
     tokenizer = _tokenizer_of(model)
     media, no_media = media_token_ids(model)
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
@@ -369,16 +371,16 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     else:
         sources = texts
         add_special = True
+    # lists, not tensors: a frame reads them token by token; the trace's two are made below
     batch = tokenizer(
         sources,
-        return_tensors="pt",
         padding=True,
         add_special_tokens=add_special,
         return_offsets_mapping=True,
         return_special_tokens_mask=True,
     )
-    ids = batch["input_ids"]
-    mask = batch["attention_mask"]
+    ids = torch.tensor(batch["input_ids"], dtype=torch.long)
+    mask = torch.tensor(batch["attention_mask"], dtype=torch.long)
     specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
     frames = [
         _row_frame(
@@ -466,12 +468,10 @@ def _row_frame(
     medium's placeholders, or, in the chat frame, inside the user message's window of
     the rendered source), offsets, anchors and each medium's placeholders."""
     text, source = texts
-    ids = batch["input_ids"]
-    mask = batch["attention_mask"]
-    special = batch["special_tokens_mask"]
-    offsets = batch["offset_mapping"]
-    real = [i for i in range(ids.shape[1]) if int(mask[row, i])]
-    spans = [(int(offsets[row, i, 0]), int(offsets[row, i, 1])) for i in range(ids.shape[1])]
+    ids = batch["input_ids"][row]
+    special = batch["special_tokens_mask"][row]
+    real = [i for i, m in enumerate(batch["attention_mask"][row]) if m]
+    spans = [(int(a), int(b)) for a, b in batch["offset_mapping"][row]]
     if frame == "chat":
         lo, hi = windows[row]
         content = [
@@ -479,18 +479,19 @@ def _row_frame(
         ]
         spans = [(max(a - lo, 0), max(min(b, hi) - lo, 0)) for a, b in spans]
     else:
-        content = [i for i in real if not int(special[row, i])]
+        content = [i for i in real if not special[i]]
         text = source
-    placed = {m: tuple(i for i in real if int(ids[row, i]) == t) for m, t in media.items()}
-    content = [i for i in content if not any(i in p for p in placed.values())]
-    anchors = _anchors(frame, real, content, ids[row], special[row], specials)
+    placed = {m: tuple(i for i in real if ids[i] == t) for m, t in media.items()}
+    in_media = {i for p in placed.values() for i in p}
+    content = [i for i in content if i not in in_media]
+    anchors = _anchors(frame, real, content, ids, special, specials)
     if not content:
         raise PositionError(
             f"row {row} ({text!r}) has no content token after tokenization: give it words"
         )
     return Frame(
         text=text,
-        tokens=tuple(tokenizer.convert_ids_to_tokens([int(t) for t in ids[row]])),
+        tokens=tuple(tokenizer.convert_ids_to_tokens(ids)),
         content=tuple(content),
         offsets=tuple(spans),
         anchors=anchors,
@@ -541,7 +542,6 @@ def trace_inputs(model: Any, encoded: Encoded) -> dict[str, Any]:
 
 
 def _one(position: Position, frame: Frame, row: int) -> list[int]:
-    where = frame.describe(row)
     if position.every:
         return list(frame.content)
     if position.anchor in MEDIA_ANCHORS:
@@ -551,7 +551,7 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
         placed = list(frame.media.get(medium, ()))
         if not placed:
             raise PositionError(
-                f"{position}: {where} holds no {medium} token; feed the input with its "
+                f"{position}: {frame.describe(row)} holds no {medium} token; feed the input with its "
                 f"{medium} (the processor's batch, placeholders included) or address text"
             )
         return placed
@@ -560,7 +560,7 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
         if at is None:
             raise PositionError(
                 f"{position}: the tokenizer added no {position.anchor.upper()} token to "
-                f'{where}; address a content token instead ({{"index": 0}} or '
+                f'{frame.describe(row)}; address a content token instead ({{"index": 0}} or '
                 f'{{"index": -1}})'
             )
         return [at]
@@ -572,7 +572,7 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
     n = len(tokens)
     i = position.index
     if i >= n or i < -n:
-        what = f"the span {position.span!r}" if position.span is not None else where
+        what = f"the span {position.span!r}" if position.span is not None else frame.describe(row)
         first, last = 0, n - 1
         raise PositionError(
             f"{position} is outside {what}, which has {n} content token"

@@ -874,9 +874,18 @@ def bench_engines(repeats: int) -> dict[str, Any]:
     a = interchange(model, [patch], bases, sources)
     b = interchange(model, [patch], bases, sources, engine="hooks")
     checks["engines: interchange hooks == nnsight"] = bool(torch.equal(a.logits, b.logits))
+    tokenizer = model.tokenizer
+    texts = [*bases, *sources]
+
+    def bare_from_text() -> Any:
+        # what any run from text pays: the tokenizer, then the forward
+        ids = tokenizer(texts, return_tensors="pt", padding=True)
+        return floor.forward(dict(ids))
+
     times = interleaved(
         {
             "bare": no_grad(lambda: floor.forward(batch)),
+            "bare_text": no_grad(bare_from_text),
             "hooks": no_grad(lambda: interchange(model, [patch], bases, sources, engine="hooks")),
             "nnsight": no_grad(lambda: interchange(model, [patch], bases, sources)),
         },
@@ -889,6 +898,10 @@ def bench_engines(repeats: int) -> dict[str, Any]:
         "times": timing(times),
         "figures": {
             "hooks interchange / bare forward": figure(times, "hooks", "bare", 1.05),
+            "hooks interchange / tokenizer + bare forward": figure(
+                times, "hooks", "bare_text", 1.05
+            ),
+            "tokenizer + bare forward / bare forward": figure(times, "bare_text", "bare", None),
             "nnsight interchange / bare forward": figure(times, "nnsight", "bare", None),
             "hooks interchange / nnsight interchange": figure(times, "hooks", "nnsight", None),
         },
@@ -915,7 +928,20 @@ def bench_engines(repeats: int) -> dict[str, Any]:
 
     checks["engines: patching grid hooks == nnsight"] = _same(grid("hooks")(), grid("nnsight")())
     grid_repeats = max(3, repeats // 8)
-    times = interleaved({"hooks": grid("hooks"), "nnsight": grid("nnsight")}, grid_repeats, 1)
+    variants = {"hooks": grid("hooks"), "nnsight": grid("nnsight")}
+    lens = _lens_grid(path, model, cells, bases, sources)
+    if isinstance(lens, str):
+        lens_note = lens
+    else:
+        variants["transformer_lens"] = lens
+        # TransformerLens runs eager attention (its hooks see the scores): close, not equal
+        ours = torch.stack(grid("nnsight")())
+        theirs = torch.stack(lens())
+        lens_note = f"TransformerLens run_with_hooks, max |logits diff| {float((ours - theirs).abs().max()):.2e}"
+        checks["engines: patching grid TransformerLens ~= nnsight (atol 1e-4)"] = bool(
+            torch.allclose(ours, theirs, atol=1e-4)
+        )
+    times = interleaved(variants, grid_repeats, 1)
     patches = len(cells) * GRID_PAIRS
     out["grid"] = {
         "cells": len(cells),
@@ -925,11 +951,70 @@ def bench_engines(repeats: int) -> dict[str, Any]:
         "patches_per_s": {
             engine: patches / statistics.median(values) for engine, values in times.items()
         },
-        "transformer_lens": "not measured: not installed in the bench venv (no network here)",
-        "figures": {"hooks grid / nnsight grid": figure(times, "hooks", "nnsight", None)},
+        "transformer_lens": lens_note,
+        "figures": {
+            "hooks grid / nnsight grid": figure(times, "hooks", "nnsight", None),
+            **(
+                {
+                    "hooks grid / TransformerLens grid": figure(
+                        times, "hooks", "transformer_lens", None
+                    ),
+                    "nnsight grid / TransformerLens grid": figure(
+                        times, "nnsight", "transformer_lens", None
+                    ),
+                }
+                if "transformer_lens" in times
+                else {}
+            ),
+        },
     }
     out["checks"] = checks
     return out
+
+
+def _lens_grid(
+    path: Path, model: Any, cells: list[Any], bases: list[str], sources: list[str]
+) -> Callable[[], list[Any]] | str:
+    """The same patching grid with TransformerLens's ``run_with_hooks`` on the same
+    checkpoint (its bridge over the transformers model): per cell one forward of the
+    bases and sources, a hook on the block's input moving the sources' token into the
+    bases'; or why it is not measured (it is the bench venv's, never a dependency)."""
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+    except ImportError as error:
+        return f"not measured: transformer_lens does not import here ({error})"
+    import torch
+
+    from causalab_mini.positions import encode, resolve, trace_inputs
+
+    bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
+    k = len(bases)
+    encoded = encode(model, [*bases, *sources])
+    batch = trace_inputs(model, encoded)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    last = resolve(model, encoded, {"index": -1})
+    at = [(c.layer, resolve(model, encoded, c.position)) for c in cells]
+    rows = torch.arange(k)
+
+    def cell(layer: int, where: list[list[int]]) -> Any:
+        base = torch.tensor([w[0] for w in where[:k]])
+        source = torch.tensor([w[0] for w in where[k:]])
+
+        def patch(t: Any, hook: Any) -> Any:
+            t = t.clone()
+            t[rows, base] = t[rows + k, source]
+            return t
+
+        logits = bridge.run_with_hooks(
+            ids, attention_mask=mask, fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", patch)]
+        )
+        return logits[rows, torch.tensor([w[0] for w in last[:k]])]
+
+    def run() -> list[Any]:
+        with torch.no_grad():
+            return [cell(layer, where) for layer, where in at]
+
+    return run
 
 
 # ---------------------------------------------------------------------- part 2
@@ -1344,12 +1429,14 @@ def table(result: dict[str, Any]) -> str:
             for label, fig in e[part]["figures"].items():
                 ratio_row(f"engines {part}: {label}", fig)
         per_s = e["grid"]["patches_per_s"]
+        lens_per_s = per_s.get("transformer_lens")
         rows.append(
             (
-                f"engines grid ({e['grid']['patches']} patches): patches/s hooks, nnsight",
+                f"engines grid ({e['grid']['patches']} patches): patches/s hooks, nnsight, "
+                "TransformerLens",
                 f"{per_s['hooks']:.0f}",
                 f"{per_s['nnsight']:.0f}",
-                "-",
+                "-" if lens_per_s is None else f"{lens_per_s:.0f}",
                 "-",
                 "",
             )
