@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from .plain import replace_part
+from .versions import outside_versions
 
 Scalar = str | int | float | bool | None
 
@@ -301,17 +302,23 @@ class Lens:
 
 @dataclass(frozen=True)
 class FamilyMatch:
-    """Which models a family file applies to: every given part must hold."""
+    """Which models a family file applies to: every given part must hold. ``versions``
+    (package, PEP 440 range) holds where each installed package is inside its range:
+    a family whose model changed its forward in a release (Falcon's attention before
+    transformers 5.25) matches only the releases it describes."""
 
     model_types: tuple[str, ...] = ()
     classes: tuple[str, ...] = ()
     config: tuple[tuple[str, Scalar], ...] = ()
+    versions: tuple[tuple[str, str], ...] = ()
 
     def matches(self, class_names: tuple[str, ...], model_type: str | None, config: Any) -> bool:
         """``class_names`` is the model class and its bases' names (MRO order)."""
         if self.model_types and model_type not in self.model_types:
             return False
         if self.classes and not set(self.classes) & set(class_names):
+            return False
+        if self.versions and outside_versions(self.versions) is not None:
             return False
         missing = object()
         return all(getattr(config, key, missing) == value for key, value in self.config)

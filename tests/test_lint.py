@@ -803,3 +803,47 @@ def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
     assert not _calls(
         "output_h = self.post_attention(h, attn_vec_h)", "self.post_attention(h, attn_vec"
     )
+
+
+def test_a_family_or_rule_may_match_only_some_releases(package_registry_copy: Path) -> None:
+    # match.versions (a family) and versions (a rule): PEP 440 ranges, checked as every
+    # row's (X006), emitted into the family's and the rule's FamilyMatch
+    registry, diags = lint(package_registry_copy)
+    assert diags == []
+    (inline,) = [f for f in registry.families if f.name == "falcon_inline"]
+    assert inline.match.versions == (("transformers", "<5.25"),)
+    edit(package_registry_copy / "families/falcon_inline.yaml", '"<5.25"', '"before 5.25"')
+    edit(
+        package_registry_copy / "block_structures.yaml",
+        "  - structure: post_ln_cross\n",
+        '  - structure: post_ln_cross\n    versions: {transformers: "5.x"}\n',
+    )
+    _, diags = lint(package_registry_copy)
+    shown = sorted(str(d).replace(f"{package_registry_copy}/", "") for d in diags)
+    assert [d.code for d in diags] == ["X006", "X006"], shown
+    assert any(
+        s.startswith("families/falcon_inline.yaml:")
+        and "[falcon_inline] version range 'before 5.25' for transformers does not parse" in s
+        for s in shown
+    ), shown
+    assert any(
+        s.startswith("block_structures.yaml:") and "version range '5.x' for transformers" in s
+        for s in shown
+    ), shown
+
+
+def test_a_familys_release_range_decides_whether_it_matches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from causalab_mini import versions
+    from causalab_mini.address import FamilyMatch
+
+    match = FamilyMatch(model_types=("falcon",), versions=(("transformers", "<5.25"),))
+    for installed, expected in (("5.24.0", True), ("5.25.0", False), ("5.26.1", False)):
+        monkeypatch.setattr(versions, "_installed", lambda package, v=installed: v)
+        assert match.matches(("FalconForCausalLM",), "falcon", object()) is expected, installed
+    # the other parts still decide first
+    assert not match.matches(("LlamaForCausalLM",), "llama", object())
+    # a package that is not installed is not held against the family
+    monkeypatch.setattr(versions, "_installed", lambda package: None)
+    assert match.matches(("FalconForCausalLM",), "falcon", object())
