@@ -398,6 +398,21 @@ def test_cache_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert leftovers == []
 
 
+def test_a_types_side_inputs_are_part_of_its_checkpoints_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a checkpoint is verified with the side inputs its forward is fed: another side
+    # input row is another checkpoint (not one built and verified under the old row),
+    # and a type's side inputs leave every other type's name alone
+    fed = next(iter(tiny._SIDE_INPUTS))
+    before = {t: tiny._checkpoint_name(t, 0) for t in (fed, "gpt2")}
+    changed = dict(tiny._SIDE_INPUTS)
+    changed[fed] = {**tiny._thaw(changed[fed]), "extra_input": {"why": "x", "shape": ["batch"]}}
+    monkeypatch.setattr(tiny, "_SIDE_INPUTS", changed)
+    assert tiny._checkpoint_name(fed, 0) != before[fed]
+    assert tiny._checkpoint_name("gpt2", 0) == before["gpt2"]
+
+
 @pytest.mark.slow
 def test_concurrent_builders_do_not_race(tmp_path: Path) -> None:
     results: list[Path] = []
