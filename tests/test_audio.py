@@ -1,5 +1,7 @@
 """Audio-language wrappers (registry/tiny.yaml group audio_text_to_text, families
-audio_language.yaml and granite_speech.yaml) fed audio: a tiny audio tower, seeded
+audio_language.yaml, granite_speech.yaml, nemotron_h.yaml's Nemotron-3.5-Transcribe,
+and voxtral_realtime.yaml, whose audio is a side input added to every text position
+rather than placeholder tokens) fed audio: a tiny audio tower, seeded
 random mel features given to the model class directly (no feature extractor). The text
 places keep their identities and transformers' own hidden states with the audio in the
 input, and the audio enters the stream where the family's row says: after
@@ -26,7 +28,7 @@ from causalab_mini.tools.tiny import group_model_types
 from .test_multimodal import _failed, _loaded, _with_media
 
 GROUP = "audio_text_to_text"
-AUDIO_FAMILIES = ("audio_language", "granite_speech")
+AUDIO_FAMILIES = ("audio_language", "granite_speech", "nemotron_h")
 # audio added to every text position (no placeholder tokens), fed by side_inputs
 ALIGNED_FAMILIES = ("voxtral_realtime",)
 # the most used, fed audio here; the group's other types are certified on text
