@@ -89,7 +89,7 @@ def _audio_inputs(model: Any, seed: int) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.semantic
 @pytest.mark.wide
-@pytest.mark.parametrize("model_type", AUDIO_FED)
+@pytest.mark.parametrize("model_type", [*AUDIO_FED, "nemo_speechlm"])
 def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None:
     """media_token_id reads the attribute the family row names on the loaded config;
     a model whose families name none is refused with the row to write."""
