@@ -737,6 +737,27 @@ def test_tiny_side_inputs_are_shapes_read_from_the_config(package_registry_copy:
     ), shown
 
 
+def test_a_side_input_dimension_is_a_product_of_seq_a_config_value_and_a_count(
+    package_registry_copy: Path,
+) -> None:
+    # {seq: true, config: ..., times: n} multiplies what it names (Voxtral-Realtime's
+    # frames per text position); an object naming neither seq nor a config path, or seq
+    # other than true, is refused by the schema
+    path = package_registry_copy / "tiny.yaml"
+    frames = "        - {seq: true, config: downsample_factor, times: 2}\n"
+    assert frames in path.read_text()
+    edit(path, frames, "        - {seq: true}\n")
+    assert lint(package_registry_copy)[1] == []
+    for wrong in ("{times: 2}", "{seq: false, times: 2}"):
+        edit(path, "        - {seq: true}\n", f"        - {wrong}\n")
+        shown = [str(d) for d in lint(package_registry_copy)[1]]
+        assert any(
+            "[voxtral_realtime] side_inputs.voxtral_realtime.input_features.shape.2" in s
+            for s in shown
+        ), shown
+        edit(path, f"        - {wrong}\n", "        - {seq: true}\n")
+
+
 def test_each_cross_row_code_belongs_to_a_rule_module() -> None:
     """hassfest-style: the cross-row pass is codegen/rules/, one module per group of
     codes, run by one loop; lint.py itself raises only file, YAML and schema codes."""

@@ -919,7 +919,11 @@ def side_inputs(
             return int(seq)
         if isinstance(dim, int):
             return dim
-        return int(_config_path(config, dim["config"], layer)) * int(dim.get("times", 1))
+        # a product: the config value, the token batch's seq, an integer (each where given)
+        value = int(dim.get("times", 1)) * (int(seq) if dim.get("seq") else 1)
+        if "config" in dim:
+            value *= int(_config_path(config, dim["config"], layer))
+        return value
 
     def tensor(row: Any, layer: int | None) -> Any:
         dims = [size(dim, layer) for dim in row["shape"]]
