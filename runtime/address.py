@@ -367,6 +367,9 @@ class RenameConfig:
     unbound on the family (each is bound to its own name, which binds nothing): an
     alias it would make hides a child or another alias the family relies on, which
     nnsight 0.8 refuses at load and 0.6/0.7 resolved silently;
+    ``meta_build_unavailable`` says why the model class cannot be built on the meta
+    device (its construction reads a tensor's value): it is loaded with its weights at
+    construction, and ``remote=True`` (which never loads them here) is refused with it;
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -388,6 +391,7 @@ class RenameConfig:
     mixed_layers: bool | None = None
     auto_class: str | None = None
     unbound_defaults: tuple[str, ...] | None = None
+    meta_build_unavailable: str | None = None
     # facts of the family's forward that positions depend on (each a reason): tokens
     # attend to later tokens (a write at one token reaches earlier ones), and the
     # forward reads more of the input than the stream carries (the interchange

@@ -243,6 +243,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
         _auto_class_arguments(model, merged, model_type, architectures, kwargs)
+        _dispatch_arguments(merged, class_names, kwargs)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and probs is not None and not merged.ignore_attn
@@ -519,6 +520,25 @@ def _auto_class_arguments(
         return
     for key, value in compat.auto_class_kwargs(auto_class).items():
         kwargs.setdefault(key, value)
+
+
+def _dispatch_arguments(
+    merged: RenameConfig, class_names: tuple[str, ...], kwargs: dict[str, Any]
+) -> None:
+    """Where the family says its class cannot be built on the meta device (its
+    construction reads a tensor's value), the weights are loaded at construction
+    (nnsight's ``dispatch=True``) instead of at the first trace; ``remote=True``, which
+    builds on meta and never loads them here, is refused with the family's reason."""
+    why = merged.meta_build_unavailable
+    if not why:
+        return
+    model_class = class_names[0] if class_names else "this model"
+    if kwargs.get("remote"):
+        raise ValueError(
+            f"{model_class} cannot be built on the meta device, which remote=True needs "
+            f"(the weights stay on the server): {why}"
+        )
+    kwargs.setdefault("dispatch", True)
 
 
 def _renames(merged: RenameConfig, kwargs: dict[str, Any]) -> dict[str, str]:

@@ -23,8 +23,10 @@ class OperationNotFound(LookupError):
 
 
 def needle_prefix(needle: str) -> str:
-    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem)."""
-    return needle.split("(", 1)[0].replace(".", "_")
+    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem);
+    ``.sigmoid(``, a tensor method called on an expression's result (a call's or a
+    subscript's, which has no name), -> ``sigmoid``: nnsight names it by the method."""
+    return needle.split("(", 1)[0].removeprefix(".").replace(".", "_")
 
 
 def candidates(accessor: Any, needle: str) -> list[str]:

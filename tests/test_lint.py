@@ -809,6 +809,40 @@ def test_a_familys_interiors_replace_the_defaults_fields(package_registry_copy: 
     assert 'INTERIORS["attention_z"]' in text
 
 
+def test_a_needle_may_name_a_method_called_on_an_expressions_result() -> None:
+    # Step-3.7's output gate is gate_states.unsqueeze(-1).sigmoid(): a method called on
+    # a call's result, which nnsight names by the method alone (sigmoid_0), where a
+    # method on a name is named with it (gate.sigmoid() -> gate_sigmoid_0)
+    from types import SimpleNamespace
+
+    from causalab_mini import plain
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import candidates, needle_prefix
+
+    assert NEEDLE.match(".sigmoid(")
+    assert not NEEDLE.match("..sigmoid(")
+    assert not NEEDLE.match(".a.sigmoid(")
+    assert needle_prefix(".sigmoid(") == "sigmoid"
+    assert needle_prefix("gate.sigmoid(") == "gate_sigmoid"
+    text = "\n".join(
+        [
+            "def forward(self, hidden_states):",
+            "    gate = self.g_proj(hidden_states).sigmoid()",
+            "    out = out * gate_states.unsqueeze(-1).sigmoid()",
+            "    scale = gate.sigmoid()",
+        ]
+    )
+    # 0.6/0.7's accessor: line numbers counted after the def line
+    lines = {"self_g_proj_0": 0, "sigmoid_0": 0, "sigmoid_1": 1, "gate_sigmoid_0": 2}
+    source = SimpleNamespace(source=text, line_numbers=lines, sigmoid_1="the gate")
+    # both sigmoid_0 and sigmoid_1 are methods on a call's result: two calls, no one gate
+    assert candidates(source, ".sigmoid(") == ["sigmoid_0", "sigmoid_1"]
+    assert candidates(source, "gate.sigmoid(") == ["gate_sigmoid_0"]
+    del lines["sigmoid_0"]
+    assert candidates(source, ".sigmoid(") == ["sigmoid_1"]
+    assert plain._find(source, ".sigmoid(", "layers.0.self_attn") == "the gate"
+
+
 def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
     # XLNet's attention calls post_attention three times, each with h first: the
     # needle names the arguments up to the one that tells them apart
