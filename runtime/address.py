@@ -387,6 +387,9 @@ class RenameConfig:
     # identities do not hold there)
     attends_ahead: str | None = None
     interchange_unavailable: str | None = None
+    # why nnsight cannot build the family's model on the meta device (its construction
+    # computes from tensor values): it loads with its weights at once (dispatch=True)
+    meta_build_unavailable: str | None = None
     # where audio enters the stream (an audio-language wrapper): the config attribute(s)
     # holding the audio placeholder token's id, the first set one the model's
     addresses: Mapping[str, Address] = field(default_factory=dict)

@@ -243,6 +243,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
         _auto_class_arguments(model, merged, model_type, architectures, kwargs)
+        if merged.meta_build_unavailable and not kwargs.get("remote"):
+            # nnsight's meta build cannot construct it: load the weights at once
+            kwargs.setdefault("dispatch", True)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and probs is not None and not merged.ignore_attn
