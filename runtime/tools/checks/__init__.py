@@ -147,7 +147,7 @@ def final_norm(ctx: Context) -> Iterator[Outcome]:
 
 def model_outputs(ctx: Context) -> Iterator[Outcome]:
     """logits == the model's own logits; input_ids == the ids given; embeddings ==
-    get_input_embeddings()(input_ids)."""
+    get_input_embeddings()(input_ids) (the decoder's on an encoder-decoder)."""
     import torch
 
     if ctx.have("logits"):
@@ -157,11 +157,23 @@ def model_outputs(ctx: Context) -> Iterator[Outcome]:
         ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
         yield Outcome(("input_ids",), "input_ids == the ids given", ok)
     if ctx.have("embeddings"):
-        table = _single(ctx.model._model.get_input_embeddings(), ctx, "embeddings")
+        table = _single(input_embeddings(ctx.model._model), ctx, "embeddings")
         with torch.no_grad():
             embedded = table(ctx.inputs["input_ids"])
         ok, d = close(ctx.v[("embeddings", None)], embedded)
         yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
+
+
+def input_embeddings(hf_model: Any) -> Any:
+    """transformers' input embeddings of the stack the places are on: the decoder's
+    (``get_decoder().get_input_embeddings()``) on an encoder-decoder, whose own
+    ``get_input_embeddings()`` may be its encoder's (T5Gemma keeps one table per
+    stack); ``get_input_embeddings()`` elsewhere."""
+    if getattr(getattr(hf_model, "config", None), "is_encoder_decoder", False):
+        decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else None
+        if decoder is not None and hasattr(decoder, "get_input_embeddings"):
+            return decoder.get_input_embeddings()
+    return hf_model.get_input_embeddings()
 
 
 def _single(module: Any, ctx: Context, component: str) -> Any:
