@@ -803,3 +803,19 @@ def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
     assert not _calls(
         "output_h = self.post_attention(h, attn_vec_h)", "self.post_attention(h, attn_vec"
     )
+
+
+def test_a_needle_with_a_leading_dot_is_a_method_on_a_calls_result() -> None:
+    # FSMT's attention hands on its query as query_states.view(...).transpose(0, 1):
+    # nnsight names the chained call transpose_N, and ".transpose(" names it, never a
+    # method called on a name (key_states.transpose(1, 2), a stem of its own)
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import _calls, needle_prefix
+
+    assert NEEDLE.match(".transpose(")
+    assert not NEEDLE.match("..transpose(")
+    assert needle_prefix(".transpose(") == "transpose"
+    line = "    query_states = query_states.view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)"
+    assert _calls(line, ".transpose(")
+    assert not _calls("    attn_weights = torch.bmm(q, key_states.transpose(1, 2))", ".transpose(")
+    assert not _calls("    x = transpose(y)", ".transpose(")

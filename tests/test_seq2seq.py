@@ -208,12 +208,12 @@ def test_embeddings_oracle_is_the_decoders_table(tiny_model: Any) -> None:
     from causalab_mini.tools import checks
 
     model = tiny_model("tiny:t5gemma")
+    inputs = cert.sample_inputs(model)
+    v = _read(model, ["embeddings_output"], inputs)  # a trace first: the weights loaded
     hf = model._model
     table = checks.input_embeddings(hf)
     assert table is hf.get_decoder().get_input_embeddings()
     assert table is not hf.get_input_embeddings()
-    inputs = cert.sample_inputs(model)
-    v = _read(model, ["embeddings_output"], inputs)
     ids = inputs["input_ids"]
     with torch.no_grad():
         assert torch.allclose(v[("embeddings_output", None)], table(ids), atol=1e-6)
@@ -235,6 +235,32 @@ def test_text_config_name_gives_the_decoders_config(tiny_model: Any) -> None:
     assert model.vocab_size == decoder.vocab_size
 
 
+def test_fsmt_decoder_table_is_the_embeddings_oracle(tiny_model: Any) -> None:
+    """FSMT keeps a table per stack, its decoder is a plain module (no
+    get_input_embeddings) and its get_output_embeddings() names the decoder's table
+    (the head is tied to it): that table is the embeddings oracle, the encoder's
+    (get_input_embeddings()) is not, and the place matches the one, not the other."""
+    import torch
+
+    from causalab_mini.tools import checks
+
+    model = tiny_model("tiny:fsmt")
+    inputs = cert.sample_inputs(model)
+    v = _read(model, ["embeddings_output", "layers_input"], inputs)  # the weights loaded
+    hf = model._model
+    table = checks.input_embeddings(hf)
+    assert isinstance(hf.get_output_embeddings(), torch.nn.Embedding)
+    assert table is hf.get_output_embeddings() and table is not hf.get_input_embeddings()
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(v[("embeddings_output", None)], table(ids), atol=1e-6)
+        assert not torch.allclose(
+            v[("embeddings_output", None)], hf.get_input_embeddings()(ids), atol=1e-3
+        )
+    # time-major inside the stack, read batch first (seq_first)
+    assert v[("layers_input", 0)].shape[:2] == ids.shape
+
+
 # the group's members with rows (registry/block_structures.yaml pre_norm_cross and
 # post_ln_cross rules), beyond the two above
 WIDE = (
@@ -254,6 +280,7 @@ WIDE = (
     "seq2seq/mvp",
     "seq2seq/blenderbot-small",
     "nllb-moe",
+    "fsmt",
     "seamless_m4t",
     "seamless_m4t_v2",
 )
