@@ -279,6 +279,7 @@ WIDE = (
     "seq2seq/plbart",
     "seq2seq/mvp",
     "seq2seq/blenderbot-small",
+    "seq2seq/prophetnet",
     "nllb-moe",
     "fsmt",
     "seamless_m4t",
