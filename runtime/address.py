@@ -363,6 +363,10 @@ class RenameConfig:
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
     default class; ``tiny:`` builds with it too);
+    ``text_config_name`` names the config attribute holding the decoder stack's own
+    config where the model's config nests it under another name than text_config
+    (an encoder-decoder config with encoder and decoder sub-configs): the text config,
+    its widths and head counts are read from it;
     ``unbound_defaults`` lists keys of nnterp's built-in rename table that stay
     unbound on the family (each is bound to its own name, which binds nothing): an
     alias it would make hides a child or another alias the family relies on, which
@@ -390,6 +394,7 @@ class RenameConfig:
     oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None
     auto_class: str | None = None
+    text_config_name: str | None = None
     unbound_defaults: tuple[str, ...] | None = None
     meta_build_unavailable: str | None = None
     # facts of the family's forward that positions depend on (each a reason): tokens

@@ -28,7 +28,13 @@ from .quiet import quiet  # noqa: E402
 from .spec import prepare_model_spec  # noqa: E402
 
 
-def _text_config(config: Any) -> Any:
+def _text_config(config: Any, name: str | None = None) -> Any:
+    """The config of the text stack: the sub-config a family names
+    (``text_config_name``), else transformers' text config where the config nests one
+    under text_config, else the config itself."""
+    named = getattr(config, name, None) if name else None
+    if named is not None:
+        return named
     text = getattr(config, "text_config", None)
     if text is not None and hasattr(config, "get_text_config"):
         return config.get_text_config()
@@ -305,6 +311,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # class, the layers' own calls last
         self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
+        self.__dict__["_text_config_name"] = merged.text_config_name
+        if merged.text_config_name:
+            self._widths_from_text_config()
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         self.resolution = resolve(names, self.model_type, self.text_config, rename_config)
         self.families: tuple[str, ...] = self.resolution.families
@@ -313,6 +322,20 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         self._attach(self.internals)
         if not kwargs.get("remote"):
             self.internals.install_sources()
+
+    def _widths_from_text_config(self) -> None:
+        """nnterp reads the widths off the top-level config; where a family names the
+        sub-config its stack's are in (``text_config_name``), the ones nnterp did not
+        find are read from there."""
+        text = self.text_config
+        for attribute, key in (
+            ("hidden_size", "hidden_size"),
+            ("num_heads", "num_attention_heads"),
+            ("vocab_size", "vocab_size"),
+        ):
+            value = getattr(text, key, None)
+            if getattr(self, attribute, None) is None and isinstance(value, int):
+                setattr(self, attribute, value)
 
     def _attach(self, internals: Internals) -> None:
         for name in internals:
@@ -439,7 +462,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     @property
     def text_config(self) -> Any:
-        return _text_config(self._model.config)
+        return _text_config(self._model.config, self.__dict__.get("_text_config_name"))
 
     @property
     def attention_probs_enabled(self) -> bool:

@@ -47,11 +47,17 @@ def candidates(accessor: Any, needle: str) -> list[str]:
 
 def _calls(text: str, needle: str) -> bool:
     """Whether ``text`` holds the call ``needle``: not a longer name ending in it, and,
-    where the needle names the first argument, not a longer argument starting with it."""
+    where the needle names the first argument, not a longer argument starting with it.
+    A needle with a leading "." is a method called on an expression's result, a call's
+    or a subscript's (``x.view(...).transpose(``, ``g[..., 0].sigmoid(``), which has no
+    name: it holds only right after a closing parenthesis or bracket."""
     for match in re.finditer(re.escape(needle), text):
         before = text[: match.start()]
         after = text[match.end() :]
-        if before and (before[-1].isalnum() or before[-1] in "_."):
+        if needle.startswith("."):
+            if not before.endswith((")", "]")):
+                continue
+        elif before and (before[-1].isalnum() or before[-1] in "_."):
             continue
         if not needle.endswith("(") and after and (after[0].isalnum() or after[0] == "_"):
             continue

@@ -902,3 +902,17 @@ def test_a_familys_release_range_decides_whether_it_matches(
     # a package that is not installed is not held against the family
     monkeypatch.setattr(versions, "_installed", lambda package: None)
     assert match.matches(("FalconForCausalLM",), "falcon", object())
+def test_a_needle_with_a_leading_dot_is_a_method_on_a_calls_result() -> None:
+    # FSMT's attention hands on its query as query_states.view(...).transpose(0, 1):
+    # nnsight names the chained call transpose_N, and ".transpose(" names it, never a
+    # method called on a name (key_states.transpose(1, 2), a stem of its own)
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import _calls, needle_prefix
+
+    assert NEEDLE.match(".transpose(")
+    assert not NEEDLE.match("..transpose(")
+    assert needle_prefix(".transpose(") == "transpose"
+    line = "    query_states = query_states.view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)"
+    assert _calls(line, ".transpose(")
+    assert not _calls("    attn_weights = torch.bmm(q, key_states.transpose(1, 2))", ".transpose(")
+    assert not _calls("    x = transpose(y)", ".transpose(")
