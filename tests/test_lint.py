@@ -870,8 +870,8 @@ def test_a_family_or_rule_may_match_only_some_releases(package_registry_copy: Pa
     edit(package_registry_copy / "families/falcon_inline.yaml", '"<5.25"', '"before 5.25"')
     edit(
         package_registry_copy / "block_structures.yaml",
-        "  - structure: post_ln_cross\n",
-        '  - structure: post_ln_cross\n    versions: {transformers: "5.x"}\n',
+        "  - structure: mixer_only\n",
+        '  - structure: mixer_only\n    versions: {transformers: "5.x"}\n',
     )
     _, diags = lint(package_registry_copy)
     shown = sorted(str(d).replace(f"{package_registry_copy}/", "") for d in diags)
@@ -902,6 +902,8 @@ def test_a_familys_release_range_decides_whether_it_matches(
     # a package that is not installed is not held against the family
     monkeypatch.setattr(versions, "_installed", lambda package: None)
     assert match.matches(("FalconForCausalLM",), "falcon", object())
+
+
 def test_a_needle_with_a_leading_dot_is_a_method_on_a_calls_result() -> None:
     # FSMT's attention hands on its query as query_states.view(...).transpose(0, 1):
     # nnsight names the chained call transpose_N, and ".transpose(" names it, never a
