@@ -13,7 +13,6 @@ from enum import Enum
 from typing import Any, Literal
 
 from .plain import replace_part
-from .versions import outside_versions
 
 Scalar = str | int | float | bool | None
 
@@ -318,8 +317,13 @@ class FamilyMatch:
             return False
         if self.classes and not set(self.classes) & set(class_names):
             return False
-        if self.versions and outside_versions(self.versions) is not None:
-            return False
+        if self.versions:
+            # packaging only where a family names releases: the generated tables
+            # import this module and must import with nothing but the standard library
+            from .versions import outside_versions
+
+            if outside_versions(self.versions) is not None:
+                return False
         missing = object()
         return all(getattr(config, key, missing) == value for key, value in self.config)
 

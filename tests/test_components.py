@@ -200,8 +200,23 @@ def test_refusals_at_compile_time(tiny_model: Load) -> None:
 def test_a_family_without_the_shared_attention_function_refuses_its_interiors(
     tiny_model: Load,
 ) -> None:
-    # Falcon with ALiBi multiplies queries and keys with the @ operator: no call to name
+    # Falcon with ALiBi multiplied queries and keys with the @ operator before
+    # transformers 5.25 (falcon_alibi.yaml): no call to name. From 5.25 it calls the
+    # shared attention function, and its interiors are the default rows'
+    from causalab_mini.generated import FAMILY_MATCH
+    from causalab_mini.versions import outside_versions
+
     falcon = tiny_model("tiny:falcon?alibi=true")
+    if outside_versions(FAMILY_MATCH["falcon_alibi"].versions) is not None:
+        assert "falcon_alibi" not in falcon.families
+        assert locate(falcon, "attention_query", 0).module == "self_attn"
+        falcon = tiny_model("tiny:diffllama")
+        with pytest.raises(ComponentError) as info:
+            locate(falcon, "attention_query", 0)
+        assert str(info.value).startswith(
+            "component 'attention_query': attention_query is not offered on DiffLlama"
+        )
+        return
     with pytest.raises(ComponentError) as info:
         locate(falcon, "attention_query", 0)
     text = str(info.value)
