@@ -331,17 +331,35 @@ def oracle_hidden_states(model: Any, hidden: Any) -> Any:
     return (None, *tuple(hidden)[len(hidden) - n :])
 
 
-def decoder_outputs(out: Any) -> Any:
+def decoder_outputs(out: Any, model: Any = None) -> Any:
     """A model output as the oracles read a decoder's: an encoder-decoder's output
     (``decoder_hidden_states`` and ``decoder_attentions`` beside the encoder's) gives
     its decoder's entries as ``hidden_states`` and ``attentions`` (the registry's layers
-    are the decoder's), ``cross_attentions`` and ``logits`` kept; any other as it is."""
+    are the decoder's), ``cross_attentions`` and ``logits`` kept; where ``model``'s
+    family says the wrapper keeps its language model's output in a field of its own
+    (``oracle_outputs``: BLIP-2's ``language_model_outputs``), that output's entries,
+    read the same way, with the wrapper's logits; any other as it is."""
+    from types import SimpleNamespace
+
+    field = getattr(model, "oracle_outputs", None)
+    if field is not None:
+        held = getattr(out, field, None)
+        if held is None:
+            raise TypeError(
+                f"{type(out).__name__} has no {field!r} (the family's oracle_outputs): "
+                "the language model's hidden states and attentions are not where the "
+                "family says"
+            )
+        inner = decoder_outputs(held)
+        return SimpleNamespace(
+            hidden_states=inner.hidden_states,
+            attentions=getattr(inner, "attentions", None),
+            logits=out.logits,
+        )
     if getattr(out, "decoder_hidden_states", None) is None and not hasattr(
         out, "decoder_attentions"
     ):
         return out
-    from types import SimpleNamespace
-
     return SimpleNamespace(
         hidden_states=out.decoder_hidden_states,
         attentions=out.decoder_attentions,
@@ -369,7 +387,7 @@ def hidden_state_oracle(
 
     with torch.no_grad():
         out = decoder_outputs(
-            model._model(**forward_inputs(model, inputs), output_hidden_states=True)
+            model._model(**forward_inputs(model, inputs), output_hidden_states=True), model
         )
     hidden = oracle_hidden_states(model, out.hidden_states)
     checks = []
@@ -428,7 +446,9 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     import torch
 
     with torch.no_grad():
-        out = decoder_outputs(model._model(**forward_inputs(model, inputs), output_attentions=True))
+        out = decoder_outputs(
+            model._model(**forward_inputs(model, inputs), output_attentions=True), model
+        )
     values = read_places(model, inputs, ["attention_probabilities"])
     # one entry per layer the model runs (see hidden_state_oracle)
     return [

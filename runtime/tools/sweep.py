@@ -203,7 +203,8 @@ def _context(
                 **cert.forward_inputs(model, inputs),
                 output_hidden_states=True,
                 output_attentions=model.attention_probs_enabled,
-            )
+            ),
+            model,
         )
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
