@@ -350,9 +350,10 @@ class RenameConfig:
     an entry per call of the layer class, other calls first (a second stack of the
     same class, earlier cycles), so the oracles are the last entries, each a layer's
     output (none is a layer's input: something may run between two layers);
-    ``oracle_outputs`` names the field of the model's output that holds its language
-    model's own output (BLIP-2's ``language_model_outputs``), where the wrapper keeps
-    transformers' hidden states and attentions there and not at its top level;
+    ``oracle_module`` names the submodule (a path) whose own output holds the language
+    model's hidden states and attentions, where the wrapper's output drops them
+    (BLIP's text_decoder) or nests them (BLIP-2's language_model): the oracles read
+    that module's output in the same forward;
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``auto_class`` names the transformers auto class that loads the checkpoint where
@@ -381,7 +382,7 @@ class RenameConfig:
     skip_nnterp_checks: bool | None = None
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
-    oracle_outputs: str | None = None
+    oracle_module: str | None = None
     mixed_layers: bool | None = None
     auto_class: str | None = None
     unbound_defaults: tuple[str, ...] | None = None

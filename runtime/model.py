@@ -303,8 +303,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # ... and where they (and output_attentions) count every call of the layer
         # class, the layers' own calls last
         self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
-        # ... and where the wrapper's output keeps them in its language model's output
-        self.oracle_outputs: str | None = merged.oracle_outputs
+        # ... and where the wrapper drops or nests its language model's own output
+        self.oracle_module: str | None = merged.oracle_module
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         self.resolution = resolve(names, self.model_type, self.text_config, rename_config)
