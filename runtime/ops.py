@@ -18,12 +18,21 @@ from typing import Any
 from .compat import forward_key, parsed_source, source_identity
 
 
+# a needle naming the call of a call's result: a callable, its whole argument list,
+# then "(" (``nn.Softmax(dim=-1)(``)
+CALL_OF_RESULT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\([^()]*\)\($")
+
+
 class OperationNotFound(LookupError):
     """A row's needle matches no operation, or several, in a forward's source."""
 
 
 def needle_prefix(needle: str) -> str:
-    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem)."""
+    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem); a
+    call of what a call returns, ``nn.Softmax(dim=-1)(`` (a module built and called in
+    one expression), -> ``call``: nnsight names that second call ``call_<n>``."""
+    if CALL_OF_RESULT.match(needle):
+        return "call"
     return needle.split("(", 1)[0].replace(".", "_")
 
 
