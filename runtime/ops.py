@@ -17,7 +17,6 @@ from typing import Any
 
 from .compat import forward_key, parsed_source, source_identity
 
-
 # a needle naming the call of a call's result: a callable, its whole argument list,
 # then "(" (``nn.Softmax(dim=-1)(``)
 CALL_OF_RESULT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\([^()]*\)\($")
