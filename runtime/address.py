@@ -356,6 +356,8 @@ class RenameConfig:
     that module's output in the same forward;
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
+    ``hidden_size_config_key`` the one holding the stream's width where they miss it
+    (Kosmos-2's embed_dim);
     ``auto_class`` names the transformers auto class that loads the checkpoint where
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
@@ -376,6 +378,7 @@ class RenameConfig:
     ln_final_name: Names | None = None
     lm_head_name: Names | None = None
     attn_head_config_key: str | None = None
+    hidden_size_config_key: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None

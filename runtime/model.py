@@ -482,6 +482,7 @@ _NNTERP_CONTAINERS = (
     "ln_final_name",
     "lm_head_name",
     "attn_head_config_key",
+    "hidden_size_config_key",
     "ignore_mlp",
     "ignore_attn",
 )

@@ -788,6 +788,23 @@ def test_a_familys_interiors_replace_the_defaults_fields(package_registry_copy: 
     assert 'INTERIORS["attention_z"]' in text
 
 
+def test_a_needle_may_name_the_call_of_a_calls_result() -> None:
+    # BLIP's attention builds its Softmax module and calls it in one expression:
+    # nnsight names the second call call_<n>, which the needle names by the whole
+    # first call and "("
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import _calls, needle_prefix
+
+    assert NEEDLE.match("nn.Softmax(dim=-1)(")
+    assert not NEEDLE.match("nn.Softmax(dim=-1)")
+    assert not NEEDLE.match("nn.Softmax(f(x))(")
+    assert needle_prefix("nn.Softmax(dim=-1)(") == "call"
+    assert needle_prefix("nn.functional.softmax(") == "nn_functional_softmax"
+    line = "        attention_probs = nn.Softmax(dim=-1)(attention_scores)"
+    assert _calls(line, "nn.Softmax(dim=-1)(")
+    assert not _calls("        probs = nn.Softmax(dim=1)(scores)", "nn.Softmax(dim=-1)(")
+
+
 def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
     # XLNet's attention calls post_attention three times, each with h first: the
     # needle names the arguments up to the one that tells them apart
