@@ -421,7 +421,7 @@ class Family:
     operands: Mapping[str, Operand] = field(default_factory=dict)
     structure_unknown: str | None = None
     lens: Lens | None = None
-    # medium (image, audio) -> the config attributes that may hold its placeholder id
+    # medium (image, audio, video) -> the config attributes that may hold its placeholder id
     media_tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 

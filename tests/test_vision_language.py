@@ -233,26 +233,37 @@ def _query_inputs(model: Any, seed: int) -> dict[str, Any]:
     config = model._model.config
     size = config.vision_config.image_size
     generator = torch.Generator().manual_seed(seed)
-    image = torch.full((1, config.num_query_tokens), _image_id(model))
+    # InstructBLIP-Video: a video of 2 frames, each frame's queries at its placeholders
+    frames = (2,) if model.model_type == "instructblipvideo" else ()
+    image = torch.full((1, config.num_query_tokens * (frames or (1,))[0]), _query_id(model))
     input_ids = _with_media(model, image)
     inputs = {
         "input_ids": input_ids,
         "attention_mask": torch.ones_like(input_ids),
-        "pixel_values": torch.randn(1, 3, size, size, generator=generator),
+        "pixel_values": torch.randn(1, *frames, 3, size, size, generator=generator),
     }
-    if model.model_type == "instructblip":
+    if model.model_type in ("instructblip", "instructblipvideo"):
         inputs["qformer_input_ids"] = input_ids.clone()
         inputs["qformer_attention_mask"] = torch.ones_like(input_ids)
     return inputs
 
 
-@pytest.mark.parametrize("model_type", ["blip-2", "instructblip"])
+def _medium(model: Any) -> str:
+    return "video" if model.model_type == "instructblipvideo" else "image"
+
+
+def _query_id(model: Any) -> int:
+    return media_token_id(model, _medium(model))
+
+
+@pytest.mark.parametrize("model_type", ["blip-2", "instructblip", "instructblipvideo"])
 def test_the_query_outputs_fill_the_placeholders_nothing_is_prepended(model_type: str) -> None:
     """BLIP-2 (transformers >= 5) writes the projected Q-Former query outputs over the
-    image placeholders, num_query_tokens of them: the stream is as long as the token
+    image placeholders, num_query_tokens of them (InstructBLIP-Video's over the video
+    placeholders, num_query_tokens per frame): the stream is as long as the token
     ids (no query prefix shifts the text), every identity and the language model's own
-    hidden states (oracle_module) hold, the image anchor is the placeholders, and
-    other pixels move layers_input[0] at the placeholders only."""
+    hidden states (oracle_module) hold, the image (video) anchor is the placeholders,
+    the content frame leaves them out, and other pixels move layers_input[0] at the placeholders only."""
     import torch
 
     from causalab_mini import positions as P
@@ -260,7 +271,7 @@ def test_the_query_outputs_fill_the_placeholders_nothing_is_prepended(model_type
     model = _loaded(f"tiny:{model_type}")
     inputs = _query_inputs(model, seed=0)
     ids = inputs["input_ids"]
-    image = ids[0] == _image_id(model)
+    image = ids[0] == _query_id(model)
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
@@ -270,9 +281,11 @@ def test_the_query_outputs_fill_the_placeholders_nothing_is_prepended(model_type
     with torch.no_grad():
         placeholder = model._model.get_input_embeddings()(ids)[0]
     assert certify.difference(values[("embeddings_output", None)][0], placeholder)[0]
-    assert P.resolve(model, inputs, {"anchor": "image"}) == [
+    assert P.resolve(model, inputs, {"anchor": _medium(model)}) == [
         [int(i) for i in image.nonzero().flatten()]
     ]
+    text = [i for i in range(1, ids.shape[1]) if not image[i]]
+    assert P.resolve(model, inputs, "all") == [text]  # the queries are not text
     other = certify.read_places(model, _query_inputs(model, seed=1), ["layers_input"])
     moved = (other[("layers_input", 0)][0] - merged).abs().amax(-1)
     assert bool((moved[~image] == 0).all()) and bool((moved[image] > 0).all())
