@@ -361,8 +361,14 @@ class RenameConfig:
     an entry per call of the layer class, other calls first (a second stack of the
     same class, earlier cycles), so the oracles are the last entries, each a layer's
     output (none is a layer's input: something may run between two layers);
+    ``oracle_module`` names the submodule (a path) whose own output holds the language
+    model's hidden states and attentions, where the wrapper's output drops them
+    (BLIP's text_decoder) or nests them (BLIP-2's language_model): the oracles read
+    that module's output in the same forward;
     ``attn_head_config_key`` names the config attribute holding the layers' head
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
+    ``hidden_size_config_key`` the one holding the stream's width where they miss it
+    (Kosmos-2's embed_dim);
     ``auto_class`` names the transformers auto class that loads the checkpoint where
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
@@ -390,12 +396,14 @@ class RenameConfig:
     ln_final_name: Names | None = None
     lm_head_name: Names | None = None
     attn_head_config_key: str | None = None
+    hidden_size_config_key: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
+    oracle_module: str | None = None
     mixed_layers: bool | None = None
     auto_class: str | None = None
     text_config_name: str | None = None
@@ -433,7 +441,7 @@ class Family:
     operands: Mapping[str, Operand] = field(default_factory=dict)
     structure_unknown: str | None = None
     lens: Lens | None = None
-    # medium (image, audio) -> the config attributes that may hold its placeholder id
+    # medium (image, audio, video) -> the config attributes that may hold its placeholder id
     media_tokens: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 

@@ -310,6 +310,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # ... and where they (and output_attentions) count every call of the layer
         # class, the layers' own calls last
         self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
+        # ... and where the wrapper drops or nests its language model's own output
+        self.oracle_module: str | None = merged.oracle_module
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
         self.__dict__["_text_config_name"] = merged.text_config_name
         if merged.text_config_name:
@@ -504,6 +506,7 @@ _NNTERP_CONTAINERS = (
     "ln_final_name",
     "lm_head_name",
     "attn_head_config_key",
+    "hidden_size_config_key",
     "ignore_mlp",
     "ignore_attn",
 )

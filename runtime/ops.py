@@ -17,6 +17,10 @@ from typing import Any
 
 from .compat import forward_key, parsed_source, source_identity
 
+# a needle naming the call of a call's result: a callable, its whole argument list,
+# then "(" (``nn.Softmax(dim=-1)(``)
+CALL_OF_RESULT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\([^()]*\)\($")
+
 
 class OperationNotFound(LookupError):
     """A row's needle matches no operation, or several, in a forward's source."""
@@ -25,7 +29,11 @@ class OperationNotFound(LookupError):
 def needle_prefix(needle: str) -> str:
     """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem);
     ``.sigmoid(``, a tensor method called on an expression's result (a call's or a
-    subscript's, which has no name), -> ``sigmoid``: nnsight names it by the method."""
+    subscript's, which has no name), -> ``sigmoid``: nnsight names it by the method;
+    a call of what a call returns, ``nn.Softmax(dim=-1)(`` (a module built and called
+    in one expression), -> ``call``: nnsight names that second call ``call_<n>``."""
+    if CALL_OF_RESULT.match(needle):
+        return "call"
     return needle.split("(", 1)[0].removeprefix(".").replace(".", "_")
 
 

@@ -10,6 +10,7 @@ A position is pure data, written the way documents write it::
     {"anchor": "eos"}              the special token the tokenizer put last
     {"anchor": "image"}            every token an image's features fill (its placeholders)
     {"anchor": "audio"}            every token an audio's features fill, likewise
+    {"anchor": "video"}            every token a video's features fill, likewise
     "all"                          every content token
     [ ... ]                        several of these, in the order given
 
@@ -43,9 +44,9 @@ from typing import Any
 
 from . import plain
 
-ANCHORS = ("bos", "eos", "image", "audio")
+ANCHORS = ("bos", "eos", "image", "audio", "video")
 # anchors that name every token of a medium (the placeholders its features fill), not one
-MEDIA_ANCHORS = ("image", "audio")
+MEDIA_ANCHORS = ("image", "audio", "video")
 FRAMES = ("plain", "chat")
 
 
@@ -76,7 +77,7 @@ class Position:
             raise PositionError(
                 f"{self.spec()!r} mixes kinds of position: write one of "
                 '{"index": i}, {"span": "text"} (with an optional "index"), '
-                '{"anchor": "bos"|"eos"|"image"|"audio"} or "all"'
+                '{"anchor": "bos"|"eos"|"image"|"audio"|"video"} or "all"'
             )
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise PositionError(
@@ -141,7 +142,7 @@ def parse(spec: Any) -> tuple[Position, ...]:
             return (Position(every=True),)
         raise PositionError(
             f'unknown position {spec!r}: write "all", {{"index": i}}, '
-            '{"span": "text"} or {"anchor": "bos"|"eos"|"image"|"audio"}'
+            '{"span": "text"} or {"anchor": "bos"|"eos"|"image"|"audio"|"video"}'
         )
     if isinstance(spec, Mapping):
         extra = set(spec) - _KEYS
@@ -230,7 +231,7 @@ def _tokenizer_of(model: Any) -> Any:
 
 
 def media_token_ids(model: Any) -> tuple[dict[str, int], dict[str, str]]:
-    """Medium (image, audio) -> the placeholder token id of ``model``'s inputs, read from its
+    """Medium (image, audio, video) -> the placeholder token id of ``model``'s inputs, read from its
     loaded config at the attributes its families' ``media_tokens`` field names (the
     first one set, on the config or its text config); and, for each medium it has none
     for, why (one line)."""

@@ -99,7 +99,10 @@ def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None
     found = [getattr(config, k) for k in keys if getattr(config, k, None) is not None]
     assert found and media_token_id(model, "audio") == found[0]
     assert found[0] < config.text_config.vocab_size
-    with pytest.raises(ValueError, match="unknown medium 'video'"):
+    with pytest.raises(ValueError, match="unknown medium 'depth'"):
+        media_token_id(model, "depth")
+    # a medium the positions know (InstructBLIP-Video's) that this family names none of
+    with pytest.raises(PlaceUnavailable, match="name no video placeholder token"):
         media_token_id(model, "video")
 
 

@@ -809,6 +809,23 @@ def test_a_familys_interiors_replace_the_defaults_fields(package_registry_copy: 
     assert 'INTERIORS["attention_z"]' in text
 
 
+def test_a_needle_may_name_the_call_of_a_calls_result() -> None:
+    # BLIP's attention builds its Softmax module and calls it in one expression:
+    # nnsight names the second call call_<n>, which the needle names by the whole
+    # first call and "("
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import _calls, needle_prefix
+
+    assert NEEDLE.match("nn.Softmax(dim=-1)(")
+    assert not NEEDLE.match("nn.Softmax(dim=-1)")
+    assert not NEEDLE.match("nn.Softmax(f(x))(")
+    assert needle_prefix("nn.Softmax(dim=-1)(") == "call"
+    assert needle_prefix("nn.functional.softmax(") == "nn_functional_softmax"
+    line = "        attention_probs = nn.Softmax(dim=-1)(attention_scores)"
+    assert _calls(line, "nn.Softmax(dim=-1)(")
+    assert not _calls("        probs = nn.Softmax(dim=1)(scores)", "nn.Softmax(dim=-1)(")
+
+
 def test_a_needle_may_name_a_method_called_on_an_expressions_result() -> None:
     # Step-3.7's output gate is gate_states.unsqueeze(-1).sigmoid(): a method called on
     # a call's result, which nnsight names by the method alone (sigmoid_0), where a

@@ -222,6 +222,125 @@ def test_the_image_anchor_is_refused_without_image_tokens() -> None:
         P.resolve(text_only, ["The quick brown fox"], {"anchor": "image"})
 
 
+# ------------------------------------------- BLIP-2, InstructBLIP: queries, not pixels
+
+
+def _query_inputs(model: Any, seed: int) -> dict[str, Any]:
+    """``<s>``, num_query_tokens image placeholders, the text; random pixels (and, for
+    InstructBLIP, the Q-Former's instruction: the same ids, as its processor gives)."""
+    import torch
+
+    config = model._model.config
+    size = config.vision_config.image_size
+    generator = torch.Generator().manual_seed(seed)
+    # InstructBLIP-Video: a video of 2 frames, each frame's queries at its placeholders
+    frames = (2,) if model.model_type == "instructblipvideo" else ()
+    image = torch.full((1, config.num_query_tokens * (frames or (1,))[0]), _query_id(model))
+    input_ids = _with_media(model, image)
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": torch.randn(1, *frames, 3, size, size, generator=generator),
+    }
+    if model.model_type in ("instructblip", "instructblipvideo"):
+        inputs["qformer_input_ids"] = input_ids.clone()
+        inputs["qformer_attention_mask"] = torch.ones_like(input_ids)
+    return inputs
+
+
+def _medium(model: Any) -> str:
+    return "video" if model.model_type == "instructblipvideo" else "image"
+
+
+def _query_id(model: Any) -> int:
+    return media_token_id(model, _medium(model))
+
+
+@pytest.mark.parametrize("model_type", ["blip-2", "instructblip", "instructblipvideo"])
+def test_the_query_outputs_fill_the_placeholders_nothing_is_prepended(model_type: str) -> None:
+    """BLIP-2 (transformers >= 5) writes the projected Q-Former query outputs over the
+    image placeholders, num_query_tokens of them (InstructBLIP-Video's over the video
+    placeholders, num_query_tokens per frame): the stream is as long as the token
+    ids (no query prefix shifts the text), every identity and the language model's own
+    hidden states (oracle_module) hold, the image (video) anchor is the placeholders,
+    the content frame leaves them out, and other pixels move layers_input[0] at the placeholders only."""
+    import torch
+
+    from causalab_mini import positions as P
+
+    model = _loaded(f"tiny:{model_type}")
+    inputs = _query_inputs(model, seed=0)
+    ids = inputs["input_ids"]
+    image = ids[0] == _query_id(model)
+    values = certify.read_places(model, inputs)
+    checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
+    assert checks and not _failed(checks)
+    assert any(c.name.startswith("hidden_states") for c in checks)
+    merged = values[("layers_input", 0)][0]
+    assert merged.shape[0] == ids.shape[1]  # one stream row per token id
+    with torch.no_grad():
+        placeholder = model._model.get_input_embeddings()(ids)[0]
+    assert certify.difference(values[("embeddings_output", None)][0], placeholder)[0]
+    assert P.resolve(model, inputs, {"anchor": _medium(model)}) == [
+        [int(i) for i in image.nonzero().flatten()]
+    ]
+    text = [i for i in range(1, ids.shape[1]) if not image[i]]
+    assert P.resolve(model, inputs, "all") == [text]  # the queries are not text
+    other = certify.read_places(model, _query_inputs(model, seed=1), ["layers_input"])
+    moved = (other[("layers_input", 0)][0] - merged).abs().amax(-1)
+    assert bool((moved[~image] == 0).all()) and bool((moved[image] > 0).all())
+
+
+def test_the_oracles_read_the_text_decoders_own_output() -> None:
+    """BLIP's wrapper returns its vision tower's hidden states; the family's
+    oracle_module makes the oracles read the text decoder's own, one entry per layer
+    and the embeddings, of the text's shape, in the same forward as the logits."""
+    import torch
+
+    model = _loaded("tiny:blip")
+    assert model.oracle_module == "text_decoder"
+    inputs = certify.sample_inputs(model)
+    with torch.no_grad():
+        whole = model._model(**inputs, output_hidden_states=True)
+    text = (*inputs["input_ids"].shape, model.hidden_size)
+    assert tuple(whole.hidden_states[0].shape) != text  # the image's patches
+    held = certify.oracle_outputs(model, inputs, output_hidden_states=True)
+    assert len(held.hidden_states) == model.internals.num_layers + 1
+    assert all(tuple(h.shape) == text for h in held.hidden_states)
+    assert torch.equal(held.logits, whole.logits)
+    values = certify.read_places(model, inputs)
+    # a BERT-style stack: the entries are the embeddings' and each block's output, the
+    # norm sits in the LM head (the sweep's final_norm check knows: stream_ends_at_block)
+    checks = [
+        c
+        for c in certify.hidden_state_oracle(model, inputs, values)
+        if c.name != "hidden_states[-1] == ln_final_output"
+    ]
+    last = model.internals.num_layers - 1
+    checks.append(
+        certify.compare(
+            "hidden_states[-1] == layers_output[-1]",
+            last,
+            values[("layers_output", last)],
+            held.hidden_states[-1],
+        )
+    )
+    assert len(checks) > 2 and not _failed(checks)
+
+
+def test_kosmos2_reads_an_empty_image_on_text() -> None:
+    """Kosmos-2's text-only input is an image of no rows and a position mask of zeros
+    (registry/tiny.yaml side_inputs, an axis of size 0): no token is overwritten, so
+    the stream is the text's own."""
+    from causalab_mini.tools.tiny import side_inputs
+
+    model = _loaded("tiny:kosmos-2")
+    fed = side_inputs(model._model.config, 2, 5)
+    assert tuple(fed["image_embeds"].shape) == (2, 0, model.hidden_size)
+    assert tuple(fed["image_embeds_position_mask"].shape) == (2, 5)
+    assert not fed["image_embeds_position_mask"].any()
+
+
 _META_BUILD_UNAVAILABLE = sorted(
     model_type
     for family, rename in FAMILY_RENAME.items()

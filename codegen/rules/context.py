@@ -21,8 +21,11 @@ from ..model import Registry
 # result, which has no name (".sigmoid(" in "gate.unsqueeze(-1).sigmoid()"): a dot and
 # the method alone, as nnsight names that call
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+# or the call of what a call returns, the first call's whole argument list written
+# out: "nn.Softmax(dim=-1)(" (a module built and called in one expression)
 NEEDLE = re.compile(
     rf"^(\.{_IDENT}|{_IDENT}(\.{_IDENT})*)\(({_IDENT}[A-Za-z0-9_.]*(, {_IDENT}[A-Za-z0-9_.]*)*)?$"
+    rf"|^{_IDENT}(\.{_IDENT})*\([^()]*\)\($"
 )
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 ALLOWED_PLACEHOLDERS = {"place"}

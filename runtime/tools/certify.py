@@ -9,6 +9,7 @@ oracles are written by others: transformers' ``output_hidden_states`` and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, TypeAlias
 
 from causalab_mini.address import IdentityTerm, identity_term_rows, parse_identity_terms
@@ -331,6 +332,45 @@ def oracle_hidden_states(model: Any, hidden: Any) -> Any:
     return (None, *tuple(hidden)[len(hidden) - n :])
 
 
+def oracle_outputs(model: Any, inputs: dict[str, Any], **flags: Any) -> Any:
+    """transformers' own forward of ``model`` on what the trace's forward receives for
+    ``inputs`` (``forward_inputs``), with ``flags`` (output_hidden_states ...), as the
+    oracles read it (``decoder_outputs``). Where the family says the wrapper drops or
+    nests its language model's output (``oracle_module``: BLIP's text_decoder, whose
+    hidden states the wrapper replaces with the vision tower's; BLIP-2's
+    language_model), the hidden states and attentions are that module's own output in
+    the same forward, the logits the wrapper's."""
+    import torch
+
+    path = getattr(model, "oracle_module", None)
+    held: list[Any] = []
+    hook = None
+    if path is not None:
+        module = model._model.get_submodule(path)
+        hook = module.register_forward_hook(lambda _m, _a, out: held.append(out))
+    try:
+        with torch.no_grad():
+            out = model._model(**forward_inputs(model, inputs), **flags)
+    finally:
+        if hook is not None:
+            hook.remove()
+    if path is None:
+        return decoder_outputs(out)
+    if not held:
+        raise TypeError(
+            f"{path!r} (the family's oracle_module) did not run in "
+            f"{type(model._model).__name__}'s forward: the language model's hidden "
+            "states and attentions are not where the family says"
+        )
+    inner = decoder_outputs(held[-1])
+    return SimpleNamespace(
+        hidden_states=inner.hidden_states,
+        attentions=getattr(inner, "attentions", None),
+        cross_attentions=getattr(inner, "cross_attentions", None),
+        logits=out.logits,
+    )
+
+
 def decoder_outputs(out: Any) -> Any:
     """A model output as the oracles read a decoder's: an encoder-decoder's output
     (``decoder_hidden_states`` and ``decoder_attentions`` beside the encoder's) gives
@@ -340,8 +380,6 @@ def decoder_outputs(out: Any) -> Any:
         out, "decoder_attentions"
     ):
         return out
-    from types import SimpleNamespace
-
     return SimpleNamespace(
         hidden_states=out.decoder_hidden_states,
         attentions=out.decoder_attentions,
@@ -365,12 +403,8 @@ def hidden_state_oracle(
     """transformers' ``output_hidden_states``: entry i is layer i's input, and the last
     is the final norm's output (where the family says its entries are the blocks'
     outputs, entry i is layer i's output)."""
-    import torch
 
-    with torch.no_grad():
-        out = decoder_outputs(
-            model._model(**forward_inputs(model, inputs), output_hidden_states=True)
-        )
+    out = oracle_outputs(model, inputs, output_hidden_states=True)
     hidden = oracle_hidden_states(model, out.hidden_states)
     checks = []
     # the entries are the layers the model runs (on a text-only input a layer that
@@ -425,10 +459,8 @@ def hidden_state_oracle(
 def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
     """``output_attentions`` under eager attention == the attention_probabilities row
     (the model must be loaded with ``enable_attention_probs=True``)."""
-    import torch
 
-    with torch.no_grad():
-        out = decoder_outputs(model._model(**forward_inputs(model, inputs), output_attentions=True))
+    out = oracle_outputs(model, inputs, output_attentions=True)
     values = read_places(model, inputs, ["attention_probabilities"])
     # one entry per layer the model runs (see hidden_state_oracle)
     return [

@@ -181,7 +181,6 @@ def _context(
     rows an identity names that no component reads: post_ln's sums before the norms),
     transformers' own forward (hidden states; attentions under eager attention), what
     attention reads where its input norm is checked, and the modules' own outputs."""
-    import torch
 
     row_of = row_components()
     places = {
@@ -197,14 +196,12 @@ def _context(
     }
     if wanted:
         places.update(cert.read_places(model, inputs, sorted(wanted)))
-    with torch.no_grad():
-        hf = cert.decoder_outputs(
-            model._model(
-                **cert.forward_inputs(model, inputs),
-                output_hidden_states=True,
-                output_attentions=model.attention_probs_enabled,
-            )
-        )
+    hf = cert.oracle_outputs(
+        model,
+        inputs,
+        output_hidden_states=True,
+        output_attentions=model.attention_probs_enabled,
+    )
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
         attn_inputs = cert.read_places(model, inputs, ["attentions_input"])
