@@ -157,11 +157,23 @@ def model_outputs(ctx: Context) -> Iterator[Outcome]:
         ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
         yield Outcome(("input_ids",), "input_ids == the ids given", ok)
     if ctx.have("embeddings"):
-        table = _single(ctx.model._model.get_input_embeddings(), ctx, "embeddings")
+        table = _single(_input_embeddings(ctx.model._model), ctx, "embeddings")
         with torch.no_grad():
             embedded = table(ctx.inputs["input_ids"])
         ok, d = close(ctx.v[("embeddings", None)], embedded)
         yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
+
+
+def _input_embeddings(hf: Any) -> Any:
+    """transformers' own input embedding of ``hf``: ``get_input_embeddings()``, or,
+    where the whole model does not implement it (an encoder-decoder whose encoder reads
+    an image: PP-FormulaNet's base model raises NotImplementedError), its decoder's,
+    ``get_decoder().get_input_embeddings()``, the table the decoder's tokens go
+    through."""
+    try:
+        return hf.get_input_embeddings()
+    except NotImplementedError:
+        return hf.get_decoder().get_input_embeddings()
 
 
 def _single(module: Any, ctx: Context, component: str) -> Any:
