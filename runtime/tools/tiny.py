@@ -903,7 +903,8 @@ def side_inputs(
     shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
     constant integer fill, a mask, where the row says so), or (a row's ``from``) a tensor
     of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
-    encoder's own ids)."""
+    encoder's own ids), or (a row's ``absent``) None, for a token-batch input the
+    forward must not be given (a mask its image encoder would misread)."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
@@ -935,7 +936,9 @@ def side_inputs(
     for name, row in rows.items():
         if any(getattr(config, k, missing) != v for k, v in (row.get("config") or {}).items()):
             continue  # fed only where the loaded config has these values
-        if "from" in row:
+        if row.get("absent"):  # a token-batch input the forward must not be given
+            out[name] = None
+        elif "from" in row:
             if tokens is None or row["from"] not in tokens:
                 raise TinyBuildError(
                     f"side input {name!r} of {config.model_type!r} is the token batch's "

@@ -165,11 +165,18 @@ def model_outputs(ctx: Context) -> Iterator[Outcome]:
 
 
 def _input_embeddings(hf: Any) -> Any:
-    """transformers' own input embedding of ``hf``: ``get_input_embeddings()``, or,
-    where the whole model does not implement it (an encoder-decoder whose encoder reads
-    an image: PP-FormulaNet's base model raises NotImplementedError), its decoder's,
-    ``get_decoder().get_input_embeddings()``, the table the decoder's tokens go
-    through."""
+    """transformers' own input embedding of the tokens the embeddings place embeds:
+    on an encoder-decoder the decoder's, ``get_decoder().get_input_embeddings()``
+    (EncoderDecoderModel's ``get_input_embeddings()`` is its encoder's), elsewhere
+    ``get_input_embeddings()``, or the decoder's where the model does not implement
+    it (PP-FormulaNet's base model raises NotImplementedError)."""
+    if getattr(hf.config, "is_encoder_decoder", False):
+        # the embeddings place is the decoder's: EncoderDecoderModel's own
+        # get_input_embeddings() is its encoder's table (T5's and BART's share one)
+        try:
+            return hf.get_decoder().get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            pass
     try:
         return hf.get_input_embeddings()
     except NotImplementedError:
