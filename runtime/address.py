@@ -342,6 +342,9 @@ class RenameConfig:
     ``skip_nnterp_checks`` skips those checks where they read a tensor nnterp cannot
     reach (a layer with a child module named ``output``, whose own output nnsight
     mounts at ``nns_output``); the identities and oracles still certify every row;
+    ``loads_dispatched`` (a reason) builds the model with its weights at load instead
+    of on nnsight's meta device first, where its constructor computes with tensor
+    values (Florence-2's vision tower calls ``.item()``);
     each container name may be a tuple of paths (the ones a model has are renamed);
     ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
     for the model has no entry for the embeddings: entry i is block i's output, the
@@ -376,6 +379,7 @@ class RenameConfig:
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
+    loads_dispatched: str | None = None
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None

@@ -255,6 +255,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_probs = False
         if enable_attention_probs and not nnterp_probs:
             kwargs["attn_implementation"] = "eager"
+        if merged.loads_dispatched is not None and not kwargs.get("remote"):
+            # its constructor cannot run on the meta device (the family says why)
+            kwargs.setdefault("dispatch", True)
         return nnterp_config, bool(nnterp_probs)
 
     def _construct(
