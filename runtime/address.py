@@ -344,7 +344,10 @@ class RenameConfig:
     mounts at ``nns_output``); the identities and oracles still certify every row;
     ``loads_dispatched`` (a reason) builds the model with its weights at load instead
     of on nnsight's meta device first, where its constructor computes with tensor
-    values (Florence-2's vision tower calls ``.item()``);
+    values (Florence-2's vision tower calls ``.item()``); ``merged_cross_attention``
+    (a reason) says the decoder's attention is self- and cross-attention in one
+    softmax, so its probabilities' oracle is transformers' decoder_attentions and
+    cross_attentions side by side on the key axis (T5Gemma 2);
     each container name may be a tuple of paths (the ones a model has are renamed);
     ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
     for the model has no entry for the embeddings: entry i is block i's output, the
@@ -380,6 +383,7 @@ class RenameConfig:
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
     loads_dispatched: str | None = None
+    merged_cross_attention: str | None = None
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None

@@ -182,12 +182,15 @@ def _in_features(module: Any) -> int | None:
 
 
 def _hidden_size(model: Any) -> int:
-    """The residual stream's width: nnterp's hidden_size, or, where the config keeps its
-    widths per stack (BLT) or per sub-model (an encoder-decoder composed of two models,
-    whose decoder's config is not a text_config), the unembedding's input width, which
-    reads the stream."""
+    """The residual stream's width: nnterp's hidden_size, else the text config's (an
+    encoder-decoder's decoder config, which nnterp does not read), else, where the
+    config keeps its widths per stack (BLT), the unembedding's input width, which reads
+    the stream."""
     if model.hidden_size is not None:
         return int(model.hidden_size)
+    stated = getattr(model.text_config, "hidden_size", None)
+    if isinstance(stated, int):
+        return stated
     measured = _in_features(model.lm_head._module)
     if measured is None:
         raise ComponentError("the model states no hidden size, and lm_head has no in_features")

@@ -29,9 +29,15 @@ from .spec import prepare_model_spec  # noqa: E402
 
 
 def _text_config(config: Any) -> Any:
+    """The config of the text stack the places are on: a multimodal config's
+    text_config, an encoder-decoder's decoder config where it keeps one of its own
+    (T5Gemma2's, VisionEncoderDecoderModel's), else the config itself."""
     text = getattr(config, "text_config", None)
     if text is not None and hasattr(config, "get_text_config"):
         return config.get_text_config()
+    decoder = getattr(config, "decoder", None)
+    if getattr(config, "is_encoder_decoder", False) and hasattr(decoder, "model_type"):
+        return decoder
     return config
 
 

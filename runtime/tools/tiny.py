@@ -443,7 +443,9 @@ def _tiny_config_for_class(
         sub_cls, init_kwargs = _sub_config_class(config_cls, name)
         if sub_cls is None:
             continue
-        if _is_language_sub_config(name):
+        if _is_language_sub_config(name) or getattr(sub_cls, "sub_configs", None):
+            # a language model's config, or a composite one (T5Gemma2's encoder: its
+            # own text and vision configs), shrunk as a whole config
             kwargs[name] = _tiny_config_for_class(
                 sub_cls, vocab_size, sub_extra.get(name), init_kwargs
             )

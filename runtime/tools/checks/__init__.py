@@ -105,12 +105,21 @@ def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
     attentions = cert.oracle_attentions(ctx.model, getattr(ctx.hf, "attentions", None))
     if attentions is None:
         return
+    label = "output_attentions == attention_probs"
+    cross = getattr(ctx.hf, "cross_attentions", None)
+    if ctx.model.resolution.rename.merged_cross_attention is not None and cross is not None:
+        # one softmax over the decoder's keys then the encoder's, which transformers
+        # hands back split in two
+        import torch
+
+        attentions = [torch.cat(pair, dim=-1) for pair in zip(attentions, cross, strict=True)]
+        label = "cat(decoder_attentions, cross_attentions) == attention_probs (merged)"
     layers = [layer for layer in range(ctx.n) if ("attention_probs", layer) in ctx.v]
     for layer in layers:
         index = layer if len(attentions) == ctx.n else layers.index(layer)
         if index < len(attentions) and attentions[index] is not None:
             ok, d = close(ctx.v[("attention_probs", layer)], attentions[index])
-            yield Outcome(("attention_probs",), "output_attentions == attention_probs", ok, d)
+            yield Outcome(("attention_probs",), label, ok, d)
 
 
 def attention_input_norm(ctx: Context) -> Iterator[Outcome]:
