@@ -903,7 +903,8 @@ def side_inputs(
     """The keyword inputs registry/tiny.yaml ``side_inputs`` gives ``config``'s model
     type beside the token ids (empty for most): seeded random normal tensors of the
     shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
-    constant integer fill, a mask, where the row says so), or (a row's ``from``) a tensor
+    constant integer fill, a mask, or values uniform in a range, where the row says
+    so), or (a row's ``from``) a tensor
     of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
     encoder's own ids), or (a row's ``absent``) None, for a token-batch input the
     forward must not be given (a mask its image encoder would misread)."""
@@ -925,6 +926,9 @@ def side_inputs(
         dims = [size(dim, layer) for dim in row["shape"]]
         if "fill" in row:  # a mask: every entry the row's integer
             return torch.full(dims, row["fill"], dtype=torch.long)
+        if "uniform" in row:  # coordinates, positions: values in [low, high)
+            low, high = row["uniform"]
+            return low + (high - low) * torch.rand(*dims, generator=generator)
         return torch.randn(*dims, generator=generator)
 
     def made(row: Any, layer: int | None) -> Any:
