@@ -920,7 +920,8 @@ def side_inputs(
             return int(seq)
         if isinstance(dim, int):
             return dim
-        return int(_config_path(config, dim["config"], layer)) * int(dim.get("times", 1))
+        read = int(_config_path(config, dim["config"], layer))
+        return read * int(dim.get("times", 1)) + int(dim.get("plus", 0))
 
     def tensor(row: Any, layer: int | None) -> Any:
         dims = [size(dim, layer) for dim in row["shape"]]
