@@ -102,18 +102,11 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
 def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
     """transformers' output_attentions (eager) == attention_probs, per layer; hybrid
     stacks return attentions only for their attention layers."""
-    attentions = cert.oracle_attentions(ctx.model, getattr(ctx.hf, "attentions", None))
+    merged, name = cert.merged_oracle(ctx.model, ctx.hf)
+    attentions = cert.oracle_attentions(ctx.model, merged)
     if attentions is None:
         return
-    label = "output_attentions == attention_probs"
-    cross = getattr(ctx.hf, "cross_attentions", None)
-    if ctx.model.resolution.rename.merged_cross_attention is not None and cross is not None:
-        # one softmax over the decoder's keys then the encoder's, which transformers
-        # hands back split in two
-        import torch
-
-        attentions = [torch.cat(pair, dim=-1) for pair in zip(attentions, cross, strict=True)]
-        label = "cat(decoder_attentions, cross_attentions) == attention_probs (merged)"
+    label = name.replace("attention_probabilities", "attention_probs")
     layers = [layer for layer in range(ctx.n) if ("attention_probs", layer) in ctx.v]
     for layer in layers:
         index = layer if len(attentions) == ctx.n else layers.index(layer)
