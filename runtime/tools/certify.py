@@ -359,9 +359,10 @@ def merged_oracle(model: Any, out: Any) -> tuple[Any, str]:
     one softmax made them (transformers hands them back split in two)."""
     import torch
 
-    attentions = getattr(out, "attentions", None)
-    cross = getattr(out, "cross_attentions", None)
-    if model.resolution.rename.merged_cross_attention is None or None in (attentions, cross):
+    attentions: Any = getattr(out, "attentions", None)
+    cross: Any = getattr(out, "cross_attentions", None)
+    merged_cross = model.resolution.rename.merged_cross_attention
+    if merged_cross is None or attentions is None or cross is None:
         return attentions, "output_attentions == attention_probabilities"
     merged = tuple(torch.cat(pair, dim=-1) for pair in zip(attentions, cross, strict=True))
     return merged, "cat(decoder_attentions, cross_attentions) == attention_probabilities"
