@@ -286,6 +286,7 @@ def match(raw: dict[str, Any]) -> FamilyMatch:
         tuple(raw.get("model_types", ())),
         tuple(raw.get("classes", ())),
         tuple(raw.get("config", {}).items()),
+        tuple(raw.get("versions", {}).items()),
     )
 
 

@@ -13,6 +13,7 @@ from enum import Enum
 from typing import Any, Literal
 
 from .plain import replace_part
+from .versions import outside_versions
 
 Scalar = str | int | float | bool | None
 
@@ -301,17 +302,23 @@ class Lens:
 
 @dataclass(frozen=True)
 class FamilyMatch:
-    """Which models a family file applies to: every given part must hold."""
+    """Which models a family file applies to: every given part must hold. ``versions``
+    (package, PEP 440 range) holds where each installed package is inside its range:
+    a family whose model changed its forward in a release (Falcon's attention before
+    transformers 5.25) matches only the releases it describes."""
 
     model_types: tuple[str, ...] = ()
     classes: tuple[str, ...] = ()
     config: tuple[tuple[str, Scalar], ...] = ()
+    versions: tuple[tuple[str, str], ...] = ()
 
     def matches(self, class_names: tuple[str, ...], model_type: str | None, config: Any) -> bool:
         """``class_names`` is the model class and its bases' names (MRO order)."""
         if self.model_types and model_type not in self.model_types:
             return False
         if self.classes and not set(self.classes) & set(class_names):
+            return False
+        if self.versions and outside_versions(self.versions) is not None:
             return False
         missing = object()
         return all(getattr(config, key, missing) == value for key, value in self.config)
@@ -342,9 +349,7 @@ class RenameConfig:
     ``skip_nnterp_checks`` skips those checks where they read a tensor nnterp cannot
     reach (a layer with a child module named ``output``, whose own output nnsight
     mounts at ``nns_output``); the identities and oracles still certify every row;
-    ``loads_dispatched`` (a reason) builds the model with its weights at load instead
-    of on nnsight's meta device first, where its constructor computes with tensor
-    values (Florence-2's vision tower calls ``.item()``); ``merged_cross_attention``
+    ``merged_cross_attention``
     (a reason) says the decoder's attention is self- and cross-attention in one
     softmax, so its probabilities' oracle is transformers' decoder_attentions and
     cross_attentions side by side on the key axis (T5Gemma 2);
@@ -362,10 +367,17 @@ class RenameConfig:
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
     default class; ``tiny:`` builds with it too);
+    ``text_config_name`` names the config attribute holding the decoder stack's own
+    config where the model's config nests it under another name than text_config
+    (an encoder-decoder config with encoder and decoder sub-configs): the text config,
+    its widths and head counts are read from it;
     ``unbound_defaults`` lists keys of nnterp's built-in rename table that stay
     unbound on the family (each is bound to its own name, which binds nothing): an
     alias it would make hides a child or another alias the family relies on, which
     nnsight 0.8 refuses at load and 0.6/0.7 resolved silently;
+    ``meta_build_unavailable`` says why the model class cannot be built on the meta
+    device (its construction reads a tensor's value): it is loaded with its weights at
+    construction, and ``remote=True`` (which never loads them here) is refused with it;
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -382,13 +394,14 @@ class RenameConfig:
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
-    loads_dispatched: str | None = None
     merged_cross_attention: str | None = None
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
     mixed_layers: bool | None = None
     auto_class: str | None = None
+    text_config_name: str | None = None
     unbound_defaults: tuple[str, ...] | None = None
+    meta_build_unavailable: str | None = None
     # facts of the family's forward that positions depend on (each a reason): tokens
     # attend to later tokens (a write at one token reaches earlier ones), and the
     # forward reads more of the input than the stream carries (the interchange

@@ -154,7 +154,7 @@ def head_size(model: Any, layer: int | None, kind: str) -> int:
                 )
         return generic
     heads = num_heads(model, layer)
-    hidden = _hidden_size(model)
+    hidden = int(model.hidden_size)
     if hidden % heads:
         raise HeadSizeUnknown(
             f"neither the attention module of layer {layer} nor the config states a head "
@@ -181,28 +181,19 @@ def _in_features(module: Any) -> int | None:
     return None
 
 
-def _hidden_size(model: Any) -> int:
-    """The residual stream's width: nnterp's hidden_size, else the text config's (an
-    encoder-decoder's decoder config, which nnterp does not read), else, where the
-    config keeps its widths per stack (BLT), the unembedding's input width, which reads
-    the stream."""
-    if model.hidden_size is not None:
-        return int(model.hidden_size)
-    stated = getattr(model.text_config, "hidden_size", None)
-    if isinstance(stated, int):
-        return stated
-    measured = _in_features(model.lm_head._module)
-    if measured is None:
-        raise ComponentError("the model states no hidden size, and lm_head has no in_features")
-    return measured
-
-
 def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
     """The width a component's last axis has, measured from the model."""
     if name is None:
         return None
     if name == "hidden_size":
-        return _hidden_size(model)
+        if model.hidden_size is not None:
+            return int(model.hidden_size)
+        # a config that keeps its widths per stack (BLT): nnterp finds none at the top;
+        # the unembedding reads the stream, so its input width is the stream's
+        measured = _in_features(model.lm_head._module)
+        if measured is None:
+            raise ComponentError("the model states no hidden size, and lm_head has no in_features")
+        return measured
     if name == "vocab_size":
         head = model.lm_head._module
         out = getattr(head, "out_features", None)

@@ -28,10 +28,13 @@ from .quiet import quiet  # noqa: E402
 from .spec import prepare_model_spec  # noqa: E402
 
 
-def _text_config(config: Any) -> Any:
-    """The config of the text stack the places are on: a multimodal config's
-    text_config, an encoder-decoder's decoder config where it keeps one of its own
-    (T5Gemma2's, VisionEncoderDecoderModel's), else the config itself."""
+def _text_config(config: Any, name: str | None = None) -> Any:
+    """The config of the text stack: the sub-config a family names
+    (``text_config_name``), else transformers' text config where the config nests one
+    under text_config, else the config itself."""
+    named = getattr(config, name, None) if name else None
+    if named is not None:
+        return named
     text = getattr(config, "text_config", None)
     if text is not None and hasattr(config, "get_text_config"):
         return config.get_text_config()
@@ -249,6 +252,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if merged.mixed_layers:
             kwargs.setdefault("allow_multimodal", True)
         _auto_class_arguments(model, merged, model_type, architectures, kwargs)
+        _dispatch_arguments(merged, class_names, kwargs)
         # nnterp checks attention probabilities on layer 0; where attention is not on
         # every layer (ignore_attn) our own row serves them, under eager attention
         nnterp_probs = enable_attention_probs and probs is not None and not merged.ignore_attn
@@ -261,9 +265,6 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             nnterp_probs = False
         if enable_attention_probs and not nnterp_probs:
             kwargs["attn_implementation"] = "eager"
-        if merged.loads_dispatched is not None and not kwargs.get("remote"):
-            # its constructor cannot run on the meta device (the family says why)
-            kwargs.setdefault("dispatch", True)
         return nnterp_config, bool(nnterp_probs)
 
     def _construct(
@@ -313,6 +314,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # class, the layers' own calls last
         self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
+        self.__dict__["_text_config_name"] = merged.text_config_name
+        if merged.text_config_name:
+            self._widths_from_text_config()
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         self.resolution = resolve(names, self.model_type, self.text_config, rename_config)
         self.families: tuple[str, ...] = self.resolution.families
@@ -321,6 +325,20 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         self._attach(self.internals)
         if not kwargs.get("remote"):
             self.internals.install_sources()
+
+    def _widths_from_text_config(self) -> None:
+        """nnterp reads the widths off the top-level config; where a family names the
+        sub-config its stack's are in (``text_config_name``), the ones nnterp did not
+        find are read from there."""
+        text = self.text_config
+        for attribute, key in (
+            ("hidden_size", "hidden_size"),
+            ("num_heads", "num_attention_heads"),
+            ("vocab_size", "vocab_size"),
+        ):
+            value = getattr(text, key, None)
+            if getattr(self, attribute, None) is None and isinstance(value, int):
+                setattr(self, attribute, value)
 
     def _attach(self, internals: Internals) -> None:
         for name in internals:
@@ -447,7 +465,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     @property
     def text_config(self) -> Any:
-        return _text_config(self._model.config)
+        return _text_config(self._model.config, self.__dict__.get("_text_config_name"))
 
     @property
     def attention_probs_enabled(self) -> bool:
@@ -528,6 +546,25 @@ def _auto_class_arguments(
         return
     for key, value in compat.auto_class_kwargs(auto_class).items():
         kwargs.setdefault(key, value)
+
+
+def _dispatch_arguments(
+    merged: RenameConfig, class_names: tuple[str, ...], kwargs: dict[str, Any]
+) -> None:
+    """Where the family says its class cannot be built on the meta device (its
+    construction reads a tensor's value), the weights are loaded at construction
+    (nnsight's ``dispatch=True``) instead of at the first trace; ``remote=True``, which
+    builds on meta and never loads them here, is refused with the family's reason."""
+    why = merged.meta_build_unavailable
+    if not why:
+        return
+    model_class = class_names[0] if class_names else "this model"
+    if kwargs.get("remote"):
+        raise ValueError(
+            f"{model_class} cannot be built on the meta device, which remote=True needs "
+            f"(the weights stay on the server): {why}"
+        )
+    kwargs.setdefault("dispatch", True)
 
 
 def _renames(merged: RenameConfig, kwargs: dict[str, Any]) -> dict[str, str]:

@@ -23,8 +23,10 @@ class OperationNotFound(LookupError):
 
 
 def needle_prefix(needle: str) -> str:
-    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem)."""
-    return needle.split("(", 1)[0].replace(".", "_")
+    """``nn.functional.softmax(`` -> ``nn_functional_softmax`` (nnsight's name stem);
+    ``.sigmoid(``, a tensor method called on an expression's result (a call's or a
+    subscript's, which has no name), -> ``sigmoid``: nnsight names it by the method."""
+    return needle.split("(", 1)[0].removeprefix(".").replace(".", "_")
 
 
 def candidates(accessor: Any, needle: str) -> list[str]:
@@ -45,11 +47,17 @@ def candidates(accessor: Any, needle: str) -> list[str]:
 
 def _calls(text: str, needle: str) -> bool:
     """Whether ``text`` holds the call ``needle``: not a longer name ending in it, and,
-    where the needle names the first argument, not a longer argument starting with it."""
+    where the needle names the first argument, not a longer argument starting with it.
+    A needle with a leading "." is a method called on an expression's result, a call's
+    or a subscript's (``x.view(...).transpose(``, ``g[..., 0].sigmoid(``), which has no
+    name: it holds only right after a closing parenthesis or bracket."""
     for match in re.finditer(re.escape(needle), text):
         before = text[: match.start()]
         after = text[match.end() :]
-        if before and (before[-1].isalnum() or before[-1] in "_."):
+        if needle.startswith("."):
+            if not before.endswith((")", "]")):
+                continue
+        elif before and (before[-1].isalnum() or before[-1] in "_."):
             continue
         if not needle.endswith("(") and after and (after[0].isalnum() or after[0] == "_"):
             continue

@@ -89,7 +89,9 @@ def _find(source: Any, needle: str, where: str) -> Any:
     ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
     line holds the call. None or several is refused with the operation list."""
     text_of, line_of, accessor = _parsed(source)
-    stem = needle.split("(", 1)[0].replace(".", "_") + "_"
+    # causalab_mini.ops.needle_prefix: ".sigmoid(" (a method on an expression's result)
+    # is named by the method alone
+    stem = needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_"
     lines = text_of.split("\n")
     hits = []
     for name, index in line_of.items():

@@ -133,7 +133,8 @@ def _load_class(path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     names a transformers class that is a causal LM: that class is registered for the
     config's class (a mapping transformers lacks; nnsight loads through
     AutoModelForCausalLM's from_config and from_pretrained). Never where the caller
-    chose the class (``automodel``). Returns keyword arguments to add (none)."""
+    chose the class (``automodel``), nor where a group's auto class maps the model
+    type (it loads it). Returns keyword arguments to add (none)."""
     import json
 
     if "automodel" in kwargs:
@@ -147,6 +148,11 @@ def _load_class(path: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return {}
+    if group_auto_class(model_type) is not None:
+        # another group's auto class maps the model type and loads it (a config class
+        # that borrows another model type's class: PP-Chart2Table's config with
+        # GOT-OCR2's class, whose config_class register() would refuse)
         return {}
     names = config.get("architectures") or []
     causal = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from causalab_mini.generated import BLOCK_STRUCTURE_RULES, FAMILY_ADDRESSES, FAMILY_MATCH
+from causalab_mini.versions import outside_versions
 
 Config = tuple[tuple[str, Any], ...]
 
@@ -136,6 +137,8 @@ def structure_of(model_type: str, config: Config = ()) -> str | None:
     names = names_of(model_type)
     for rule in BLOCK_STRUCTURE_RULES:
         if rule.match.model_types and not names & set(rule.match.model_types):
+            continue
+        if outside_versions(rule.match.versions) is not None:  # a rule of other releases
             continue
         if all(getattr(text, key, missing) == value for key, value in rule.match.config):
             return rule.structure

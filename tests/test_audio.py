@@ -1,5 +1,7 @@
 """Audio-language wrappers (registry/tiny.yaml group audio_text_to_text, families
-audio_language.yaml and granite_speech.yaml) fed audio: a tiny audio tower, seeded
+audio_language.yaml, granite_speech.yaml, nemotron_h.yaml's Nemotron-3.5-Transcribe,
+and voxtral_realtime.yaml, whose audio is a side input added to every text position
+rather than placeholder tokens) fed audio: a tiny audio tower, seeded
 random mel features given to the model class directly (no feature extractor). The text
 places keep their identities and transformers' own hidden states with the audio in the
 input, and the audio enters the stream where the family's row says: after
@@ -18,7 +20,7 @@ import pytest
 
 from causalab_mini.errors import PlaceUnavailable
 from causalab_mini.generated import FAMILIES, FAMILY_MATCH
-from causalab_mini.generated.tiny import TINY_GROUPS, TINY_NOT_BUILDABLE
+from causalab_mini.generated.tiny import TINY_GROUPS, TINY_NOT_BUILDABLE, TINY_SIDE_INPUTS
 from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 from causalab_mini.tools.tiny import group_model_types
@@ -26,7 +28,9 @@ from causalab_mini.tools.tiny import group_model_types
 from .test_multimodal import _failed, _loaded, _with_media
 
 GROUP = "audio_text_to_text"
-AUDIO_FAMILIES = ("audio_language", "granite_speech")
+AUDIO_FAMILIES = ("audio_language", "granite_speech", "nemotron_h")
+# audio added to every text position (no placeholder tokens), fed by side_inputs
+ALIGNED_FAMILIES = ("voxtral_realtime",)
 # the most used, fed audio here; the group's other types are certified on text
 AUDIO_FED = ("qwen2_audio",)
 
@@ -47,9 +51,12 @@ def test_the_audio_group_takes_the_audio_lms_and_leaves_the_speech_seq2seq_model
 def test_every_audio_type_has_a_family_or_a_reason() -> None:
     """Each type of the group is matched by an audio family whose row says where the
     audio enters, or is refused tiny with a reason of its own."""
-    matched = {t for f in AUDIO_FAMILIES for t in FAMILY_MATCH[f].model_types}
+    matched = {t for f in AUDIO_FAMILIES + ALIGNED_FAMILIES for t in FAMILY_MATCH[f].model_types}
     for family in AUDIO_FAMILIES:
         assert FAMILIES[family].media_tokens["audio"]
+    for family in ALIGNED_FAMILIES:  # no placeholder: the audio is a side input
+        assert not FAMILIES[family].media_tokens
+        assert all(t in TINY_SIDE_INPUTS for t in FAMILY_MATCH[family].model_types)
     for model_type in group_model_types()[GROUP]:
         reason = TINY_NOT_BUILDABLE.get(model_type)
         assert (model_type in matched) != (reason is not None), model_type
@@ -82,7 +89,7 @@ def _audio_inputs(model: Any, seed: int) -> dict[str, Any]:
 @pytest.mark.slow
 @pytest.mark.semantic
 @pytest.mark.wide
-@pytest.mark.parametrize("model_type", AUDIO_FED)
+@pytest.mark.parametrize("model_type", [*AUDIO_FED, "nemo_speechlm"])
 def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None:
     """media_token_id reads the attribute the family row names on the loaded config;
     a model whose families name none is refused with the row to write."""
@@ -144,3 +151,54 @@ def test_audio_enters_at_the_placeholders_after_the_embeddings(model_type: str) 
     moved = (other[("layers_input", 0)][0] - merged).abs().amax(-1)
     assert bool((moved[~audio] == 0).all())
     assert bool((moved[audio] > 0).all())
+
+
+@pytest.mark.slow
+@pytest.mark.semantic
+@pytest.mark.wide
+@pytest.mark.parametrize(
+    "model_type", [t for f in ALIGNED_FAMILIES for t in FAMILY_MATCH[f].model_types]
+)
+def test_time_aligned_audio_enters_every_position_after_the_embeddings(model_type: str) -> None:
+    """Voxtral-Realtime adds one projected audio embedding to every text position, in
+    place into the embedding module's output: embeddings_output keeps the tokens' own
+    embeddings whatever the audio (the row's snapshot), layers_input[0] is text + audio,
+    and other audio (side_inputs of another seed) moves layers_input[0] at every
+    position; the identities and transformers' hidden states hold with the audio in."""
+    import torch
+
+    from causalab_mini.tools.tiny import side_inputs
+
+    model = _loaded(f"tiny:{model_type}")
+    inputs = certify.sample_inputs(model)
+    assert set(TINY_SIDE_INPUTS[model_type]) <= set(inputs)
+    values = certify.read_places(model, inputs)
+    checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
+    assert checks and not _failed(checks)
+    assert any(c.name.startswith("hidden_states") for c in checks)
+
+    embedded = values[("embeddings_output", None)]
+    with torch.no_grad():
+        own = model._model.get_input_embeddings()(inputs["input_ids"])
+    assert certify.difference(embedded, own)[0]  # the ids' own embeddings, no audio
+    assert not certify.difference(values[("layers_input", 0)], embedded)[0]
+
+    hf = model._model
+    other = {**inputs, **side_inputs(hf.config, *inputs["input_ids"].shape, seed=1)}
+    again = certify.read_places(model, other, ["embeddings_output", "layers_input"])
+    assert torch.equal(again[("embeddings_output", None)], embedded)
+    moved = (again[("layers_input", 0)] - values[("layers_input", 0)]).abs().amax(-1)
+    assert bool((moved > 0).all())
+
+
+def test_a_side_input_dimension_may_be_a_multiple_of_the_token_batch() -> None:
+    """A side_inputs dimension {seq: true, config: path, times: n} is the token batch's
+    seq times the config value times n: Voxtral-Realtime's log-mel frames, 2 *
+    downsample_factor per text position."""
+    from causalab_mini.tools.tiny import side_inputs, tiny_config
+
+    config = tiny_config("voxtral_realtime")
+    features = side_inputs(config, 2, 5)["input_features"]
+    frames = 5 * 2 * config.downsample_factor
+    assert tuple(features.shape) == (2, config.audio_config.num_mel_bins, frames)
+    assert tuple(side_inputs(config, 1, 3)["input_features"].shape)[-1] == frames * 3 // 5

@@ -737,6 +737,27 @@ def test_tiny_side_inputs_are_shapes_read_from_the_config(package_registry_copy:
     ), shown
 
 
+def test_a_side_input_dimension_is_a_product_of_seq_a_config_value_and_a_count(
+    package_registry_copy: Path,
+) -> None:
+    # {seq: true, config: ..., times: n} multiplies what it names (Voxtral-Realtime's
+    # frames per text position); an object naming neither seq nor a config path, or seq
+    # other than true, is refused by the schema
+    path = package_registry_copy / "tiny.yaml"
+    frames = "        - {seq: true, config: downsample_factor, times: 2}\n"
+    assert frames in path.read_text()
+    edit(path, frames, "        - {seq: true}\n")
+    assert lint(package_registry_copy)[1] == []
+    for wrong in ("{times: 2}", "{seq: false, times: 2}"):
+        edit(path, "        - {seq: true}\n", f"        - {wrong}\n")
+        shown = [str(d) for d in lint(package_registry_copy)[1]]
+        assert any(
+            "[voxtral_realtime] side_inputs.voxtral_realtime.input_features.shape.2" in s
+            for s in shown
+        ), shown
+        edit(path, f"        - {wrong}\n", "        - {seq: true}\n")
+
+
 def test_each_cross_row_code_belongs_to_a_rule_module() -> None:
     """hassfest-style: the cross-row pass is codegen/rules/, one module per group of
     codes, run by one loop; lint.py itself raises only file, YAML and schema codes."""
@@ -788,6 +809,40 @@ def test_a_familys_interiors_replace_the_defaults_fields(package_registry_copy: 
     assert 'INTERIORS["attention_z"]' in text
 
 
+def test_a_needle_may_name_a_method_called_on_an_expressions_result() -> None:
+    # Step-3.7's output gate is gate_states.unsqueeze(-1).sigmoid(): a method called on
+    # a call's result, which nnsight names by the method alone (sigmoid_0), where a
+    # method on a name is named with it (gate.sigmoid() -> gate_sigmoid_0)
+    from types import SimpleNamespace
+
+    from causalab_mini import plain
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import candidates, needle_prefix
+
+    assert NEEDLE.match(".sigmoid(")
+    assert not NEEDLE.match("..sigmoid(")
+    assert not NEEDLE.match(".a.sigmoid(")
+    assert needle_prefix(".sigmoid(") == "sigmoid"
+    assert needle_prefix("gate.sigmoid(") == "gate_sigmoid"
+    text = "\n".join(
+        [
+            "def forward(self, hidden_states):",
+            "    gate = self.g_proj(hidden_states).sigmoid()",
+            "    out = out * gate_states.unsqueeze(-1).sigmoid()",
+            "    scale = gate.sigmoid()",
+        ]
+    )
+    # 0.6/0.7's accessor: line numbers counted after the def line
+    lines = {"self_g_proj_0": 0, "sigmoid_0": 0, "sigmoid_1": 1, "gate_sigmoid_0": 2}
+    source = SimpleNamespace(source=text, line_numbers=lines, sigmoid_1="the gate")
+    # both sigmoid_0 and sigmoid_1 are methods on a call's result: two calls, no one gate
+    assert candidates(source, ".sigmoid(") == ["sigmoid_0", "sigmoid_1"]
+    assert candidates(source, "gate.sigmoid(") == ["gate_sigmoid_0"]
+    del lines["sigmoid_0"]
+    assert candidates(source, ".sigmoid(") == ["sigmoid_1"]
+    assert plain._find(source, ".sigmoid(", "layers.0.self_attn") == "the gate"
+
+
 def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
     # XLNet's attention calls post_attention three times, each with h first: the
     # needle names the arguments up to the one that tells them apart
@@ -803,3 +858,63 @@ def test_a_needle_may_name_the_arguments_up_to_the_one_that_differs() -> None:
     assert not _calls(
         "output_h = self.post_attention(h, attn_vec_h)", "self.post_attention(h, attn_vec"
     )
+
+
+def test_a_family_or_rule_may_match_only_some_releases(package_registry_copy: Path) -> None:
+    # match.versions (a family) and versions (a rule): PEP 440 ranges, checked as every
+    # row's (X006), emitted into the family's and the rule's FamilyMatch
+    registry, diags = lint(package_registry_copy)
+    assert diags == []
+    (inline,) = [f for f in registry.families if f.name == "falcon_inline"]
+    assert inline.match.versions == (("transformers", "<5.25"),)
+    edit(package_registry_copy / "families/falcon_inline.yaml", '"<5.25"', '"before 5.25"')
+    edit(
+        package_registry_copy / "block_structures.yaml",
+        "  - structure: mixer_only\n",
+        '  - structure: mixer_only\n    versions: {transformers: "5.x"}\n',
+    )
+    _, diags = lint(package_registry_copy)
+    shown = sorted(str(d).replace(f"{package_registry_copy}/", "") for d in diags)
+    assert [d.code for d in diags] == ["X006", "X006"], shown
+    assert any(
+        s.startswith("families/falcon_inline.yaml:")
+        and "[falcon_inline] version range 'before 5.25' for transformers does not parse" in s
+        for s in shown
+    ), shown
+    assert any(
+        s.startswith("block_structures.yaml:") and "version range '5.x' for transformers" in s
+        for s in shown
+    ), shown
+
+
+def test_a_familys_release_range_decides_whether_it_matches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from causalab_mini import versions
+    from causalab_mini.address import FamilyMatch
+
+    match = FamilyMatch(model_types=("falcon",), versions=(("transformers", "<5.25"),))
+    for installed, expected in (("5.24.0", True), ("5.25.0", False), ("5.26.1", False)):
+        monkeypatch.setattr(versions, "_installed", lambda package, v=installed: v)
+        assert match.matches(("FalconForCausalLM",), "falcon", object()) is expected, installed
+    # the other parts still decide first
+    assert not match.matches(("LlamaForCausalLM",), "llama", object())
+    # a package that is not installed is not held against the family
+    monkeypatch.setattr(versions, "_installed", lambda package: None)
+    assert match.matches(("FalconForCausalLM",), "falcon", object())
+
+
+def test_a_needle_with_a_leading_dot_is_a_method_on_a_calls_result() -> None:
+    # FSMT's attention hands on its query as query_states.view(...).transpose(0, 1):
+    # nnsight names the chained call transpose_N, and ".transpose(" names it, never a
+    # method called on a name (key_states.transpose(1, 2), a stem of its own)
+    from causalab_mini.codegen.rules.context import NEEDLE
+    from causalab_mini.ops import _calls, needle_prefix
+
+    assert NEEDLE.match(".transpose(")
+    assert not NEEDLE.match("..transpose(")
+    assert needle_prefix(".transpose(") == "transpose"
+    line = "    query_states = query_states.view(-1, bsz * self.num_heads, self.head_dim).transpose(0, 1)"
+    assert _calls(line, ".transpose(")
+    assert not _calls("    attn_weights = torch.bmm(q, key_states.transpose(1, 2))", ".transpose(")
+    assert not _calls("    x = transpose(y)", ".transpose(")

@@ -153,3 +153,23 @@ def test_a_checkpoint_with_a_renamed_tensor_is_refused_listing_it(tmp_path: Path
     assert before in text and after in text, text
     assert "LlamaForCausalLM" in text and "llama" in text, text
     assert not model.dispatched  # nothing of the random weights is left to trace
+
+
+def test_a_class_that_cannot_be_built_on_meta_loads_its_weights_at_construction() -> None:
+    # a family's meta_build_unavailable (Qianfan-OCR's vision tower reads tensor values
+    # in its constructor): the model is loaded, and its load checked, at construction,
+    # not built on the meta device; remote=True, which needs the meta build, is refused
+    from causalab_mini import RenameConfig, StandardizedTransformer
+
+    why = "its constructor reads the values of a tensor, which no meta tensor has"
+    told = RenameConfig(meta_build_unavailable=why)
+    lazy = StandardizedTransformer("tiny:llama")
+    assert not lazy.dispatched and not lazy.load_reports
+    model = StandardizedTransformer("tiny:llama", rename_config=told)
+    assert model.dispatched and [r.ok for r in model.load_reports] == [True]
+    assert model._module.lm_head.weight.device.type == "cpu"
+    with model.trace("The fox"):
+        logits = model.logits.save()
+    assert torch.isfinite(logits).all()
+    with pytest.raises(ValueError, match="cannot be built on the meta device.*" + why):
+        StandardizedTransformer("tiny:llama", remote=True, rename_config=told)

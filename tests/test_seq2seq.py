@@ -1,12 +1,14 @@
 """Encoder-decoder models loaded whole (registry/tiny.yaml group seq2seq): the decoder's
-blocks are of a structure of their own (pre_norm_cross: T5; post_ln_cross: BART),
+blocks are of a structure of their own (pre_norm_cross: T5; post_ln_cross: BART;
+sandwich_norm_cross: T5Gemma),
 whose cross-attention's contribution and the stream around it are places with
 identities, and the encoder's blocks are places of their own (encoder_layers_*),
 distinct from the decoder's, ranked before them, held to transformers' own
 encoder_hidden_states and writable.
 
 One tiny T5 (pre-norm, relative position bias, sublayers that add the residual
-themselves) and one tiny BART (post-LN) in the README tier; the rest of the group
+themselves), one tiny BART (post-LN) and one tiny T5Gemma (sandwich norms) in the
+README tier; the rest of the group
 under the wide marker."""
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ pytestmark = [pytest.mark.semantic]
 SHAPES = {
     "tiny:t5": ("pre_norm_cross", "layers_mid_cross"),
     "tiny:seq2seq/bart": ("post_ln_cross", "layers_mid_cross_prenorm"),
+    # sandwich norms around all three sublayers, one embedding table per stack
+    "tiny:t5gemma": ("sandwich_norm_cross", "layers_mid_cross"),
 }
 
 
@@ -194,6 +198,69 @@ def test_cross_attention_probabilities_need_eager(tiny_model: Any) -> None:
             model.internals["cross_attention_probabilities"][0].save()
 
 
+def test_embeddings_oracle_is_the_decoders_table(tiny_model: Any) -> None:
+    """On an encoder-decoder whose stacks have a table each (T5Gemma), the sweep's
+    embeddings oracle is the decoder's table (get_decoder().get_input_embeddings()),
+    which the place matches, not get_input_embeddings(), the encoder's, which it
+    does not."""
+    import torch
+
+    from causalab_mini.tools import checks
+
+    model = tiny_model("tiny:t5gemma")
+    inputs = cert.sample_inputs(model)
+    v = _read(model, ["embeddings_output"], inputs)  # a trace first: the weights loaded
+    hf = model._model
+    table = checks.input_embeddings(hf)
+    assert table is hf.get_decoder().get_input_embeddings()
+    assert table is not hf.get_input_embeddings()
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(v[("embeddings_output", None)], table(ids), atol=1e-6)
+        assert not torch.allclose(
+            v[("embeddings_output", None)], hf.get_input_embeddings()(ids), atol=1e-3
+        )
+
+
+def test_text_config_name_gives_the_decoders_config(tiny_model: Any) -> None:
+    """T5GemmaConfig nests its stacks' configs (encoder, decoder) and has no widths of
+    its own: the family's text_config_name makes the decoder's config the model's text
+    config, and its widths and head count the model's (nnterp finds none at the top)."""
+    model = tiny_model("tiny:t5gemma")
+    decoder = model._model.config.decoder
+    assert model.text_config is decoder
+    assert getattr(model._model.config, "hidden_size", None) is None
+    assert model.hidden_size == decoder.hidden_size
+    assert model.num_heads == decoder.num_attention_heads
+    assert model.vocab_size == decoder.vocab_size
+
+
+def test_fsmt_decoder_table_is_the_embeddings_oracle(tiny_model: Any) -> None:
+    """FSMT keeps a table per stack, its decoder is a plain module (no
+    get_input_embeddings) and its get_output_embeddings() names the decoder's table
+    (the head is tied to it): that table is the embeddings oracle, the encoder's
+    (get_input_embeddings()) is not, and the place matches the one, not the other."""
+    import torch
+
+    from causalab_mini.tools import checks
+
+    model = tiny_model("tiny:fsmt")
+    inputs = cert.sample_inputs(model)
+    v = _read(model, ["embeddings_output", "layers_input"], inputs)  # the weights loaded
+    hf = model._model
+    table = checks.input_embeddings(hf)
+    assert isinstance(hf.get_output_embeddings(), torch.nn.Embedding)
+    assert table is hf.get_output_embeddings() and table is not hf.get_input_embeddings()
+    ids = inputs["input_ids"]
+    with torch.no_grad():
+        assert torch.allclose(v[("embeddings_output", None)], table(ids), atol=1e-6)
+        assert not torch.allclose(
+            v[("embeddings_output", None)], hf.get_input_embeddings()(ids), atol=1e-3
+        )
+    # time-major inside the stack, read batch first (seq_first)
+    assert v[("layers_input", 0)].shape[:2] == ids.shape
+
+
 # the group's members with rows (registry/block_structures.yaml pre_norm_cross and
 # post_ln_cross rules), beyond the two above
 WIDE = (
@@ -212,6 +279,11 @@ WIDE = (
     "seq2seq/plbart",
     "seq2seq/mvp",
     "seq2seq/blenderbot-small",
+    "seq2seq/prophetnet",
+    "nllb-moe",
+    "fsmt",
+    "seamless_m4t",
+    "seamless_m4t_v2",
     "encoder-decoder",
 )
 
@@ -227,7 +299,7 @@ def test_group_member_certified(member: str) -> None:
     result = run_one(f"tiny:{member}")
     assert result.outcome == "certified", result.reason
     assert result.group == "seq2seq"
-    assert result.structure in ("pre_norm_cross", "post_ln_cross")
+    assert result.structure in ("pre_norm_cross", "post_ln_cross", "sandwich_norm_cross")
     assert not [k for k, v in result.components.items() if v["state"] == "broken"]
     assert any("cross_attentions_output" in c for c in result.components["block_mid"]["checks"])
 
@@ -296,9 +368,9 @@ def test_side_inputs_absent_uniform_plus() -> None:
 
 
 def test_composite_sub_configs_are_shrunk() -> None:
-    """A sub-config that is itself composite (T5Gemma 2's encoder: its text and vision
-    configs) is shrunk as a whole config, so its text stack is as wide as the decoder
-    (T5Gemma2Config refuses an imbalanced pair)."""
+    """A sub-config that is itself composite and holds a text config (T5Gemma 2's
+    encoder: its text and vision configs) is shrunk as a whole config, so its text
+    stack is as wide as the decoder (T5Gemma2Config refuses an imbalanced pair)."""
     from causalab_mini.tools.tiny import tiny_config
 
     config = tiny_config("t5gemma2")
@@ -309,18 +381,23 @@ def test_composite_sub_configs_are_shrunk() -> None:
 
 
 def test_an_encoder_decoders_text_config_is_its_decoders() -> None:
-    """Where an encoder-decoder keeps its decoder's config apart (no text_config), the
-    places' text config is the decoder's: its head count and width, which nnterp does
-    not find at the top of the composite config; a family may load a model whose
-    constructor cannot run on the meta device with its weights (loads_dispatched)."""
+    """Where an encoder-decoder keeps its decoder's config apart (no text_config), its
+    family names the decoder's as the places' text config (text_config_name): its head
+    count and width, which nnterp does not find at the top; a family may load a model whose
+    constructor cannot run on the meta device with its weights (meta_build_unavailable)."""
     from causalab_mini.generated.families import FAMILY_RENAME
     from causalab_mini.model import _text_config
     from causalab_mini.tools.tiny import tiny_config
 
-    for model_type in ("vision-encoder-decoder", "encoder-decoder", "t5gemma2"):
+    for model_type, family in (
+        ("vision-encoder-decoder", "bert_cross"),
+        ("encoder-decoder", "bert_cross"),
+        ("t5gemma2", "t5gemma2"),
+    ):
         config = tiny_config(model_type)
-        assert _text_config(config) is config.decoder
+        name = FAMILY_RENAME[family].text_config_name
+        assert _text_config(config, name) is config.decoder
     t5 = tiny_config("t5")
     assert _text_config(t5) is t5
-    assert FAMILY_RENAME["florence2"].loads_dispatched
+    assert FAMILY_RENAME["florence2"].meta_build_unavailable
     assert FAMILY_RENAME["t5gemma2"].merged_cross_attention

@@ -1,7 +1,7 @@
 """Two checks of the sweep for hybrid blocks. A gated attention: attention_premix is
 attention_z times the sigmoid or softplus gate the attention's forward computes
-(Qwen3-Next per feature, LFM3 per head, Laguna's softplus either way), and a gate
-that is not the one applied fails. A block whose identities do not name
+(Qwen3-Next and MiniCPM5-MoE per feature, LFM3 per head, Laguna's softplus either
+way), and a gate that is not the one applied fails. A block whose identities do not name
 attentions_output (Falcon-H1, a Mamba mixer beside attention): a write to it shifts
 layers_mid by exactly the delta, and a row without its scale fails."""
 
@@ -73,6 +73,7 @@ def test_a_different_gate_fails() -> None:
         ("tiny:lfm3", "sigmoid"),
         ("tiny:laguna", "softplus"),  # one softplus gate per head
         ("tiny:laguna?gating=per-element", "softplus"),  # one per feature
+        ("tiny:minicpm5_moe", "sigmoid"),  # gate_states.sigmoid(): a fused query-gate projection
     ],
 )
 def test_gated_attention_certifies_through_the_gate(

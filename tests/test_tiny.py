@@ -356,6 +356,27 @@ def test_build_load_and_forward(model_type: str, tiny_cache: Path) -> None:
     assert torch.isfinite(logits).all()
 
 
+def test_a_config_another_groups_class_maps_is_not_registered_for_causal_lm(
+    tmp_path: Path,
+) -> None:
+    # PP-Chart2Table's config names GOT-OCR2's class, a causal LM's too; its config
+    # class is not GOT-OCR2's, so AutoModelForCausalLM.register would refuse the pair.
+    # The image-text-to-text auto class maps the model type and loads it: nothing is
+    # registered, nothing raised
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto import modeling_auto
+
+    from causalab_mini.spec import _load_class
+
+    if "pp_chart2table" not in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        pytest.skip("this transformers has no pp_chart2table")
+    config = {"model_type": "pp_chart2table", "architectures": ["GotOcr2ForConditionalGeneration"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _load_class(str(tmp_path), {}) == {}
+    config_class = type(AutoConfig.for_model("pp_chart2table"))
+    assert config_class not in AutoModelForCausalLM._model_mapping._extra_content
+
+
 @pytest.mark.slow
 def test_resolve_model_spec_builds(tiny_cache: Path) -> None:
     resolved = resolve_model_spec("tiny:llama")
@@ -396,6 +417,21 @@ def test_cache_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     assert (path / tiny.MANIFEST).stat().st_mtime_ns == stamp
     leftovers = [p.name for p in (tmp_path / "tiny").iterdir() if p.name.endswith(".tmp")]
     assert leftovers == []
+
+
+def test_a_types_side_inputs_are_part_of_its_checkpoints_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # a checkpoint is verified with the side inputs its forward is fed: another side
+    # input row is another checkpoint (not one built and verified under the old row),
+    # and a type's side inputs leave every other type's name alone
+    fed = next(iter(tiny._SIDE_INPUTS))
+    before = {t: tiny._checkpoint_name(t, 0) for t in (fed, "gpt2")}
+    changed = dict(tiny._SIDE_INPUTS)
+    changed[fed] = {**tiny._thaw(changed[fed]), "extra_input": {"why": "x", "shape": ["batch"]}}
+    monkeypatch.setattr(tiny, "_SIDE_INPUTS", changed)
+    assert tiny._checkpoint_name(fed, 0) != before[fed]
+    assert tiny._checkpoint_name("gpt2", 0) == before["gpt2"]
 
 
 @pytest.mark.slow

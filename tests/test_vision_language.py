@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from causalab_mini.generated import FAMILY_MATCH
+from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
 from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 
@@ -220,3 +220,44 @@ def test_the_image_anchor_is_refused_without_image_tokens() -> None:
     text_only = _loaded("tiny:llama")
     with pytest.raises(P.PositionError, match="name no image placeholder"):
         P.resolve(text_only, ["The quick brown fox"], {"anchor": "image"})
+
+
+_META_BUILD_UNAVAILABLE = sorted(
+    model_type
+    for family, rename in FAMILY_RENAME.items()
+    if rename.meta_build_unavailable
+    for model_type in FAMILY_MATCH[family].model_types
+)
+
+
+@pytest.mark.parametrize("model_type", _META_BUILD_UNAVAILABLE)
+def test_a_model_nnsight_cannot_build_on_meta_loads_with_its_weights(model_type: str) -> None:
+    """A family whose construction computes from tensor values (meta_build_unavailable)
+    loads with its weights at once, where nnsight's meta build would fail: the model is
+    dispatched when the constructor returns, and its trace reads the model's own
+    logits."""
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+
+    model = StandardizedTransformer(f"tiny:{model_type}")
+    assert model.dispatched
+    batch = model.tokenizer(["The quick brown fox"], return_tensors="pt")
+    with model.trace(batch["input_ids"]):
+        logits = model.logits.save()
+    with torch.no_grad():
+        want = model._model(input_ids=batch["input_ids"]).logits
+    assert torch.equal(logits, want)
+
+
+@pytest.mark.parametrize("model_type", _META_BUILD_UNAVAILABLE)
+def test_meta_build_unavailable_says_what_nnsight_meets(model_type: str) -> None:
+    """The fact is true: told to build on meta first (dispatch=False, which the loader
+    leaves as the caller gives it), nnsight's meta build of the model fails on a tensor
+    value."""
+    from causalab_mini import StandardizedTransformer, compat
+
+    if not compat.is_08():
+        pytest.skip("measured with nnsight 0.8's meta build (every tensor made on meta)")
+    with pytest.raises(RuntimeError, match="meta tensors"):
+        StandardizedTransformer(f"tiny:{model_type}", dispatch=False)

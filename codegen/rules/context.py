@@ -17,10 +17,12 @@ from ..model import Registry
 # argument where one forward calls the same callable twice
 # a callable as called, ending in "(", then optionally the first argument, or the
 # arguments up to the one that tells two calls apart ("self.post_attention(h, attn_vec",
-# where XLNet's calls all start with h)
+# where XLNet's calls all start with h); or a tensor method called on an expression's
+# result, which has no name (".sigmoid(" in "gate.unsqueeze(-1).sigmoid()"): a dot and
+# the method alone, as nnsight names that call
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 NEEDLE = re.compile(
-    rf"^{_IDENT}(\.{_IDENT})*\(({_IDENT}[A-Za-z0-9_.]*(, {_IDENT}[A-Za-z0-9_.]*)*)?$"
+    rf"^(\.{_IDENT}|{_IDENT}(\.{_IDENT})*)\(({_IDENT}[A-Za-z0-9_.]*(, {_IDENT}[A-Za-z0-9_.]*)*)?$"
 )
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 ALLOWED_PLACEHOLDERS = {"place"}

@@ -42,6 +42,8 @@ def families(ctx: Context) -> None:
         seen[name] = rel
         overrides: list[tuple[str, tuple[tuple[str, Any], ...]]] = []
         new_rows: list[tuple[str, Address]] = []
+        if "versions" in data["match"]:
+            ctx.versions(fam, d, ("match", "versions"), name, data["match"]["versions"])
         for key in ("interiors_unavailable", "structure_unknown_reason"):
             if key in data:
                 ctx.reasons(fam, d, (key,), name, data[key])

@@ -23,6 +23,8 @@ def structures(ctx: Context) -> None:
     for name, raw in bs.data["layer_kinds"].items():
         reg.layer_kinds[name] = model.layer_kind(name, raw)
     for i, raw in enumerate(bs.data["rules"]):
+        if "versions" in raw:
+            ctx.versions(bs, d, ("rules", i, "versions"), f"rules[{i}]", raw["versions"])
         if raw["structure"] not in reg.structures:
             ctx.err(
                 bs,

@@ -78,7 +78,11 @@ def tiny(ctx: Context) -> None:
                 key=True,
             )
         for name, spec in inputs.items():
-            paths = [dim["config"] for dim in spec.get("shape", ()) if isinstance(dim, dict)]
+            paths = [
+                dim["config"]
+                for dim in spec.get("shape", ())
+                if isinstance(dim, dict) and "config" in dim
+            ]
             field = "shape"
             if "per_layer_type" in spec:  # @layer in the shape, never in the type list
                 paths, field = [spec["per_layer_type"]], "per_layer_type"

@@ -197,8 +197,9 @@ def _config_types(model_type: str) -> list[str]:
 def _recipe(model_type: str) -> dict[str, Any]:
     """What registry/tiny.yaml and the family files say of ``model_type`` alone (the
     override rows of its config and sub-configs, a build class other than
-    AutoModelForCausalLM, its row of tokenizers): part of the cache key, so that changing a type's own rows
-    rebuilds that type and no other."""
+    AutoModelForCausalLM, its row of tokenizers, the side inputs its forward is fed
+    when the build is verified): part of the cache key, so that changing a type's own
+    rows rebuilds that type and no other."""
     from causalab_mini.classes import DEFAULT_AUTO_CLASS
 
     recipe: dict[str, Any] = {}
@@ -212,6 +213,8 @@ def _recipe(model_type: str) -> dict[str, Any]:
     if model_type in TINY_TOKENIZERS:
         kind, template = tokenizer_row(model_type)
         recipe["tokenizer"] = {"adds": kind, "chat_template": template}
+    if model_type in _SIDE_INPUTS:
+        recipe["side_inputs"] = _thaw(_SIDE_INPUTS[model_type])
     return recipe
 
 
@@ -443,9 +446,10 @@ def _tiny_config_for_class(
         sub_cls, init_kwargs = _sub_config_class(config_cls, name)
         if sub_cls is None:
             continue
-        if _is_language_sub_config(name) or getattr(sub_cls, "sub_configs", None):
-            # a language model's config, or a composite one (T5Gemma2's encoder: its
-            # own text and vision configs), shrunk as a whole config
+        nested = getattr(sub_cls, "sub_configs", None) or {}
+        if _is_language_sub_config(name) or any(map(_is_language_sub_config, nested)):
+            # a language model's config, or a composite one that holds one (T5Gemma2's
+            # encoder: its own text and vision configs), shrunk as a whole config
             kwargs[name] = _tiny_config_for_class(
                 sub_cls, vocab_size, sub_extra.get(name), init_kwargs
             )
@@ -920,8 +924,11 @@ def side_inputs(
             return int(seq)
         if isinstance(dim, int):
             return dim
-        read = int(_config_path(config, dim["config"], layer))
-        return read * int(dim.get("times", 1)) + int(dim.get("plus", 0))
+        # a product: the config value, the token batch's seq, an integer (each where given)
+        value = int(dim.get("times", 1)) * (int(seq) if dim.get("seq") else 1)
+        if "config" in dim:
+            value *= int(_config_path(config, dim["config"], layer))
+        return value + int(dim.get("plus", 0))
 
     def tensor(row: Any, layer: int | None) -> Any:
         dims = [size(dim, layer) for dim in row["shape"]]

@@ -149,7 +149,7 @@ def final_norm(ctx: Context) -> Iterator[Outcome]:
 
 def model_outputs(ctx: Context) -> Iterator[Outcome]:
     """logits == the model's own logits; input_ids == the ids given; embeddings ==
-    get_input_embeddings()(input_ids)."""
+    get_input_embeddings()(input_ids) (the decoder's on an encoder-decoder)."""
     import torch
 
     if ctx.have("logits"):
@@ -159,30 +159,30 @@ def model_outputs(ctx: Context) -> Iterator[Outcome]:
         ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
         yield Outcome(("input_ids",), "input_ids == the ids given", ok)
     if ctx.have("embeddings"):
-        table = _single(_input_embeddings(ctx.model._model), ctx, "embeddings")
+        table = _single(input_embeddings(ctx.model._model), ctx, "embeddings")
         with torch.no_grad():
             embedded = table(ctx.inputs["input_ids"])
         ok, d = close(ctx.v[("embeddings", None)], embedded)
         yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
 
 
-def _input_embeddings(hf: Any) -> Any:
-    """transformers' own input embedding of the tokens the embeddings place embeds:
-    on an encoder-decoder the decoder's, ``get_decoder().get_input_embeddings()``
-    (EncoderDecoderModel's ``get_input_embeddings()`` is its encoder's), elsewhere
-    ``get_input_embeddings()``, or the decoder's where the model does not implement
-    it (PP-FormulaNet's base model raises NotImplementedError)."""
-    if getattr(hf.config, "is_encoder_decoder", False):
-        # the embeddings place is the decoder's: EncoderDecoderModel's own
-        # get_input_embeddings() is its encoder's table (T5's and BART's share one)
-        try:
-            return hf.get_decoder().get_input_embeddings()
-        except (AttributeError, NotImplementedError):
-            pass
-    try:
-        return hf.get_input_embeddings()
-    except NotImplementedError:
-        return hf.get_decoder().get_input_embeddings()
+def input_embeddings(hf_model: Any) -> Any:
+    """transformers' input embeddings of the stack the places are on: the decoder's
+    on an encoder-decoder, whose own ``get_input_embeddings()`` may be its encoder's
+    (T5Gemma and FSMT keep one table per stack): ``get_decoder().get_input_embeddings()``,
+    or, where the decoder is a plain module without that method, the table
+    ``get_output_embeddings()`` names when it is one (FSMT's: the decoder's table, to
+    which its head is tied); ``get_input_embeddings()`` elsewhere."""
+    import torch
+
+    if getattr(getattr(hf_model, "config", None), "is_encoder_decoder", False):
+        decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else None
+        if decoder is not None and hasattr(decoder, "get_input_embeddings"):
+            return decoder.get_input_embeddings()
+        output = hf_model.get_output_embeddings()
+        if isinstance(output, torch.nn.Embedding):
+            return output
+    return hf_model.get_input_embeddings()
 
 
 def _single(module: Any, ctx: Context, component: str) -> Any:
@@ -209,7 +209,10 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
     import torch
 
     head = ctx.model._model.get_output_embeddings()
-    if not ctx.have("lm_head") or head is None:
+    if not ctx.have("lm_head") or head is None or isinstance(head, torch.nn.Embedding):
+        # an embedding table is a lookup of ids, no map of the stream to logits: a
+        # model whose get_output_embeddings() names its input table (FSMT's, whose
+        # head is another module) gives no oracle here
         return
     head = _single(head, ctx, "lm_head")
     v, raw = ctx.v, ctx.raw
