@@ -353,6 +353,10 @@ class RenameConfig:
     ``skip_nnterp_checks`` skips those checks where they read a tensor nnterp cannot
     reach (a layer with a child module named ``output``, whose own output nnsight
     mounts at ``nns_output``); the identities and oracles still certify every row;
+    ``merged_cross_attention``
+    (a reason) says the decoder's attention is self- and cross-attention in one
+    softmax, so its probabilities' oracle is transformers' decoder_attentions and
+    cross_attentions side by side on the key axis (T5Gemma 2);
     each container name may be a tuple of paths (the ones a model has are renamed);
     ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
     for the model has no entry for the embeddings: entry i is block i's output, the
@@ -401,6 +405,7 @@ class RenameConfig:
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
     skip_nnterp_checks: bool | None = None
+    merged_cross_attention: str | None = None
     hidden_states_are_block_outputs: bool | None = None
     oracles_from_last_calls: bool | None = None
     oracle_module: str | None = None

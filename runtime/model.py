@@ -38,6 +38,9 @@ def _text_config(config: Any, name: str | None = None) -> Any:
     text = getattr(config, "text_config", None)
     if text is not None and hasattr(config, "get_text_config"):
         return config.get_text_config()
+    decoder = getattr(config, "decoder", None)
+    if getattr(config, "is_encoder_decoder", False) and hasattr(decoder, "model_type"):
+        return decoder
     return config
 
 

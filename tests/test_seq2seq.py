@@ -284,6 +284,7 @@ WIDE = (
     "fsmt",
     "seamless_m4t",
     "seamless_m4t_v2",
+    "encoder-decoder",
 )
 
 
@@ -301,3 +302,102 @@ def test_group_member_certified(member: str) -> None:
     assert result.structure in ("pre_norm_cross", "post_ln_cross", "sandwich_norm_cross")
     assert not [k for k, v in result.components.items() if v["state"] == "broken"]
     assert any("cross_attentions_output" in c for c in result.components["block_mid"]["checks"])
+
+
+# encoder-decoders of the image_text_to_text group whose decoder blocks hold a
+# cross-attention: fed an image (or flattened patches, or bounding boxes) and the
+# decoder's tokens as data (registry/tiny.yaml side_inputs)
+IMAGE_WIDE = ("pix2struct", "udop", "vision-encoder-decoder", "pp_formulanet", "florence2")
+
+
+@pytest.mark.wide
+@pytest.mark.slow
+@pytest.mark.parametrize("member", IMAGE_WIDE)
+def test_image_encoder_decoder_certified(member: str) -> None:
+    """Each image encoder-decoder: certified with nothing broken, of a cross structure,
+    its cross-attention identity among the checks that held."""
+    from causalab_mini.tools.sweep import run_one
+
+    result = run_one(f"tiny:{member}")
+    assert result.outcome == "certified", result.reason
+    assert result.group == "image_text_to_text"
+    assert result.structure in ("pre_norm_cross", "post_ln_cross")
+    assert not [k for k, v in result.components.items() if v["state"] == "broken"]
+    assert any("cross_attentions_output" in c for c in result.components["block_mid"]["checks"])
+
+
+@pytest.mark.wide
+@pytest.mark.slow
+def test_merged_cross_attention_probabilities() -> None:
+    """T5Gemma 2's decoder attention is self- and cross-attention in one softmax: its
+    probabilities are certified against transformers' decoder_attentions and
+    cross_attentions side by side (families/t5gemma2.yaml merged_cross_attention)."""
+    from causalab_mini.tools.sweep import run_one
+
+    result = run_one("tiny:t5gemma2")
+    assert result.outcome == "certified", result.reason
+    assert not [k for k, v in result.components.items() if v["state"] == "broken"]
+    checks = result.components["attention_probs"]["checks"]
+    assert "cat(decoder_attentions, cross_attentions) == attention_probs" in checks
+
+
+def test_side_inputs_absent_uniform_plus() -> None:
+    """A side input may be absent (the token mask not handed to an image encoder), a
+    seeded uniform range (Pix2Struct's patch rows and columns, UDOP's boxes), and a
+    config width plus a constant (the patch's row and column before its pixels); the
+    decoder's inputs are the token batch's own."""
+    import torch
+
+    from causalab_mini.tools.tiny import side_inputs, tiny_config
+
+    ids = torch.tensor([[0, 5, 6], [7, 8, 9]])
+    tokens = {"input_ids": ids, "attention_mask": (ids > 0).long()}
+    config = tiny_config("pix2struct")
+    made = side_inputs(config, 2, 3, tokens=tokens)
+    assert made["attention_mask"] is None
+    assert made["decoder_input_ids"].equal(ids)
+    assert made["decoder_attention_mask"].equal(tokens["attention_mask"])
+    patches = made["flattened_patches"]
+    width = config.vision_config.patch_embed_hidden_size + 2
+    assert tuple(patches.shape) == (2, 16, width)
+    assert patches.min() >= 0.0 and patches.max() < 4.0
+    assert patches[..., :2].long().max() < config.vision_config.seq_len
+    boxes = side_inputs(tiny_config("udop"), 2, 3, tokens=tokens)["bbox"]
+    assert tuple(boxes.shape) == (2, 3, 4) and boxes.min() >= 0.0 and boxes.max() < 1.0
+    assert side_inputs(tiny_config("udop"), 2, 3, tokens=tokens)["bbox"].equal(boxes)
+
+
+def test_composite_sub_configs_are_shrunk() -> None:
+    """A sub-config that is itself composite and holds a text config (T5Gemma 2's
+    encoder: its text and vision configs) is shrunk as a whole config, so its text
+    stack is as wide as the decoder (T5Gemma2Config refuses an imbalanced pair)."""
+    from causalab_mini.tools.tiny import tiny_config
+
+    config = tiny_config("t5gemma2")
+    encoder = config.encoder
+    assert encoder.text_config.hidden_size == config.decoder.hidden_size == 64
+    assert encoder.vision_config.hidden_size == 64
+    assert encoder.vision_config.num_hidden_layers == 3
+
+
+def test_an_encoder_decoders_text_config_is_its_decoders() -> None:
+    """Where an encoder-decoder keeps its decoder's config apart (no text_config), its
+    family names the decoder's as the places' text config (text_config_name): its head
+    count and width, which nnterp does not find at the top; a family may load a model whose
+    constructor cannot run on the meta device with its weights (meta_build_unavailable)."""
+    from causalab_mini.generated.families import FAMILY_RENAME
+    from causalab_mini.model import _text_config
+    from causalab_mini.tools.tiny import tiny_config
+
+    for model_type, family in (
+        ("vision-encoder-decoder", "bert_cross"),
+        ("encoder-decoder", "bert_cross"),
+        ("t5gemma2", "t5gemma2"),
+    ):
+        config = tiny_config(model_type)
+        name = FAMILY_RENAME[family].text_config_name
+        assert _text_config(config, name) is config.decoder
+    t5 = tiny_config("t5")
+    assert _text_config(t5) is t5
+    assert FAMILY_RENAME["florence2"].meta_build_unavailable
+    assert FAMILY_RENAME["t5gemma2"].merged_cross_attention

@@ -389,6 +389,23 @@ def decoder_outputs(out: Any) -> Any:
     )
 
 
+def merged_oracle(model: Any, out: Any) -> tuple[Any, str]:
+    """``output_attentions`` of a decoder's output ``out`` as the oracle of the
+    attention_probabilities row, and the check's name: where the family's attention is
+    self- and cross-attention in one softmax (``merged_cross_attention``), the
+    decoder's and the cross-attention's entries side by side on the key axis, as the
+    one softmax made them (transformers hands them back split in two)."""
+    import torch
+
+    attentions: Any = getattr(out, "attentions", None)
+    cross: Any = getattr(out, "cross_attentions", None)
+    merged_cross = model.resolution.rename.merged_cross_attention
+    if merged_cross is None or attentions is None or cross is None:
+        return attentions, "output_attentions == attention_probabilities"
+    merged = tuple(torch.cat(pair, dim=-1) for pair in zip(attentions, cross, strict=True))
+    return merged, "cat(decoder_attentions, cross_attentions) == attention_probabilities"
+
+
 def oracle_attentions(model: Any, attentions: Any) -> Any:
     """transformers' ``output_attentions`` as the oracles read it: the last n entries
     where they count every call of the layer class (``oracles_from_last_calls``)."""
@@ -462,13 +479,14 @@ def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
 
     out = oracle_outputs(model, inputs, output_attentions=True)
     values = read_places(model, inputs, ["attention_probabilities"])
+    attentions, name = merged_oracle(model, out)
     # one entry per layer the model runs (see hidden_state_oracle)
     return [
         compare(
-            "output_attentions == attention_probabilities",
+            name,
             layer,
             values[("attention_probabilities", layer)],
-            oracle_attentions(model, out.attentions)[entry],
+            oracle_attentions(model, attentions)[entry],
         )
         for entry, layer in enumerate(model.internals.layers_run_on_text())
         if ("attention_probabilities", layer) in values

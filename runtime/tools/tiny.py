@@ -446,7 +446,10 @@ def _tiny_config_for_class(
         sub_cls, init_kwargs = _sub_config_class(config_cls, name)
         if sub_cls is None:
             continue
-        if _is_language_sub_config(name):
+        nested = getattr(sub_cls, "sub_configs", None) or {}
+        if _is_language_sub_config(name) or any(map(_is_language_sub_config, nested)):
+            # a language model's config, or a composite one that holds one (T5Gemma2's
+            # encoder: its own text and vision configs), shrunk as a whole config
             kwargs[name] = _tiny_config_for_class(
                 sub_cls, vocab_size, sub_extra.get(name), init_kwargs
             )
@@ -904,9 +907,11 @@ def side_inputs(
     """The keyword inputs registry/tiny.yaml ``side_inputs`` gives ``config``'s model
     type beside the token ids (empty for most): seeded random normal tensors of the
     shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
-    constant integer fill, a mask, where the row says so), or (a row's ``from``) a tensor
+    constant integer fill, a mask, or values uniform in a range, where the row says
+    so), or (a row's ``from``) a tensor
     of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
-    encoder's own ids)."""
+    encoder's own ids), or (a row's ``absent``) None, for a token-batch input the
+    forward must not be given (a mask its image encoder would misread)."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
@@ -923,12 +928,15 @@ def side_inputs(
         value = int(dim.get("times", 1)) * (int(seq) if dim.get("seq") else 1)
         if "config" in dim:
             value *= int(_config_path(config, dim["config"], layer))
-        return value
+        return value + int(dim.get("plus", 0))
 
     def tensor(row: Any, layer: int | None) -> Any:
         dims = [size(dim, layer) for dim in row["shape"]]
         if "fill" in row:  # a mask: every entry the row's integer
             return torch.full(dims, row["fill"], dtype=torch.long)
+        if "uniform" in row:  # coordinates, positions: values in [low, high)
+            low, high = row["uniform"]
+            return low + (high - low) * torch.rand(*dims, generator=generator)
         return torch.randn(*dims, generator=generator)
 
     def made(row: Any, layer: int | None) -> Any:
@@ -942,7 +950,9 @@ def side_inputs(
     for name, row in rows.items():
         if any(getattr(config, k, missing) != v for k, v in (row.get("config") or {}).items()):
             continue  # fed only where the loaded config has these values
-        if "from" in row:
+        if row.get("absent"):  # a token-batch input the forward must not be given
+            out[name] = None
+        elif "from" in row:
             if tokens is None or row["from"] not in tokens:
                 raise TinyBuildError(
                     f"side input {name!r} of {config.model_type!r} is the token batch's "

@@ -102,15 +102,17 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
 def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
     """transformers' output_attentions (eager) == attention_probs, per layer; hybrid
     stacks return attentions only for their attention layers."""
-    attentions = cert.oracle_attentions(ctx.model, getattr(ctx.hf, "attentions", None))
+    merged, name = cert.merged_oracle(ctx.model, ctx.hf)
+    attentions = cert.oracle_attentions(ctx.model, merged)
     if attentions is None:
         return
+    label = name.replace("attention_probabilities", "attention_probs")
     layers = [layer for layer in range(ctx.n) if ("attention_probs", layer) in ctx.v]
     for layer in layers:
         index = layer if len(attentions) == ctx.n else layers.index(layer)
         if index < len(attentions) and attentions[index] is not None:
             ok, d = close(ctx.v[("attention_probs", layer)], attentions[index])
-            yield Outcome(("attention_probs",), "output_attentions == attention_probs", ok, d)
+            yield Outcome(("attention_probs",), label, ok, d)
 
 
 def attention_input_norm(ctx: Context) -> Iterator[Outcome]:
