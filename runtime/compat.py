@@ -50,10 +50,14 @@ def nnsight_version() -> Version:
     return Version(version("nnsight"))
 
 
+_NNSIGHT_08 = Version("0.8.0.dev0")
+
+
 def is_08() -> bool:
     """Whether the installed nnsight is 0.8 or later (the releases with ``Source`` /
-    ``Compiled``, ``_aliases`` and ``E_``-mounted children)."""
-    return nnsight_version() >= Version("0.8.0.dev0")
+    ``Compiled``, ``_aliases`` and ``E_``-mounted children). Asked several times per
+    read: the bound is parsed once."""
+    return nnsight_version() >= _NNSIGHT_08
 
 
 # ---------------------------------------------------------------------- shims
