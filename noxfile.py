@@ -89,7 +89,7 @@ def wide(session: nox.Session) -> None:
 
 @nox.session
 @nox.parametrize("nnsight", NNSIGHT)
-@nox.parametrize("transformers", ["5.17.0", "5.24.0"])
+@nox.parametrize("transformers", ["5.17.0", "5.24.0", "5.25.0"])
 def drift(session: nox.Session, nnsight: str, transformers: str) -> None:
     """The semantic suite under nnsight 0.6, 0.7 and 0.8 and an older and the newest
     transformers 5.x: a row whose operations moved fails here, with its op list."""
