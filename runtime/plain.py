@@ -84,14 +84,22 @@ def _calls(text: str, needle: str) -> bool:
     return False
 
 
+def _stem(needle: str) -> str:
+    """The name stem nnsight gives the operations ``needle`` names, as
+    ``causalab_mini.ops.needle_prefix`` (without ``re``) plus "_": ".sigmoid(" (a method
+    on an expression's result) by the method alone, "nn.Softmax(dim=-1)(" (a call of
+    what a call returns) by nnsight's "call"."""
+    if needle.endswith(")(") and needle.count("(") == 2 == needle.count(")") + 1:
+        return "call_"
+    return needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_"
+
+
 def _find(source: Any, needle: str, where: str) -> Any:
     """The operation of ``source`` that the call-shaped ``needle`` names, resolved as
     ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
     line holds the call. None or several is refused with the operation list."""
     text_of, line_of, accessor = _parsed(source)
-    # causalab_mini.ops.needle_prefix: ".sigmoid(" (a method on an expression's result)
-    # is named by the method alone
-    stem = needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_"
+    stem = _stem(needle)
     lines = text_of.split("\n")
     hits = []
     for name, index in line_of.items():

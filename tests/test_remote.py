@@ -558,3 +558,22 @@ def scaled(model: StandardizedTransformer, addresses: list[ComponentAddress], in
             out[address] = read(model, address).save()
         out["logits"] = model.logits.save()
     return out
+
+
+def test_the_server_names_every_registry_needle_as_the_client_does() -> None:
+    # plain (shipped to a server, self-contained) spells ops.needle_prefix again without
+    # re: every needle of every row, interior, operand and gate must get the same stem
+    from causalab_mini import plain
+    from causalab_mini.generated import FAMILIES, INTERIORS
+    from causalab_mini.generated.places import DEFAULT_ADDRESSES
+    from causalab_mini.ops import needle_prefix
+
+    needles = {n for row in DEFAULT_ADDRESSES.values() for n in row.source}
+    needles |= {n for interior in INTERIORS.values() for n in interior.needles}
+    for family in FAMILIES.values():
+        needles |= {n for row in family.addresses.values() for n in row.source}
+        needles |= {n for interior in family.interiors.values() for n in interior.needles}
+        needles |= {o.needle for o in family.operands.values() if o.needle}
+    assert {"nn.Softmax(dim=-1)(", ".sigmoid(", ".transpose("} & needles
+    for needle in sorted(needles):
+        assert plain._stem(needle) == needle_prefix(needle) + "_", needle
