@@ -43,6 +43,7 @@ CODES: dict[str, str] = {
     "X021": "a tiny.yaml group that takes no model type (its mapping is an earlier group's), or a first group that is not the causal LMs'",
     "X022": "a lens step that applies a row that is not a whole-model place",
     "X023": "a tiny.yaml tokenizer that cannot be built (adds no kind the builder knows, or names a chat template tiny.yaml does not hold)",
+    "X024": "a family that traces a submodule (traced_module) without its traced_config, or naming containers or rows the submodule's families give",
 }
 
 

@@ -169,6 +169,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "tiny_not_buildable": dict(registry.tiny.not_buildable),
         "tiny_build_from": dict(registry.tiny.build_from),
         "tiny_builds_with": dict(registry.tiny.builds_with),
+        "tiny_checkpoint_files": dict(registry.tiny.checkpoint_files),
         "tiny_groups": dict(registry.tiny.groups),
         "tiny_shared_groups": tuple(registry.tiny.shared_groups),
         "tiny_side_inputs": dict(registry.tiny.side_inputs),

@@ -131,6 +131,7 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         "not_buildable",
         "build_from",
         "builds_with",
+        "checkpoint_files",
         "side_inputs",
         "groups",
         "tokenizers",

@@ -94,6 +94,8 @@ class TinyTables:
     not_buildable: tuple[tuple[str, str], ...] = ()
     build_from: tuple[tuple[str, str], ...] = ()
     builds_with: tuple[tuple[str, tuple[str, str]], ...] = ()
+    # model type -> file name -> what torch.save writes there (a file from_pretrained reads)
+    checkpoint_files: tuple[tuple[str, Any], ...] = ()
     # group -> (its transformers auto mapping, its auto class, doc), in order
     groups: tuple[tuple[str, tuple[str, str, str]], ...] = ()
     # the groups that also take model types an earlier group takes with another class
@@ -145,6 +147,10 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
             for t, v in raw.get("builds_with", {}).items()
         ),
         side_inputs=table(raw.get("side_inputs", {})),
+        checkpoint_files=tuple(
+            (t, {name: frozen(file["torch_save"]) for name, file in files.items()})
+            for t, files in raw.get("checkpoint_files", {}).items()
+        ),
         groups=tuple(
             (g, (v["mapping"], v["auto_class"], " ".join(v["doc"].split())))
             for g, v in raw.get("groups", {}).items()

@@ -388,6 +388,12 @@ class RenameConfig:
     ``meta_build_unavailable`` says why the model class cannot be built on the meta
     device (its construction reads a tensor's value): it is loaded with its weights at
     construction, and ``remote=True`` (which never loads them here) is refused with it;
+    ``traced_module`` names the submodule (a path) of the model the checkpoint loads as
+    that is traced and addressed as the model (its forward, config, layers), where the
+    class has no forward of its own that runs the text decoder (a speech-and-text
+    model's "thinker"), and ``traced_config`` the attribute of the checkpoint's config
+    that is the submodule's config: the checkpoint is loaded whole with its own class,
+    the rows are those of the families the submodule matches (``runtime/traced.py``);
     ``addresses`` replaces where an existing accessor reads
     or adds a new one. Later configs win, the user's last.
     """
@@ -414,6 +420,8 @@ class RenameConfig:
     text_config_name: str | None = None
     unbound_defaults: tuple[str, ...] | None = None
     meta_build_unavailable: str | None = None
+    traced_module: str | None = None
+    traced_config: str | None = None
     # facts of the family's forward that positions depend on (each a reason): tokens
     # attend to later tokens (a write at one token reaches earlier ones), and the
     # forward reads more of the input than the stream carries (the interchange

@@ -46,6 +46,32 @@ def group_auto_class(model_type: str | None, architectures: tuple[str, ...] = ()
     return None
 
 
+def mapped_classes(model_type: str | None) -> tuple[str, ...]:
+    """The classes the auto mappings of registry/tiny.yaml's groups map ``model_type``
+    to, in the groups' order (what a model of that type is loaded as, named before it
+    is loaded: a traced submodule's, from its config)."""
+    from transformers.models.auto import modeling_auto
+
+    from causalab_mini.generated.tiny import TINY_GROUPS
+
+    found: list[str] = []
+    for mapping, _, _ in TINY_GROUPS.values():
+        mapped = getattr(modeling_auto, mapping, {}).get(model_type)
+        for name in (mapped,) if isinstance(mapped, str) else tuple(mapped or ()):
+            if name not in found:
+                found.append(name)
+    return tuple(found)
+
+
+def traced_module_for(model_type: str | None) -> str | None:
+    """The submodule a model of ``model_type`` is traced as (its families'
+    ``traced_module``, registry/families/*.yaml), or None: what ``tiny:`` runs its
+    smoke forward on."""
+    from .family import families_for, merged_rename
+
+    return merged_rename(families_for(mapped_classes(model_type), model_type, None), None).traced_module
+
+
 def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
     """Whether a family's ``auto_class`` loads a checkpoint whose config names
     ``architectures``: where it maps one of them, or where they name no class
@@ -69,4 +95,11 @@ def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
     return not set(architectures) & classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
-__all__ = ["DEFAULT_AUTO_CLASS", "auto_class_for", "auto_class_maps", "group_auto_class"]
+__all__ = [
+    "DEFAULT_AUTO_CLASS",
+    "auto_class_for",
+    "auto_class_maps",
+    "group_auto_class",
+    "mapped_classes",
+    "traced_module_for",
+]

@@ -180,27 +180,35 @@ def _nnterp_model_alias() -> None:
 # ---------------------------------------------------------------------- spellings
 
 
-def auto_class_kwargs(auto_class: str) -> dict[str, Any]:
+def auto_class_kwargs(auto_class: str, traced_module: str | None = None) -> dict[str, Any]:
     """The keyword arguments that make nnsight's ``LanguageModel`` load a checkpoint
     with the transformers auto class ``auto_class`` (a name such as
     ``AutoModelForImageTextToText``) instead of ``AutoModelForCausalLM``, on the meta
     build and at dispatch alike. nnsight 0.6/0.7 take it as ``automodel=`` (and then
     skip 0.7's refusal of a model type registered for image-text-to-text); 0.8 loads
     through a ``transformers.pipeline`` whose task decides the class, so the class is
-    given as a text-generation task of its own (``_text_task``)."""
+    given as a text-generation task of its own (``_text_task``). ``traced_module``: the
+    family traces that submodule of the model the auto class loads (``traced``), and
+    the class given loads the whole model and returns the submodule."""
     import transformers
 
     if not is_08():
+        if traced_module:
+            from .traced import traced_auto_class
+
+            return {"automodel": traced_auto_class(auto_class, traced_module)}
         return {"automodel": getattr(transformers, auto_class)}
-    return {"task": _text_task(auto_class)}
+    return {"task": _text_task(auto_class, traced_module)}
 
 
 @functools.cache
-def _text_task(auto_class: str) -> str:
+def _text_task(auto_class: str, traced_module: str | None = None) -> str:
     """A pipeline task registered with transformers (its public ``PIPELINE_REGISTRY``)
     that is text generation loaded with ``auto_class``: tokenizer-only preprocessing,
     the model class the caller names. A subclass of ``TextGenerationPipeline`` is
-    registered, not the class itself (registration marks the class it is given)."""
+    registered, not the class itself (registration marks the class it is given).
+    With ``traced_module``, the class loads the whole model and the task's model is
+    its submodule at that path (``traced.traced_auto_class``)."""
     import transformers
     from transformers.pipelines import (  # type: ignore[attr-defined]  # not in its __all__
         PIPELINE_REGISTRY,
@@ -209,13 +217,21 @@ def _text_task(auto_class: str) -> str:
 
     task = f"text-generation-{auto_class}"
     auto = getattr(transformers, auto_class)
+    if traced_module:
+        from .traced import traced_auto_class
+
+        task = f"{task}-{traced_module}"
+        auto = traced_auto_class(auto_class, traced_module)
 
     def check_model_type(self: Any, supported_models: Any) -> None:
         # the models this task loads are the auto class's (its config type -> class
-        # name table), not the causal LMs
+        # name table), not the causal LMs; with a traced submodule, the submodule the
+        # family names (the class of whatever sits at that path)
         names: list[str] = []
         for value in getattr(auto._model_mapping, "_model_mapping", {}).values():
             names.extend(value if isinstance(value, tuple) else (value,))
+        if traced_module:
+            names.append(type(self.model).__name__)
         TextGenerationPipeline.check_model_type(self, names)
 
     cls = type(

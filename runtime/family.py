@@ -109,6 +109,36 @@ def resolve(
     )
 
 
+def resolve_traced(
+    outer: Resolution,
+    class_names: tuple[str, ...],
+    model_type: str | None,
+    config: Any,
+    user: RenameConfig | None = None,
+) -> Resolution:
+    """The answer for a submodule traced as the model (``outer``'s families name it:
+    ``traced_module``): the rows and block structure of the families the submodule's
+    own classes, model type and (text) config match, with the families of the model
+    that loads it beside them (what loads the checkpoint: its auto class, the
+    submodule's path), theirs winning where both say, then the user's."""
+    inner = resolve(class_names, model_type, config, None)
+    families = (*inner.families, *(f for f in outer.families if f not in inner.families))
+    rows = dict(inner.rows)
+    if user is not None:
+        rows.update(user.addresses)
+    # the checkpoint loads with the auto class of the model that holds the submodule
+    # (its families', else its group's), never with one the submodule's families name
+    auto_class = merged_rename(list(outer.families), user).auto_class
+    rename = dataclasses.replace(merged_rename(list(families), user), auto_class=auto_class)
+    return Resolution(
+        families,
+        rename,
+        rows,
+        inner.structure,
+        tuple(FAMILIES[name] for name in families),
+    )
+
+
 __all__ = [
     "CONTAINERS",
     "Resolution",
@@ -116,5 +146,6 @@ __all__ = [
     "families_of",
     "merged_rename",
     "resolve",
+    "resolve_traced",
     "structure_for",
 ]

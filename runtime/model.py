@@ -18,7 +18,7 @@ from causalab_mini.address import names as container_paths  # noqa: E402
 
 from . import remote as _remote  # noqa: E402
 from .classes import auto_class_maps, group_auto_class  # noqa: E402
-from .family import Resolution, families_for, resolve  # noqa: E402
+from .family import Resolution, families_for, resolve, resolve_traced  # noqa: E402
 from .internals import Internals, Place, RenameError, has_attr  # noqa: E402
 from .loading import LoadRefused, LoadReport  # noqa: E402
 from .loading import check as check_load  # noqa: E402
@@ -194,6 +194,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
         self.__dict__["_architectures"] = architectures
         before = resolve(class_names, model_type, config, rename_config)
+        if before.rename.traced_module:  # the family traces a submodule of the model
+            self.__dict__["_traced_from"] = before
+            model, class_names, config, before = _traced_before_load(
+                model, before, class_names, rename_config, kwargs
+            )
         nnterp_config, nnterp_probs = self._nnterp_arguments(
             model,
             before,
@@ -320,7 +325,14 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         if merged.text_config_name:
             self._widths_from_text_config()
         names = tuple(c.__name__ for c in type(self._model).__mro__)
-        self.resolution = resolve(names, self.model_type, self.text_config, rename_config)
+        outer = self.__dict__.get("_traced_from")
+        self.resolution = (
+            resolve_traced(outer, names, self.model_type, self.text_config, rename_config)
+            if outer is not None
+            else resolve(names, self.model_type, self.text_config, rename_config)
+        )
+        # the submodule of the checkpoint's model traced as this model (its family's)
+        self.traced_module: str | None = merged.traced_module
         self.families: tuple[str, ...] = self.resolution.families
         self.block_structure: str | None = self.resolution.structure
         self.internals = Internals(self, dict(self.resolution.rows))
@@ -543,12 +555,56 @@ def _auto_class_arguments(
     wrapper), else its group's, said the way the installed nnsight takes it; not for a
     checkpoint its config says the causal-LM class saved, nor where the caller chose."""
     auto_class = merged.auto_class or group_auto_class(model_type, architectures)
+    traced = merged.traced_module
+    if traced and not auto_class:  # a submodule of a causal LM's checkpoint
+        from .classes import DEFAULT_AUTO_CLASS
+
+        auto_class = DEFAULT_AUTO_CLASS
     if not auto_class or not isinstance(model, str) or "automodel" in kwargs:
         return
     if not auto_class_maps(auto_class, architectures):
         return
-    for key, value in compat.auto_class_kwargs(auto_class).items():
+    for key, value in compat.auto_class_kwargs(auto_class, traced).items():
         kwargs.setdefault(key, value)
+
+
+def _traced_before_load(
+    model: Any,
+    outer: Resolution,
+    class_names: tuple[str, ...],
+    user: RenameConfig | None,
+    kwargs: dict[str, Any],
+) -> tuple[Any, tuple[str, ...], Any, Resolution]:
+    """Where the families of what is loaded trace a submodule (``traced_module``, its
+    config ``traced_config``): the model as nnsight is given it (a loaded module: its
+    submodule), the submodule's class names and text config before the load, and the
+    registry's answer for it (``resolve_traced``). ``remote=True`` is refused (a server
+    would run the whole class)."""
+    from .traced import refuse_remote, sub_config, submodule
+
+    path = str(outer.rename.traced_module)
+    model_class = class_names[0] if class_names else "this model"
+    if kwargs.get("remote"):
+        refuse_remote(model_class, path)
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        from .classes import mapped_classes
+
+        whole = AutoConfig.from_pretrained(
+            model,
+            trust_remote_code=kwargs.get("trust_remote_code", False),
+            local_files_only=kwargs.get("local_files_only", False),
+        )
+        config = sub_config(whole, str(outer.rename.traced_config), path)
+        names = mapped_classes(config.model_type)
+    else:
+        model = submodule(model, path)
+        config = model.config
+        names = tuple(c.__name__ for c in type(model).__mro__)
+    text = _text_config(config)
+    model_type = getattr(config, "model_type", None)
+    return model, names, text, resolve_traced(outer, names, model_type, text, user)
 
 
 def _dispatch_arguments(

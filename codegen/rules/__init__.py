@@ -35,6 +35,7 @@ RULES: tuple[Rule, ...] = (
     families.families,
     coverage.required_rows_replaced,
     coverage.every_family_has_a_structure,
+    coverage.traced_families_name_no_rows,
     tiny.tiny,
 )
 

@@ -1,6 +1,8 @@
 """Structures against families: a structure's required rows are replaced by a family
 of that structure (X008); every family has a block-structure rule (X014) or says why
-none applies, and not both (X016)."""
+none applies, and not both (X016); a family that traces a submodule
+(``traced_module``) takes its structure and rows from the submodule's own families,
+so it names its config and no container or row of its own (X024)."""
 
 from __future__ import annotations
 
@@ -63,6 +65,8 @@ def every_family_has_a_structure(ctx: Context) -> None:
             )
         if not types or ruled or "structure_unknown_reason" in fam.data:
             continue
+        if "traced_module" in fam.data.get("rename", {}):
+            continue  # the traced submodule's own rule gives the structure (X024)
         ctx.err(
             fam,
             ctx.disp(rel),
@@ -73,3 +77,49 @@ def every_family_has_a_structure(ctx: Context) -> None:
             "structure, so every structural place is refused on it; add a rule "
             "(`registry new-family <model_type>` verifies which structure holds)",
         )
+
+
+# what a family that traces a submodule may not say itself: the submodule's families do
+_TRACED_OWN = (
+    "model_name",
+    "layers_name",
+    "embed_name",
+    "attn_name",
+    "mlp_name",
+    "ln_final_name",
+    "lm_head_name",
+)
+
+
+def traced_families_name_no_rows(ctx: Context) -> None:
+    for rel, fam in ctx.families:
+        rename = fam.data.get("rename", {})
+        name = fam.data["family"]
+        module, config = rename.get("traced_module"), rename.get("traced_config")
+        if (module is None) != (config is None):
+            given, missing = ("traced_module", "traced_config")[:: 1 if module else -1]
+            ctx.err(
+                fam,
+                ctx.disp(rel),
+                ("rename", given),
+                "X024",
+                name,
+                f"{given} without {missing}: a traced submodule is named by its path "
+                "(traced_module) and its config's attribute of the checkpoint's config "
+                "(traced_config); give both or neither",
+            )
+        if module is None:
+            continue
+        own = [k for k in _TRACED_OWN if k in rename]
+        own += ["addresses"] if fam.data.get("addresses") else []
+        if own:
+            ctx.err(
+                fam,
+                ctx.disp(rel),
+                ("rename", own[0]) if own[0] != "addresses" else ("addresses",),
+                "X024",
+                name,
+                f"the family traces the submodule {module!r}, whose own families give "
+                f"its containers and rows, and it names {', '.join(own)}, which would not "
+                "apply: move them to the family the submodule matches",
+            )

@@ -36,6 +36,7 @@ from causalab_mini.generated.tiny import (
     TINY_GENERIC,
     TINY_GROUPS,
     TINY_KEEP_OFF,
+    TINY_CHECKPOINT_FILES,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
     TINY_SHARED_GROUPS,
@@ -215,6 +216,8 @@ def _recipe(model_type: str) -> dict[str, Any]:
         recipe["tokenizer"] = {"adds": kind, "chat_template": template}
     if model_type in _SIDE_INPUTS:
         recipe["side_inputs"] = _thaw(_SIDE_INPUTS[model_type])
+    if model_type in TINY_CHECKPOINT_FILES:
+        recipe["checkpoint_files"] = _thaw(TINY_CHECKPOINT_FILES[model_type])
     return recipe
 
 
@@ -828,9 +831,11 @@ def _save_and_reload(
     or the build fails."""
     import torch
 
-    before = _smoke_logits(model_type, model, tokenizer)
+    before = _smoke_logits(model_type, _traced(model_type, model), tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    for name, content in TINY_CHECKPOINT_FILES.get(model_type, {}).items():
+        torch.save(_thaw(content), out / name)  # a file from_pretrained reads (a table)
     if model.config.model_type not in causal_lm_model_types() and model_type not in _BUILD_FROM:
         # Built from a composite config (emu3, mllama): the model's own config is a
         # text config AutoModelForCausalLM cannot map back; keep the composite one.
@@ -842,9 +847,20 @@ def _save_and_reload(
             f"tiny {model_type!r} saves but does not load back: "
             f"{type(exc).__name__}: {_first_line(exc)}"
         ) from exc
-    after = _smoke_logits(model_type, reloaded, tokenizer)
+    after = _smoke_logits(model_type, _traced(model_type, reloaded), tokenizer)
     if before.shape != after.shape or not torch.allclose(before, after, atol=1e-4, rtol=1e-4):
         raise TinyBuildError(f"tiny {model_type!r} gives other logits after a save/load round trip")
+
+
+def _traced(model_type: str, model: Any) -> Any:
+    """What a forward of the tiny ``model_type`` runs: the model, or the submodule its
+    family traces as the model (``traced_module``: a class with no forward of its own
+    that runs the text decoder)."""
+    from causalab_mini.classes import traced_module_for
+    from causalab_mini.traced import submodule
+
+    path = traced_module_for(model_type)
+    return submodule(model, path) if path else model
 
 
 def _annotation_admits(config: Any, key: str, value: Any) -> bool:
