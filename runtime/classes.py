@@ -69,7 +69,9 @@ def traced_module_for(model_type: str | None) -> str | None:
     smoke forward on."""
     from .family import families_for, merged_rename
 
-    return merged_rename(families_for(mapped_classes(model_type), model_type, None), None).traced_module
+    return merged_rename(
+        families_for(mapped_classes(model_type), model_type, None), None
+    ).traced_module
 
 
 def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:

@@ -400,6 +400,21 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "families/zeta.yaml:6:27: X016 [zeta] structure_unknown_reason says no block structure applies, and a rule in block_structures.yaml gives llama one; drop the reason or the rule",
         ],
     ),
+    "X024": (
+        [
+            (
+                "families/zeta.yaml",
+                None,
+                "schema_version: 1\nfamily: zeta\ndoc: A family that traces a submodule.\n"
+                "match:\n  model_types: [zeta]\n"
+                "rename:\n  traced_module: thinker\n  layers_name: thinker.model.layers\n",
+            )
+        ],
+        [
+            "families/zeta.yaml:7:18: X024 [zeta] traced_module without traced_config: a traced submodule is named by its path (traced_module) and its config's attribute of the checkpoint's config (traced_config); give both or neither",
+            "families/zeta.yaml:8:16: X024 [zeta] the family traces the submodule 'thinker', whose own families give its containers and rows, and it names layers_name, which would not apply: move them to the family the submodule matches",
+        ],
+    ),
 }
 
 

@@ -141,6 +141,8 @@ def _header(spec: str, model: Any, scope: str) -> dict[str, object]:
     return {
         "spec": spec,
         "model_class": model.internals.model_class,
+        # the submodule of the checkpoint's model traced as the model (traced_module)
+        "traced_module": getattr(model, "traced_module", None),
         "layers": model.internals.num_layers,
         "block_structure": model.block_structure,
         "families": list(model.families),
@@ -196,9 +198,10 @@ def _print_plain(
     """The answer as plain text (piped): a header line, then a line a row."""
     internals = model.internals
     families = ", ".join(model.families) or "defaults only"
+    traced = f" (the checkpoint's {header['traced_module']})" if header["traced_module"] else ""
     click.echo(
         f"{spec} via nnterp: {internals.num_layers} layers, padding_side={header['padding_side']} "
-        f"({internals.model_class}, block {model.block_structure}, family {families}, "
+        f"({internals.model_class}{traced}, block {model.block_structure}, family {families}, "
         f"attention {header['attn_implementation']}); answered for {header['answered_for']}"
     )
     width = max(len(str(r["name"])) for r in rows)
@@ -236,7 +239,9 @@ def _print_table(
     families = ", ".join(str(f) for f in header["families"]) or "defaults only"  # type: ignore[attr-defined]
     table = Table(
         title=(
-            f"{spec}: {header['model_class']}, {header['layers']} layers, block "
+            f"{spec}: {header['model_class']}"
+            + (f" (the checkpoint's {header['traced_module']})" if header["traced_module"] else "")
+            + f", {header['layers']} layers, block "
             f"{header['block_structure']}, family {families}, attention "
             f"{header['attn_implementation']}; answered for {header['answered_for']}"
         ),
