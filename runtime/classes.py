@@ -69,9 +69,9 @@ def traced_module_for(model_type: str | None) -> str | None:
     smoke forward on."""
     from .family import families_for, merged_rename
 
-    return merged_rename(
-        families_for(mapped_classes(model_type), model_type, None), None
-    ).traced_module
+    families = families_for(mapped_classes(model_type), model_type, None)
+    path: str | None = merged_rename(families, None).traced_module
+    return path
 
 
 def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
