@@ -344,6 +344,13 @@ def test_build_load_and_forward(model_type: str, tiny_cache: Path) -> None:
     model = auto.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert model.dtype == torch.float32
+    # where the family traces a submodule (traced_module: a class with no forward of
+    # its own that runs the text decoder), the forward is that submodule's
+    from causalab_mini.classes import traced_module_for
+
+    traced = traced_module_for(model_type)
+    if traced:
+        model = model.get_submodule(traced)
     batch = dict(tokenizer(TEXTS, return_tensors="pt", padding=True))
     # a forward that reads more than token ids (a drafter) gets its side inputs
     batch.update(tiny.side_inputs(model.config, *batch["input_ids"].shape, tokens=batch))
