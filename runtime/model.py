@@ -447,7 +447,14 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     def to_model_key(self, host: str | None = None) -> str:
         """The model key a remote request names (nnsight's), after checking that the
         server (at ``host``, default nnsight's configured one) has what a trace of
-        this model's places needs (where it says)."""
+        this model's places needs (where it says). Refused where the family traces a
+        submodule (``traced_module``): a server would run the whole class."""
+        traced = self.__dict__.get("traced_module")
+        if traced:
+            from .traced import refuse_remote
+
+            whole = ", ".join(self.__dict__.get("_architectures") or ()) or "its checkpoint's class"
+            refuse_remote(whole, traced)
         _remote.ensure_model_key(self)
         _remote.preflight_packages(self, host)
         key: str = super().to_model_key()

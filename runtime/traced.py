@@ -103,7 +103,7 @@ def refuse_remote(model_class: str, path: str) -> None:
         "its own class loads. A server builds its model from the request's model key "
         "(the checkpoint's id and nnsight's task, with stock transformers classes): it "
         f"would run {model_class}, whose module tree holds the text decoder under "
-        f"{path!r} and whose forward is not the decoder's. Load it without remote=True"
+        f"{path!r} and whose forward is not the decoder's. Run it here (without remote=True)"
     )
 
 

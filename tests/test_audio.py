@@ -28,7 +28,7 @@ from causalab_mini.tools.tiny import group_model_types
 from .test_multimodal import _failed, _loaded, _with_media
 
 GROUP = "audio_text_to_text"
-AUDIO_FAMILIES = ("audio_language", "granite_speech", "nemotron_h")
+AUDIO_FAMILIES = ("audio_language", "granite_speech", "nemotron_h", "omni")
 # audio added to every text position (no placeholder tokens), fed by side_inputs
 ALIGNED_FAMILIES = ("voxtral_realtime",)
 # the most used, fed audio here; the group's other types are certified on text

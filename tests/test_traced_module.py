@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated import FAMILIES, FAMILY_MATCH, FAMILY_RENAME
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +78,14 @@ def test_the_traced_forward_is_the_submodules_own(
     assert model.traced_module == path
     assert family in model.families and len(model.families) > 1
     assert model.tokenizer.name_or_path == whole.config._name_or_path
+    # the media placeholders are read from the submodule's config (the traced family's
+    # audio, the submodule's own families' image)
+    from causalab_mini.positions import media_token_ids
+
+    found, _ = media_token_ids(model)
+    sub_config = getattr(whole.config, config_name)
+    for medium, names in FAMILIES[family].media_tokens.items():
+        assert found[medium] in {getattr(sub_config, n, None) for n in names}
     batch = _batch(model)
     with model.trace(**batch):
         logits = model.logits.save()
@@ -138,10 +146,17 @@ def test_remote_is_refused_with_why() -> None:
     from the model key, whose forward is not the traced submodule's."""
     from causalab_mini import StandardizedTransformer
 
-    model_type, _, path, _ = TRACED[0]
+    model_type, family, path, _ = TRACED[0]
     with pytest.raises(ValueError, match="remote=True cannot trace this model") as refused:
         StandardizedTransformer(f"tiny:{model_type}", remote=True)
     assert repr(path) in str(refused.value)
+    # a model loaded here is refused the same way when a trace asks for its model key
+    model = StandardizedTransformer(f"tiny:{model_type}")
+    with pytest.raises(ValueError, match="remote=True cannot trace this model") as refused:
+        model.to_model_key()
+    assert repr(path) in str(refused.value)
+    whole = type(_whole(model_type, family)).__name__
+    assert whole in str(refused.value)
 
 
 def test_the_meta_build_yields_the_submodule_and_dispatches_at_the_first_trace() -> None:
