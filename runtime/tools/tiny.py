@@ -910,7 +910,10 @@ def side_inputs(
     constant integer fill, a mask, or values uniform in a range, where the row says
     so), or (a row's ``from``) a tensor
     of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
-    encoder's own ids), or (a row's ``absent``) None, for a token-batch input the
+    encoder's own ids), with ``channels``: as channel 0 of a new last axis, followed
+    by that many channels of seeded random codes (a row named ``input_ids`` replaces
+    the token batch's own: ids batch x seq x (1 + count), a text token and its audio
+    codes per position), or (a row's ``absent``) None, for a token-batch input the
     forward must not be given (a mask its image encoder would misread)."""
     import torch
 
@@ -959,6 +962,11 @@ def side_inputs(
                     f"{row['from']!r}, and no token batch holding it was given"
                 )
             out[name] = tokens[row["from"]].clone()
+            if "channels" in row:  # the tensor, then codes, on a new last axis
+                count, below = (size(row["channels"][k], None) for k in ("count", "below"))
+                shape = (*out[name].shape, count)
+                codes = torch.randint(0, below, shape, generator=generator, dtype=out[name].dtype)
+                out[name] = torch.cat([out[name].unsqueeze(-1), codes], dim=-1)
         elif "per_layer_type" in row:
             types = list(_config_path(config, row["per_layer_type"], None))
             out[name] = {kind: made(row, types.index(kind)) for kind in dict.fromkeys(types)}
