@@ -908,13 +908,10 @@ def side_inputs(
     type beside the token ids (empty for most): seeded random normal tensors of the
     shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
     constant integer fill, a mask, or values uniform in a range, where the row says
-    so), or (a row's ``from``) a tensor
-    of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
-    encoder's own ids), with ``channels``: as channel 0 of a new last axis, followed
-    by that many channels of seeded random codes (a row named ``input_ids`` replaces
-    the token batch's own: ids batch x seq x (1 + count), a text token and its audio
-    codes per position), or (a row's ``absent``) None, for a token-batch input the
-    forward must not be given (a mask its image encoder would misread)."""
+    so), or (``from``) a tensor of the token batch ``tokens`` itself (the encoder's ids
+    as an encoder-decoder's decoder_input_ids; with ``channels``, seeded codes after it
+    on a new last axis: a text token and its audio codes per position), or
+    (``absent``) None, for a token-batch input the forward must not be given."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
@@ -963,16 +960,25 @@ def side_inputs(
                 )
             out[name] = tokens[row["from"]].clone()
             if "channels" in row:  # the tensor, then codes, on a new last axis
-                count, below = (size(row["channels"][k], None) for k in ("count", "below"))
-                shape = (*out[name].shape, count)
-                codes = torch.randint(0, below, shape, generator=generator, dtype=out[name].dtype)
-                out[name] = torch.cat([out[name].unsqueeze(-1), codes], dim=-1)
+                out[name] = _with_codes(out[name], row["channels"], size, generator)
         elif "per_layer_type" in row:
             types = list(_config_path(config, row["per_layer_type"], None))
             out[name] = {kind: made(row, types.index(kind)) for kind in dict.fromkeys(types)}
         else:
             out[name] = made(row, None)
     return out
+
+
+def _with_codes(tensor: Any, channels: Mapping[str, Any], size: Any, generator: Any) -> Any:
+    """``tensor`` as channel 0 of a new last axis, then the row's ``count`` channels of
+    seeded random codes in [0, ``below``) (a text token's audio codes, one per
+    codebook); ``size`` reads a dimension of the row."""
+    import torch
+
+    count, below = size(channels["count"], None), size(channels["below"], None)
+    shape = (*tensor.shape, count)
+    codes = torch.randint(0, below, shape, generator=generator, dtype=tensor.dtype)
+    return torch.cat([tensor.unsqueeze(-1), codes], dim=-1)
 
 
 _SMOKE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world!"]
