@@ -231,20 +231,32 @@ def test_a_family_model_class_builds_and_loads_the_checkpoint(
     assert type(model._model).__name__ == model_class
 
 
+def _older_layout(tensors: dict[str, Any]) -> dict[str, Any]:
+    """A ShieldGemma-2 classifier's tensors (transformers 5.25's save) as transformers
+    4.50's classifier named them."""
+    moves = (
+        ("model.model.language_model.model.", "model.language_model.model."),
+        ("model.model.vision_tower.", "model.vision_tower.vision_model."),
+        ("model.model.", "model."),
+    )
+    out = {}
+    for key, value in tensors.items():
+        new = next((n + key[len(o) :] for o, n in moves if key.startswith(o)), key)
+        out[new] = value
+    assert set(out) != set(tensors)
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model_type", _saved_by())
-def test_a_checkpoint_saved_by_another_class_loads_every_weight(
-    model_type: str, tmp_path: Path
-) -> None:
+def test_a_checkpoint_saved_by_another_class_loads_every_weight(model_type: str) -> None:
     # registry/tiny.yaml saved_by: the tiny checkpoint is written as the real one is (by
     # the classifier around the model), and the model type's own class loads it with
     # the family's key_mapping: nothing missing or unexpected, the logits the saving
     # class's inner model gives. Without the mapping transformers leaves weights out.
     import transformers
-    from safetensors.torch import load_file, save_file
 
     from causalab_mini.generated.tiny import TINY_SAVED_BY
-    from causalab_mini.model import StandardizedTransformer
     from causalab_mini.tools import tiny
 
     saver, module, _ = TINY_SAVED_BY[model_type]
@@ -259,20 +271,22 @@ def test_a_checkpoint_saved_by_another_class_loads_every_weight(
     inner = getattr(transformers, saver).from_pretrained(path).eval().get_submodule(module)
     with torch.no_grad():
         expected = inner(input_ids=ids).logits
-    # the layout transformers 4.50's classifier wrote (its model held the text stack as
-    # a causal LM: model.language_model.model.*) loads the same way
-    older = tmp_path / "older-layout"
-    shutil.copytree(path, older)
-    (weights,) = older.glob("*.safetensors")
-    tensors = load_file(weights)
-    prefix = "model.model.language_model.model."
-    assert any(k.startswith(prefix) for k in tensors)
-    renamed = {
-        ("model.language_model.model." + k[len(prefix) :] if k.startswith(prefix) else k): v
-        for k, v in tensors.items()
-    }
-    save_file(renamed, weights, metadata={"format": "pt"})
-    for checkpoint in (path, str(older)):
+    _loads_every_weight(model_type, [path], expected)
+
+
+def _loads_every_weight(model_type: str, checkpoints: list[str], expected: Any) -> None:
+    """Each checkpoint loads into ``model_type``'s own class with the family's
+    key_mapping (nothing missing or unexpected), by transformers and by the runtime's
+    loader, whose logits are ``expected``."""
+    import transformers
+
+    from causalab_mini.model import StandardizedTransformer
+    from causalab_mini.tools import tiny
+
+    auto = getattr(transformers, tiny.build_class(model_type))
+    mapping = tiny._load_kwargs(model_type)
+    ids = torch.tensor([[5, 9, 17, 33, 2]])
+    for checkpoint in checkpoints:
         loaded, info = auto.from_pretrained(checkpoint, output_loading_info=True, **mapping)
         assert not info["missing_keys"] and not info["unexpected_keys"], (checkpoint, info)
         model = StandardizedTransformer(checkpoint)
@@ -280,3 +294,32 @@ def test_a_checkpoint_saved_by_another_class_loads_every_weight(
         (report,) = model.load_reports
         assert report.ok and report.model_class == type(loaded).__name__, report
         assert torch.allclose(got, expected, atol=1e-5), (checkpoint, (got - expected).abs())
+
+
+@pytest.mark.slow
+def test_shieldgemma2_loads_the_layout_transformers_4_50_wrote(tmp_path: Path) -> None:
+    # the real checkpoints were written by transformers 4.50's classifier: its model
+    # held the text stack as a causal LM (model.language_model.model.*) and the SigLIP
+    # tower's vision_model; they load as the 5.25 classifier's save does, with or
+    # without the text head saved
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from causalab_mini.tools import tiny
+
+    path = tiny.resolve_model_spec("tiny:shieldgemma2")
+    inner = transformers.ShieldGemma2ForImageClassification.from_pretrained(path).eval().model
+    with torch.no_grad():
+        expected = inner(input_ids=torch.tensor([[5, 9, 17, 33, 2]])).logits
+    checkpoints = []
+    for head in (False, True):
+        older = tmp_path / f"older-layout-{head}"
+        shutil.copytree(path, older)
+        (weights,) = older.glob("*.safetensors")
+        renamed = _older_layout(load_file(weights))
+        if head:
+            embed = renamed["model.language_model.model.embed_tokens.weight"]
+            renamed["model.language_model.lm_head.weight"] = embed.clone()
+        save_file(renamed, weights, metadata={"format": "pt"})
+        checkpoints.append(str(older))
+    _loads_every_weight("shieldgemma2", checkpoints, expected)
