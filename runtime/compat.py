@@ -188,11 +188,43 @@ def auto_class_kwargs(auto_class: str) -> dict[str, Any]:
     skip 0.7's refusal of a model type registered for image-text-to-text); 0.8 loads
     through a ``transformers.pipeline`` whose task decides the class, so the class is
     given as a text-generation task of its own (``_text_task``)."""
+    if not is_08():
+        return {"automodel": loading_class(auto_class)}
+    return {"task": _text_task(auto_class)}
+
+
+@functools.cache
+def loading_class(name: str) -> Any:
+    """The transformers class ``name`` as nnsight loads with it: an auto class itself; a
+    concrete model class (a family's ``model_class``, where no auto class loads the
+    config) behind the two class methods nnsight calls on an auto class,
+    ``from_config`` (the meta build: the class's ``_from_config``, without the
+    auto-only ``trust_remote_code``) and ``from_pretrained``."""
     import transformers
 
-    if not is_08():
-        return {"automodel": getattr(transformers, auto_class)}
-    return {"task": _text_task(auto_class)}
+    from .classes import is_auto_class
+
+    cls = getattr(transformers, name)
+    if is_auto_class(cls):
+        return cls
+
+    def from_config(_: Any, /, config: Any, **kwargs: Any) -> Any:
+        kwargs.pop("trust_remote_code", None)
+        return cls._from_config(config, **kwargs)
+
+    def from_pretrained(_: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return cls.from_pretrained(*args, **kwargs)
+
+    return type(
+        f"Loading{name}",
+        (),
+        {
+            "from_config": classmethod(from_config),
+            "from_pretrained": classmethod(from_pretrained),
+            "model_class": cls,
+            "__doc__": f"{name}, loaded the way an auto class is",
+        },
+    )
 
 
 @functools.cache
@@ -201,20 +233,20 @@ def _text_task(auto_class: str) -> str:
     that is text generation loaded with ``auto_class``: tokenizer-only preprocessing,
     the model class the caller names. A subclass of ``TextGenerationPipeline`` is
     registered, not the class itself (registration marks the class it is given)."""
-    import transformers
     from transformers.pipelines import (  # type: ignore[attr-defined]  # not in its __all__
         PIPELINE_REGISTRY,
         TextGenerationPipeline,
     )
 
     task = f"text-generation-{auto_class}"
-    auto = getattr(transformers, auto_class)
+    auto = loading_class(auto_class)
+    table = getattr(getattr(auto, "_model_mapping", None), "_model_mapping", None)
 
     def check_model_type(self: Any, supported_models: Any) -> None:
         # the models this task loads are the auto class's (its config type -> class
-        # name table), not the causal LMs
-        names: list[str] = []
-        for value in getattr(auto._model_mapping, "_model_mapping", {}).values():
+        # name table), or the one concrete class it stands for, not the causal LMs
+        names: list[str] = [auto_class] if table is None else []
+        for value in (table or {}).values():
             names.extend(value if isinstance(value, tuple) else (value,))
         TextGenerationPipeline.check_model_type(self, names)
 
@@ -500,6 +532,7 @@ __all__ = [
     "forward_key",
     "install",
     "is_08",
+    "loading_class",
     "location",
     "model_id_cache",
     "ndif_client",

@@ -539,10 +539,16 @@ def _auto_class_arguments(
     architectures: tuple[str, ...],
     kwargs: dict[str, Any],
 ) -> None:
-    """The family's transformers auto class (a language model inside a multimodal
-    wrapper), else its group's, said the way the installed nnsight takes it; not for a
-    checkpoint its config says the causal-LM class saved, nor where the caller chose."""
-    auto_class = merged.auto_class or group_auto_class(model_type, architectures)
+    """The family's transformers class (its model_class, else its auto_class: a
+    language model inside a multimodal wrapper), else its group's auto class, said the
+    way the installed nnsight takes it; not for a checkpoint its config says the
+    causal-LM class saved, nor where the caller chose. The family's key_mapping goes to
+    from_pretrained with any class."""
+    if merged.key_mapping and isinstance(model, str):
+        kwargs.setdefault("key_mapping", dict(merged.key_mapping))
+    auto_class = (
+        merged.model_class or merged.auto_class or group_auto_class(model_type, architectures)
+    )
     if not auto_class or not isinstance(model, str) or "automodel" in kwargs:
         return
     if not auto_class_maps(auto_class, architectures):

@@ -38,6 +38,7 @@ from causalab_mini.generated.tiny import (
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
+    TINY_SAVED_BY,
     TINY_SHARED_GROUPS,
     TINY_SIDE_INPUTS,
     TINY_SIZES,
@@ -215,6 +216,8 @@ def _recipe(model_type: str) -> dict[str, Any]:
         recipe["tokenizer"] = {"adds": kind, "chat_template": template}
     if model_type in _SIDE_INPUTS:
         recipe["side_inputs"] = _thaw(_SIDE_INPUTS[model_type])
+    if model_type in TINY_SAVED_BY:
+        recipe["saved_by"] = list(TINY_SAVED_BY[model_type][:2])
     return recipe
 
 
@@ -755,7 +758,9 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
             f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
         )
     auto = _causal_lm_class(model_type, member)
-    model = _instantiate(model_type, auto, built if model_type in _BUILD_FROM else config, seed)
+    saver = _saving_class(model_type)
+    built = built if model_type in _BUILD_FROM else config
+    model = _instantiate(model_type, saver or auto, built, seed)
     _save_and_reload(model_type, auto, model, tokenizer, config, out)
     manifest = {
         "model_type": model_type,
@@ -794,7 +799,28 @@ def _causal_lm_class(model_type: str, member: str) -> Any:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    return getattr(transformers, build_class(member))
+    from causalab_mini.compat import loading_class
+
+    return loading_class(build_class(member))
+
+
+def _saving_class(model_type: str) -> Any:
+    """The class registry/tiny.yaml ``saved_by`` says real ``model_type`` checkpoints
+    are written by (the tiny one is built and saved with it), as it is built; None where
+    the class that loads the checkpoint writes it."""
+    from causalab_mini.compat import loading_class
+
+    row = TINY_SAVED_BY.get(model_type)
+    return loading_class(row[0]) if row is not None else None
+
+
+def _loaded_part(model_type: str, model: Any) -> Any:
+    """The part of a freshly built ``model`` that its checkpoint loads back as: the
+    submodule registry/tiny.yaml ``saved_by`` names, else the model."""
+    row = TINY_SAVED_BY.get(model_type)
+    if row is None:
+        return model
+    return model.get_submodule(row[1])
 
 
 def _instantiate(model_type: str, auto: Any, config: Any, seed: int) -> Any:
@@ -828,7 +854,7 @@ def _save_and_reload(
     or the build fails."""
     import torch
 
-    before = _smoke_logits(model_type, model, tokenizer)
+    before = _smoke_logits(model_type, _loaded_part(model_type, model), tokenizer)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     if model.config.model_type not in causal_lm_model_types() and model_type not in _BUILD_FROM:
@@ -836,7 +862,8 @@ def _save_and_reload(
         # text config AutoModelForCausalLM cannot map back; keep the composite one.
         config.save_pretrained(out)
     try:
-        reloaded = auto.from_pretrained(out, dtype=torch.float32).eval()
+        reloaded = auto.from_pretrained(out, dtype=torch.float32, **_load_kwargs(model_type))
+        reloaded = reloaded.eval()
     except Exception as exc:
         raise TinyBuildError(
             f"tiny {model_type!r} saves but does not load back: "
@@ -845,6 +872,15 @@ def _save_and_reload(
     after = _smoke_logits(model_type, reloaded, tokenizer)
     if before.shape != after.shape or not torch.allclose(before, after, atol=1e-4, rtol=1e-4):
         raise TinyBuildError(f"tiny {model_type!r} gives other logits after a save/load round trip")
+
+
+def _load_kwargs(model_type: str) -> dict[str, Any]:
+    """What ``from_pretrained`` is given beside the checkpoint, as the loader gives it:
+    the family's ``key_mapping`` (registry/families/*.yaml), where it has one."""
+    from causalab_mini.classes import key_mapping_for
+
+    found = key_mapping_for((), model_type, None)
+    return {"key_mapping": found} if found else {}
 
 
 def _annotation_admits(config: Any, key: str, value: Any) -> bool:
