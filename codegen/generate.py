@@ -168,6 +168,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
         "tiny_overrides": {t: dict(o) for t, o in registry.tiny.overrides},
         "tiny_not_buildable": dict(registry.tiny.not_buildable),
         "tiny_build_from": dict(registry.tiny.build_from),
+        "tiny_saved_by": dict(registry.tiny.saved_by),
         "tiny_builds_with": dict(registry.tiny.builds_with),
         "tiny_checkpoint_files": dict(registry.tiny.checkpoint_files),
         "tiny_groups": dict(registry.tiny.groups),

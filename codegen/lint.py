@@ -130,6 +130,7 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         "overrides",
         "not_buildable",
         "build_from",
+        "saved_by",
         "builds_with",
         "checkpoint_files",
         "side_inputs",

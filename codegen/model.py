@@ -61,7 +61,7 @@ class FamilyDef:
     file: str
     doc: str
     match: FamilyMatch
-    rename: tuple[tuple[str, str | bool | tuple[str, ...]], ...]
+    rename: tuple[tuple[str, Any], ...]
     # row -> typed field values that differ from the default row (replace()), or a
     # whole new row where the name is not a default row
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
@@ -93,6 +93,9 @@ class TinyTables:
     overrides: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
     not_buildable: tuple[tuple[str, str], ...] = ()
     build_from: tuple[tuple[str, str], ...] = ()
+    # model type -> (the class its real checkpoints are saved by, the submodule of it
+    # the loading class's model is, why)
+    saved_by: tuple[tuple[str, tuple[str, str, str]], ...] = ()
     builds_with: tuple[tuple[str, tuple[str, str]], ...] = ()
     # model type -> file name -> what torch.save writes there (a file from_pretrained reads)
     checkpoint_files: tuple[tuple[str, Any], ...] = ()
@@ -142,6 +145,10 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
         overrides=tuple((t, table(o)) for t, o in raw["overrides"].items()),
         not_buildable=tuple((t, " ".join(r.split())) for t, r in raw["not_buildable"].items()),
         build_from=tuple(raw.get("build_from", {}).items()),
+        saved_by=tuple(
+            (t, (v["class"], v["module"], " ".join(v["why"].split())))
+            for t, v in raw.get("saved_by", {}).items()
+        ),
         builds_with=tuple(
             (t, (v["transformers"], " ".join(v["why"].split())))
             for t, v in raw.get("builds_with", {}).items()
@@ -394,6 +401,16 @@ def _joined(text: str | None) -> str | None:
     return " ".join(text.split()) if text is not None else None
 
 
+def _rename_value(value: Any) -> Any:
+    """A rename field as the generated RenameConfig holds it: a list as a tuple, a
+    mapping (key_mapping) as a tuple of (key, value) pairs, in the file's order."""
+    if isinstance(value, list):
+        return tuple(value)
+    if isinstance(value, dict):
+        return tuple((str(k), str(v)) for k, v in value.items())
+    return value
+
+
 def family(
     raw: dict[str, Any],
     file: str,
@@ -405,9 +422,7 @@ def family(
         file=file,
         doc=raw["doc"].strip(),
         match=match(raw["match"]),
-        rename=tuple(
-            (k, tuple(v) if isinstance(v, list) else v) for k, v in raw.get("rename", {}).items()
-        ),
+        rename=tuple((k, _rename_value(v)) for k, v in raw.get("rename", {}).items()),
         overrides=tuple(overrides),
         new_rows=tuple(new_rows),
         interiors_unavailable=_joined(raw.get("interiors_unavailable")),

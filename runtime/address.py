@@ -377,6 +377,14 @@ class RenameConfig:
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
     default class; ``tiny:`` builds with it too);
+    ``model_class`` names the concrete transformers class that loads (and ``tiny:``
+    builds) the checkpoint where no auto class loads its config (the auto tables map
+    the config class to a model type no model table lists); it stands in for
+    ``auto_class``;
+    ``key_mapping`` gives checkpoint key renamings (pattern, replacement) the loader
+    hands to ``from_pretrained`` where the class that loads a checkpoint would leave
+    weights missing (a checkpoint written by another class, a classifier around the
+    language model);
     ``text_config_name`` names the config attribute holding the decoder stack's own
     config where the model's config nests it under another name than text_config
     (an encoder-decoder config with encoder and decoder sub-configs): the text config,
@@ -417,6 +425,8 @@ class RenameConfig:
     oracle_module: str | None = None
     mixed_layers: bool | None = None
     auto_class: str | None = None
+    model_class: str | None = None
+    key_mapping: tuple[tuple[str, str], ...] | None = None
     text_config_name: str | None = None
     unbound_defaults: tuple[str, ...] | None = None
     meta_build_unavailable: str | None = None

@@ -12,11 +12,13 @@ DEFAULT_AUTO_CLASS = "AutoModelForCausalLM"
 
 def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config: Any) -> str:
     """The transformers auto class that loads (and ``tiny:`` builds) a model: the last
-    matching family's ``auto_class`` (registry/families/*.yaml, ``rename``), else
-    ``AutoModelForCausalLM``."""
+    matching family's ``model_class`` (a concrete class, where no auto class loads the
+    config) or ``auto_class`` (registry/families/*.yaml, ``rename``), else its group's,
+    else ``AutoModelForCausalLM``."""
     from .family import families_for, merged_rename
 
-    found = merged_rename(families_for(class_names, model_type, config), None).auto_class
+    merged = merged_rename(families_for(class_names, model_type, config), None)
+    found = merged.model_class or merged.auto_class
     if found is None or found == DEFAULT_AUTO_CLASS:
         return group_auto_class(model_type) or DEFAULT_AUTO_CLASS
     return str(found)
@@ -74,6 +76,24 @@ def traced_module_for(model_type: str | None) -> str | None:
     return path
 
 
+def is_auto_class(cls: Any) -> bool:
+    """Whether ``cls`` is a transformers auto class (one that picks the model class
+    from the config: it has ``from_config``), not a concrete model class."""
+    return hasattr(cls, "from_config") and hasattr(cls, "_model_mapping")
+
+
+def key_mapping_for(
+    class_names: tuple[str, ...], model_type: str | None, config: Any
+) -> dict[str, str] | None:
+    """The matching families' ``key_mapping`` (registry/families/*.yaml, ``rename``): the
+    checkpoint key renamings ``from_pretrained`` is given (pattern -> replacement), or
+    None where they give none."""
+    from .family import families_for, merged_rename
+
+    found = merged_rename(families_for(class_names, model_type, config), None).key_mapping
+    return dict(found) if found else None
+
+
 def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
     """Whether a family's ``auto_class`` loads a checkpoint whose config names
     ``architectures``: where it maps one of them, or where they name no class
@@ -91,7 +111,11 @@ def auto_class_maps(auto_class: str, architectures: tuple[str, ...]) -> bool:
         return found
 
     auto = getattr(transformers, auto_class)
-    mapped = classes(getattr(auto._model_mapping, "_model_mapping", {}))
+    if not is_auto_class(auto):
+        # a family's model_class: it loads what it saved, and what no causal-LM class did
+        mapped = {auto_class}
+    else:
+        mapped = classes(getattr(auto._model_mapping, "_model_mapping", {}))
     if set(architectures) & mapped:
         return True
     return not set(architectures) & classes(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
@@ -102,6 +126,8 @@ __all__ = [
     "auto_class_for",
     "auto_class_maps",
     "group_auto_class",
+    "is_auto_class",
+    "key_mapping_for",
     "mapped_classes",
     "traced_module_for",
 ]

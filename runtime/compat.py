@@ -188,17 +188,49 @@ def auto_class_kwargs(auto_class: str, traced_module: str | None = None) -> dict
     skip 0.7's refusal of a model type registered for image-text-to-text); 0.8 loads
     through a ``transformers.pipeline`` whose task decides the class, so the class is
     given as a text-generation task of its own (``_text_task``). ``traced_module``: the
-    family traces that submodule of the model the auto class loads (``traced``), and
-    the class given loads the whole model and returns the submodule."""
-    import transformers
-
+    family traces that submodule of the model the class loads (``traced``), and the
+    class given loads the whole model and returns the submodule."""
     if not is_08():
         if traced_module:
             from .traced import traced_auto_class
 
             return {"automodel": traced_auto_class(auto_class, traced_module)}
-        return {"automodel": getattr(transformers, auto_class)}
+        return {"automodel": loading_class(auto_class)}
     return {"task": _text_task(auto_class, traced_module)}
+
+
+@functools.cache
+def loading_class(name: str) -> Any:
+    """The transformers class ``name`` as nnsight loads with it: an auto class itself; a
+    concrete model class (a family's ``model_class``, where no auto class loads the
+    config) behind the two class methods nnsight calls on an auto class,
+    ``from_config`` (the meta build: the class's ``_from_config``, without the
+    auto-only ``trust_remote_code``) and ``from_pretrained``."""
+    import transformers
+
+    from .classes import is_auto_class
+
+    cls = getattr(transformers, name)
+    if is_auto_class(cls):
+        return cls
+
+    def from_config(_: Any, /, config: Any, **kwargs: Any) -> Any:
+        kwargs.pop("trust_remote_code", None)
+        return cls._from_config(config, **kwargs)
+
+    def from_pretrained(_: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return cls.from_pretrained(*args, **kwargs)
+
+    return type(
+        f"Loading{name}",
+        (),
+        {
+            "from_config": classmethod(from_config),
+            "from_pretrained": classmethod(from_pretrained),
+            "model_class": cls,
+            "__doc__": f"{name}, loaded the way an auto class is",
+        },
+    )
 
 
 @functools.cache
@@ -209,14 +241,14 @@ def _text_task(auto_class: str, traced_module: str | None = None) -> str:
     registered, not the class itself (registration marks the class it is given).
     With ``traced_module``, the class loads the whole model and the task's model is
     its submodule at that path (``traced.traced_auto_class``)."""
-    import transformers
     from transformers.pipelines import (  # type: ignore[attr-defined]  # not in its __all__
         PIPELINE_REGISTRY,
         TextGenerationPipeline,
     )
 
     task = f"text-generation-{auto_class}"
-    auto = getattr(transformers, auto_class)
+    auto = loading_class(auto_class)
+    table = getattr(getattr(auto, "_model_mapping", None), "_model_mapping", None)
     if traced_module:
         from .traced import traced_auto_class
 
@@ -225,10 +257,11 @@ def _text_task(auto_class: str, traced_module: str | None = None) -> str:
 
     def check_model_type(self: Any, supported_models: Any) -> None:
         # the models this task loads are the auto class's (its config type -> class
-        # name table), not the causal LMs; with a traced submodule, the submodule the
-        # family names (the class of whatever sits at that path)
-        names: list[str] = []
-        for value in getattr(auto._model_mapping, "_model_mapping", {}).values():
+        # name table), or the one concrete class it stands for, not the causal LMs;
+        # with a traced submodule, the submodule the family names (whatever class
+        # sits at that path)
+        names: list[str] = [auto_class] if table is None else []
+        for value in (table or {}).values():
             names.extend(value if isinstance(value, tuple) else (value,))
         if traced_module:
             names.append(type(self.model).__name__)
@@ -516,6 +549,7 @@ __all__ = [
     "forward_key",
     "install",
     "is_08",
+    "loading_class",
     "location",
     "model_id_cache",
     "ndif_client",

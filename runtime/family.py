@@ -109,6 +109,11 @@ def resolve(
     )
 
 
+# the RenameConfig fields that say how a checkpoint is loaded: of the model that holds a
+# traced submodule, never of the submodule's families
+_LOADING = ("auto_class", "model_class", "key_mapping")
+
+
 def resolve_traced(
     outer: Resolution,
     class_names: tuple[str, ...],
@@ -126,10 +131,14 @@ def resolve_traced(
     rows = dict(inner.rows)
     if user is not None:
         rows.update(user.addresses)
-    # the checkpoint loads with the auto class of the model that holds the submodule
-    # (its families', else its group's), never with one the submodule's families name
-    auto_class = merged_rename(list(outer.families), user).auto_class
-    rename = dataclasses.replace(merged_rename(list(families), user), auto_class=auto_class)
+    # the checkpoint loads with the class of the model that holds the submodule (its
+    # families', else its group's auto class) and their key renamings, never with
+    # those the submodule's families name
+    loads = merged_rename(list(outer.families), user)
+    rename = dataclasses.replace(
+        merged_rename(list(families), user),
+        **{key: getattr(loads, key) for key in _LOADING},
+    )
     return Resolution(
         families,
         rename,

@@ -558,10 +558,17 @@ def _auto_class_arguments(
     architectures: tuple[str, ...],
     kwargs: dict[str, Any],
 ) -> None:
-    """The family's transformers auto class (a language model inside a multimodal
-    wrapper), else its group's, said the way the installed nnsight takes it; not for a
-    checkpoint its config says the causal-LM class saved, nor where the caller chose."""
-    auto_class = merged.auto_class or group_auto_class(model_type, architectures)
+    """The family's transformers class (its model_class, else its auto_class: a
+    language model inside a multimodal wrapper), else its group's auto class, said the
+    way the installed nnsight takes it; not for a checkpoint its config says the
+    causal-LM class saved, nor where the caller chose. The family's key_mapping goes to
+    from_pretrained with any class. Where the family traces a submodule
+    (traced_module), the class loads the whole model and returns the submodule."""
+    if merged.key_mapping and isinstance(model, str):
+        kwargs.setdefault("key_mapping", dict(merged.key_mapping))
+    auto_class = (
+        merged.model_class or merged.auto_class or group_auto_class(model_type, architectures)
+    )
     traced = merged.traced_module
     if traced and not auto_class:  # a submodule of a causal LM's checkpoint
         from .classes import DEFAULT_AUTO_CLASS

@@ -68,10 +68,11 @@ def traced_auto_class(auto_class: str, path: str) -> type[Any]:
     """A subclass of the transformers auto class ``auto_class`` whose
     ``from_pretrained`` and ``from_config`` build the whole model (as ``auto_class``
     does) and return its submodule at ``path``. Registered in this module under its
-    name, so it pickles by reference."""
-    import transformers
+    name, so it pickles by reference. ``auto_class`` may name a concrete class (a
+    family's ``model_class``), as nnsight loads with it (``compat.loading_class``)."""
+    from .compat import loading_class
 
-    base = getattr(transformers, auto_class)
+    base = loading_class(auto_class)
 
     def from_pretrained(cls: Any, *args: Any, **kwargs: Any) -> Any:
         return submodule(base.from_pretrained(*args, **kwargs), path)

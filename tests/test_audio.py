@@ -31,6 +31,9 @@ GROUP = "audio_text_to_text"
 AUDIO_FAMILIES = ("audio_language", "granite_speech", "nemotron_h", "omni")
 # audio added to every text position (no placeholder tokens), fed by side_inputs
 ALIGNED_FAMILIES = ("voxtral_realtime",)
+# audio codes beside each text token in the ids themselves, (batch, seq, 1 + codebooks):
+# the token batch's ids are channel 0 of a side input named input_ids (channels)
+CODED_FAMILIES = ("kyutai_speech_to_text",)
 # the most used, fed audio here; the group's other types are certified on text
 AUDIO_FED = ("qwen2_audio",)
 
@@ -51,12 +54,18 @@ def test_the_audio_group_takes_the_audio_lms_and_leaves_the_speech_seq2seq_model
 def test_every_audio_type_has_a_family_or_a_reason() -> None:
     """Each type of the group is matched by an audio family whose row says where the
     audio enters, or is refused tiny with a reason of its own."""
-    matched = {t for f in AUDIO_FAMILIES + ALIGNED_FAMILIES for t in FAMILY_MATCH[f].model_types}
+    families = AUDIO_FAMILIES + ALIGNED_FAMILIES + CODED_FAMILIES
+    matched = {t for f in families for t in FAMILY_MATCH[f].model_types}
     for family in AUDIO_FAMILIES:
         assert FAMILIES[family].media_tokens["audio"]
     for family in ALIGNED_FAMILIES:  # no placeholder: the audio is a side input
         assert not FAMILIES[family].media_tokens
         assert all(t in TINY_SIDE_INPUTS for t in FAMILY_MATCH[family].model_types)
+    for family in CODED_FAMILIES:  # no placeholder: the codes are channels of the ids
+        assert not FAMILIES[family].media_tokens
+        for model_type in FAMILY_MATCH[family].model_types:
+            row = TINY_SIDE_INPUTS[model_type]["input_ids"]
+            assert row["from"] == "input_ids" and "channels" in row
     for model_type in group_model_types()[GROUP]:
         reason = TINY_NOT_BUILDABLE.get(model_type)
         assert (model_type in matched) != (reason is not None), model_type
@@ -205,3 +214,71 @@ def test_a_side_input_dimension_may_be_a_multiple_of_the_token_batch() -> None:
     frames = 5 * 2 * config.downsample_factor
     assert tuple(features.shape) == (2, config.audio_config.num_mel_bins, frames)
     assert tuple(side_inputs(config, 1, 3)["input_features"].shape)[-1] == frames * 3 // 5
+
+
+def test_a_side_input_may_carry_code_channels_beside_the_token_ids() -> None:
+    """A side input with from and channels is the token batch's tensor as channel 0 of
+    a new last axis, then that many channels of seeded codes below the row's bound:
+    Kyutai-STT's input_ids, each position's text token and its frame's audio codes
+    (one per codebook, below the codec's codebook size), replacing the token batch's."""
+    import torch
+
+    from causalab_mini.tools.tiny import side_inputs, tiny_config
+
+    config = tiny_config("kyutai_speech_to_text")
+    ids = torch.arange(10).reshape(2, 5) + 3
+    tokens = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    made = side_inputs(config, 2, 5, tokens=tokens)
+    assert set(made) == {"input_ids"}
+    coded = made["input_ids"]
+    assert tuple(coded.shape) == (2, 5, 1 + config.num_codebooks)
+    assert coded.dtype == ids.dtype and torch.equal(coded[..., 0], ids)
+    codes = coded[..., 1:]
+    assert int(codes.min()) >= 0 and int(codes.max()) < config.codec_config.codebook_size
+    assert torch.equal(side_inputs(config, 2, 5, tokens=tokens)["input_ids"], coded)
+    other = side_inputs(config, 2, 5, seed=1, tokens=tokens)["input_ids"]
+    assert torch.equal(other[..., 0], ids) and not torch.equal(other, coded)
+
+
+@pytest.mark.semantic
+@pytest.mark.parametrize(
+    "model_type", [t for f in CODED_FAMILIES for t in FAMILY_MATCH[f].model_types]
+)
+def test_audio_codes_enter_through_the_ids_and_their_embeddings_sum(model_type: str) -> None:
+    """Kyutai-STT reads each position as a text token and its audio codes: a batch of
+    text ids alone fails in its embedding; fed the sweep's ids (text, then seeded
+    codes), embeddings_input holds them whole, embeddings_output is the sum of the
+    table rows of the text id and of each code offset into its codebook's range (by
+    hand, from the config: vocab_size + k * codebook_vocab_size), which is
+    layers_input[0]; other codes move it at every position; the identities and
+    transformers' hidden states hold."""
+    import torch
+
+    model = _loaded(f"tiny:{model_type}")
+    hf, inputs = model._model, certify.sample_inputs(model)
+    config, ids = hf.config, inputs["input_ids"]
+    assert tuple(ids.shape)[2:] == (1 + config.num_codebooks,)
+    text = {"input_ids": ids[..., 0], "attention_mask": inputs["attention_mask"]}
+    with pytest.raises(RuntimeError), torch.no_grad():
+        hf(**text)
+
+    values = certify.read_places(model, inputs)
+    checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
+    assert checks and not _failed(checks)
+    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert torch.equal(values[("embeddings_input", None)], ids)
+    offsets = [0] + [
+        config.vocab_size + k * config.codebook_vocab_size for k in range(ids.shape[2] - 1)
+    ]
+    rows = ids + torch.tensor(offsets)
+    rows = torch.where(ids == config.audio_pad_token_id, ids, rows)
+    table = hf.model.embed_tokens.embed_tokens.weight
+    embedded = values[("embeddings_output", None)]
+    assert certify.difference(embedded, table[rows].sum(2))[0]
+    assert certify.difference(values[("layers_input", 0)], embedded)[0]
+
+    other = ids.clone()
+    other[..., 1:] = (ids[..., 1:] + 1) % config.codec_config.codebook_size
+    again = certify.read_places(model, {**inputs, "input_ids": other}, ["embeddings_output"])
+    moved = (again[("embeddings_output", None)] - embedded).abs().amax(-1)
+    assert bool((moved > 0).all())

@@ -773,6 +773,24 @@ def test_a_side_input_dimension_is_a_product_of_seq_a_config_value_and_a_count(
         edit(path, f"        - {wrong}\n", "        - {seq: true}\n")
 
 
+def test_code_channels_extend_a_tensor_of_the_token_batch(package_registry_copy: Path) -> None:
+    # channels (Kyutai-STT's audio codes beside each text token) follow the token
+    # batch's own tensor on a new axis: a row that makes a tensor of its own shape
+    # instead (no from) has nothing to extend, and the schema refuses it
+    path = package_registry_copy / "tiny.yaml"
+    coded = "      from: input_ids\n      channels:\n"
+    assert coded in path.read_text()
+    edit(path, coded, "      shape: [batch, seq]\n      channels:\n")
+    shown = [str(d) for d in lint(package_registry_copy)[1]]
+    assert any(
+        "[kyutai_speech_to_text] side_inputs.kyutai_speech_to_text.input_ids" in s
+        and "channels" in s
+        for s in shown
+    ), shown
+    edit(path, "      shape: [batch, seq]\n      channels:\n", coded)
+    assert lint(package_registry_copy)[1] == []
+
+
 def test_each_cross_row_code_belongs_to_a_rule_module() -> None:
     """hassfest-style: the cross-row pass is codegen/rules/, one module per group of
     codes, run by one loop; lint.py itself raises only file, YAML and schema codes."""

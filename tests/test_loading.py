@@ -173,3 +173,153 @@ def test_a_class_that_cannot_be_built_on_meta_loads_its_weights_at_construction(
     assert torch.isfinite(logits).all()
     with pytest.raises(ValueError, match="cannot be built on the meta device.*" + why):
         StandardizedTransformer("tiny:llama", remote=True, rename_config=told)
+
+
+# ------------------------------------------------ a family's model_class, key_mapping
+
+# the families that name a concrete class (no auto class loads their config), and the
+# model types registry/tiny.yaml saved_by says another class writes
+MODEL_CLASSES = sorted(
+    (t, str(FAMILY_RENAME[name].model_class))
+    for name, match in FAMILY_MATCH.items()
+    if FAMILY_RENAME[name].model_class
+    for t in match.model_types
+)
+
+
+def _saved_by() -> list[str]:
+    from causalab_mini.generated.tiny import TINY_SAVED_BY
+
+    return sorted(TINY_SAVED_BY)
+
+
+def test_loading_class_gives_a_concrete_class_the_auto_class_methods() -> None:
+    # what nnsight calls on the class it loads with: from_config (the meta build,
+    # given trust_remote_code as an auto class is) and from_pretrained
+    import transformers
+
+    from causalab_mini.compat import loading_class
+    from causalab_mini.tools.tiny import tiny_config
+
+    assert loading_class("AutoModelForCausalLM") is transformers.AutoModelForCausalLM
+    shim = loading_class("LlamaForCausalLM")
+    assert shim.model_class is transformers.LlamaForCausalLM
+    built = shim.from_config(tiny_config("llama"), trust_remote_code=False)
+    assert type(built) is transformers.LlamaForCausalLM
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model_type", "model_class"), MODEL_CLASSES)
+def test_a_family_model_class_builds_and_loads_the_checkpoint(
+    model_type: str, model_class: str
+) -> None:
+    # no auto class loads the config (Evolla's: the auto tables map EvollaConfig to a
+    # second model type no model table lists); the family's model_class builds the tiny
+    # checkpoint and loads it, every weight its own, with the class's own logits
+    import transformers
+
+    from causalab_mini.model import StandardizedTransformer
+    from causalab_mini.tools import tiny
+
+    assert tiny.build_class(model_type) == model_class
+    path = tiny.resolve_model_spec(f"tiny:{model_type}")
+    config = transformers.AutoConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match="Unrecognized configuration class"):
+        transformers.AutoModelForImageTextToText.from_config(config)
+    _check_loads_its_own(path, model_class)
+    model = StandardizedTransformer(path)
+    assert type(model._model).__name__ == model_class
+
+
+def _older_layout(tensors: dict[str, Any]) -> dict[str, Any]:
+    """A ShieldGemma-2 classifier's tensors (transformers 5.25's save) as transformers
+    4.50's classifier named them."""
+    moves = (
+        ("model.model.language_model.model.", "model.language_model.model."),
+        ("model.model.vision_tower.", "model.vision_tower.vision_model."),
+        ("model.model.", "model."),
+    )
+    out = {}
+    for key, value in tensors.items():
+        new = next((n + key[len(o) :] for o, n in moves if key.startswith(o)), key)
+        out[new] = value
+    assert set(out) != set(tensors)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", _saved_by())
+def test_a_checkpoint_saved_by_another_class_loads_every_weight(model_type: str) -> None:
+    # registry/tiny.yaml saved_by: the tiny checkpoint is written as the real one is (by
+    # the classifier around the model), and the model type's own class loads it with
+    # the family's key_mapping: nothing missing or unexpected, the logits the saving
+    # class's inner model gives. Without the mapping transformers leaves weights out.
+    import transformers
+
+    from causalab_mini.generated.tiny import TINY_SAVED_BY
+    from causalab_mini.tools import tiny
+
+    saver, module, _ = TINY_SAVED_BY[model_type]
+    path = tiny.resolve_model_spec(f"tiny:{model_type}")
+    assert json.loads((Path(path) / "config.json").read_text())["architectures"] == [saver]
+    auto = getattr(transformers, tiny.build_class(model_type))
+    mapping = tiny._load_kwargs(model_type)
+    assert mapping, f"{model_type}: its family gives no key_mapping"
+    _, bare = auto.from_pretrained(path, output_loading_info=True)
+    assert bare["missing_keys"], "the checkpoint loads without the key mapping"
+    ids = torch.tensor([[5, 9, 17, 33, 2]])
+    inner = getattr(transformers, saver).from_pretrained(path).eval().get_submodule(module)
+    with torch.no_grad():
+        expected = inner(input_ids=ids).logits
+    _loads_every_weight(model_type, [path], expected)
+
+
+def _loads_every_weight(model_type: str, checkpoints: list[str], expected: Any) -> None:
+    """Each checkpoint loads into ``model_type``'s own class with the family's
+    key_mapping (nothing missing or unexpected), by transformers and by the runtime's
+    loader, whose logits are ``expected``."""
+    import transformers
+
+    from causalab_mini.model import StandardizedTransformer
+    from causalab_mini.tools import tiny
+
+    auto = getattr(transformers, tiny.build_class(model_type))
+    mapping = tiny._load_kwargs(model_type)
+    ids = torch.tensor([[5, 9, 17, 33, 2]])
+    for checkpoint in checkpoints:
+        loaded, info = auto.from_pretrained(checkpoint, output_loading_info=True, **mapping)
+        assert not info["missing_keys"] and not info["unexpected_keys"], (checkpoint, info)
+        model = StandardizedTransformer(checkpoint)
+        got = _logits_of(model, ids)
+        (report,) = model.load_reports
+        assert report.ok and report.model_class == type(loaded).__name__, report
+        assert torch.allclose(got, expected, atol=1e-5), (checkpoint, (got - expected).abs())
+
+
+@pytest.mark.slow
+def test_shieldgemma2_loads_the_layout_transformers_4_50_wrote(tmp_path: Path) -> None:
+    # the real checkpoints were written by transformers 4.50's classifier: its model
+    # held the text stack as a causal LM (model.language_model.model.*) and the SigLIP
+    # tower's vision_model; they load as the 5.25 classifier's save does, with or
+    # without the text head saved
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    from causalab_mini.tools import tiny
+
+    path = tiny.resolve_model_spec("tiny:shieldgemma2")
+    inner = transformers.ShieldGemma2ForImageClassification.from_pretrained(path).eval().model
+    with torch.no_grad():
+        expected = inner(input_ids=torch.tensor([[5, 9, 17, 33, 2]])).logits
+    checkpoints = []
+    for head in (False, True):
+        older = tmp_path / f"older-layout-{head}"
+        shutil.copytree(path, older)
+        (weights,) = older.glob("*.safetensors")
+        renamed = _older_layout(load_file(weights))
+        if head:
+            embed = renamed["model.language_model.model.embed_tokens.weight"]
+            renamed["model.language_model.lm_head.weight"] = embed.clone()
+        save_file(renamed, weights, metadata={"format": "pt"})
+        checkpoints.append(str(older))
+    _loads_every_weight("shieldgemma2", checkpoints, expected)

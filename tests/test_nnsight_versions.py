@@ -331,6 +331,26 @@ def test_a_family_auto_class_reaches_every_nnsight_its_own_way() -> None:
     assert model.tokenizer is not None
 
 
+def test_a_family_model_class_reaches_every_nnsight_its_own_way() -> None:
+    """A family's model_class (a concrete class, where no auto class loads the config:
+    Evolla's) reaches every release as an auto class would, behind the class methods
+    nnsight calls on one (from_config for the meta build, from_pretrained): 0.6/0.7 as
+    automodel=, 0.8 as the model class of a registered text-generation task."""
+    import transformers
+    from transformers.pipelines import check_task
+
+    kwargs = compat.auto_class_kwargs("EvollaForProteinText2Text")
+    if compat.is_08():
+        _, target, _ = check_task(kwargs["task"])
+        (loader,) = target["pt"]
+    else:
+        loader = kwargs["automodel"]
+    assert loader.model_class is transformers.EvollaForProteinText2Text
+    model = load("tiny:evolla")
+    assert type(model._model).__name__ == "EvollaForProteinText2Text"
+    assert model.tokenizer is not None
+
+
 def test_a_root_child_named_output_is_renamed_where_nnsight_mounts_it() -> None:
     """GIT's unembedding is the root's child ``output``: 0.8 mounts it at E_output, and
     a rename alias must name that (the bare name is nnsight's .output on every module);

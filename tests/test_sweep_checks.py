@@ -303,3 +303,21 @@ def test_a_family_no_block_structure_applies_to_certifies_what_it_keeps(
             "is refused on Dory: it is one of the places a block structure defines"
             in (item["reason"])
         )
+
+
+def test_the_position_checks_take_only_a_text_batch() -> None:
+    """The position and interchange checks feed the model text: they apply where the
+    sample batch is the tokenizer's own, (batch, seq) ids and a mask, and say nothing
+    where the forward reads more (a side input) or ids of another shape (Kyutai-STT's
+    text token and audio codes per position, (batch, seq, 1 + codebooks))."""
+    from types import SimpleNamespace
+
+    import torch
+
+    ids, mask = torch.ones(2, 5, dtype=torch.long), torch.ones(2, 5, dtype=torch.long)
+    assert positions.text_fed(SimpleNamespace(inputs={"input_ids": ids, "attention_mask": mask}))
+    coded = torch.ones(2, 5, 3, dtype=torch.long)
+    fed = {"input_ids": coded, "attention_mask": mask}
+    assert not positions.text_fed(SimpleNamespace(inputs=fed))
+    side = {"input_ids": ids, "attention_mask": mask, "pixel_values": torch.zeros(2, 3)}
+    assert not positions.text_fed(SimpleNamespace(inputs=side))

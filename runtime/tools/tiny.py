@@ -39,6 +39,7 @@ from causalab_mini.generated.tiny import (
     TINY_KEEP_OFF,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
+    TINY_SAVED_BY,
     TINY_SHARED_GROUPS,
     TINY_SIDE_INPUTS,
     TINY_SIZES,
@@ -218,6 +219,8 @@ def _recipe(model_type: str) -> dict[str, Any]:
         recipe["side_inputs"] = _thaw(_SIDE_INPUTS[model_type])
     if model_type in TINY_CHECKPOINT_FILES:
         recipe["checkpoint_files"] = _thaw(TINY_CHECKPOINT_FILES[model_type])
+    if model_type in TINY_SAVED_BY:
+        recipe["saved_by"] = list(TINY_SAVED_BY[model_type][:2])
     return recipe
 
 
@@ -758,7 +761,9 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
             f"tokenizer of {len(tokenizer)} entries exceeds the vocab of {vocab_size}"
         )
     auto = _causal_lm_class(model_type, member)
-    model = _instantiate(model_type, auto, built if model_type in _BUILD_FROM else config, seed)
+    saver = _saving_class(model_type)
+    built = built if model_type in _BUILD_FROM else config
+    model = _instantiate(model_type, saver or auto, built, seed)
     _save_and_reload(model_type, auto, model, tokenizer, config, out)
     manifest = {
         "model_type": model_type,
@@ -797,7 +802,28 @@ def _causal_lm_class(model_type: str, member: str) -> Any:
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
         return getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
-    return getattr(transformers, build_class(member))
+    from causalab_mini.compat import loading_class
+
+    return loading_class(build_class(member))
+
+
+def _saving_class(model_type: str) -> Any:
+    """The class registry/tiny.yaml ``saved_by`` says real ``model_type`` checkpoints
+    are written by (the tiny one is built and saved with it), as it is built; None where
+    the class that loads the checkpoint writes it."""
+    from causalab_mini.compat import loading_class
+
+    row = TINY_SAVED_BY.get(model_type)
+    return loading_class(row[0]) if row is not None else None
+
+
+def _loaded_part(model_type: str, model: Any) -> Any:
+    """The part of a freshly built ``model`` that its checkpoint loads back as: the
+    submodule registry/tiny.yaml ``saved_by`` names, else the model."""
+    row = TINY_SAVED_BY.get(model_type)
+    if row is None:
+        return model
+    return model.get_submodule(row[1])
 
 
 def _instantiate(model_type: str, auto: Any, config: Any, seed: int) -> Any:
@@ -831,7 +857,9 @@ def _save_and_reload(
     or the build fails."""
     import torch
 
-    before = _smoke_logits(model_type, _traced(model_type, model), tokenizer)
+    before = _smoke_logits(
+        model_type, _traced(model_type, _loaded_part(model_type, model)), tokenizer
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     for name, content in TINY_CHECKPOINT_FILES.get(model_type, {}).items():
@@ -841,7 +869,8 @@ def _save_and_reload(
         # text config AutoModelForCausalLM cannot map back; keep the composite one.
         config.save_pretrained(out)
     try:
-        reloaded = auto.from_pretrained(out, dtype=torch.float32).eval()
+        reloaded = auto.from_pretrained(out, dtype=torch.float32, **_load_kwargs(model_type))
+        reloaded = reloaded.eval()
     except Exception as exc:
         raise TinyBuildError(
             f"tiny {model_type!r} saves but does not load back: "
@@ -861,6 +890,15 @@ def _traced(model_type: str, model: Any) -> Any:
 
     path = traced_module_for(model_type)
     return submodule(model, path) if path else model
+
+
+def _load_kwargs(model_type: str) -> dict[str, Any]:
+    """What ``from_pretrained`` is given beside the checkpoint, as the loader gives it:
+    the family's ``key_mapping`` (registry/families/*.yaml), where it has one."""
+    from causalab_mini.classes import key_mapping_for
+
+    found = key_mapping_for((), model_type, None)
+    return {"key_mapping": found} if found else {}
 
 
 def _annotation_admits(config: Any, key: str, value: Any) -> bool:
@@ -924,10 +962,10 @@ def side_inputs(
     type beside the token ids (empty for most): seeded random normal tensors of the
     shapes the row reads from ``config``, for a token batch of ``batch`` x ``seq`` (a
     constant integer fill, a mask, or values uniform in a range, where the row says
-    so), or (a row's ``from``) a tensor
-    of the token batch ``tokens`` itself (an encoder-decoder's decoder_input_ids: the
-    encoder's own ids), or (a row's ``absent``) None, for a token-batch input the
-    forward must not be given (a mask its image encoder would misread)."""
+    so), or (``from``) a tensor of the token batch ``tokens`` itself (the encoder's ids
+    as an encoder-decoder's decoder_input_ids; with ``channels``, seeded codes after it
+    on a new last axis: a text token and its audio codes per position), or
+    (``absent``) None, for a token-batch input the forward must not be given."""
     import torch
 
     rows = _SIDE_INPUTS.get(getattr(config, "model_type", ""), {})
@@ -975,12 +1013,26 @@ def side_inputs(
                     f"{row['from']!r}, and no token batch holding it was given"
                 )
             out[name] = tokens[row["from"]].clone()
+            if "channels" in row:  # the tensor, then codes, on a new last axis
+                out[name] = _with_codes(out[name], row["channels"], size, generator)
         elif "per_layer_type" in row:
             types = list(_config_path(config, row["per_layer_type"], None))
             out[name] = {kind: made(row, types.index(kind)) for kind in dict.fromkeys(types)}
         else:
             out[name] = made(row, None)
     return out
+
+
+def _with_codes(tensor: Any, channels: Mapping[str, Any], size: Any, generator: Any) -> Any:
+    """``tensor`` as channel 0 of a new last axis, then the row's ``count`` channels of
+    seeded random codes in [0, ``below``) (a text token's audio codes, one per
+    codebook); ``size`` reads a dimension of the row."""
+    import torch
+
+    count, below = size(channels["count"], None), size(channels["below"], None)
+    shape = (*tensor.shape, count)
+    codes = torch.randint(0, below, shape, generator=generator, dtype=tensor.dtype)
+    return torch.cat([tensor.unsqueeze(-1), codes], dim=-1)
 
 
 _SMOKE_TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello, world!"]

@@ -1,7 +1,8 @@
 """The sweep's checks of positions and interchange interventions, on real tensors of
 every architecture the text frame feeds (a model whose forward needs inputs beside the
-token ids, a drafter's target states, is fed by ``sample_inputs`` and not by text:
-these checks do not apply there, and say nothing).
+token ids, a drafter's target states, or ids of another shape than the tokenizer's,
+Kyutai-STT's text token and audio codes per position, is fed by ``sample_inputs`` and
+not by text: these checks do not apply there, and say nothing).
 
 - a read at ``{"index": -1}`` is the last content token of the whole read, per row;
 - a write at one token of ``block_input`` changes ``block_output`` of that layer at
@@ -43,8 +44,11 @@ LAST_TOKEN = "interchange: block_output[last] at the last token gives the source
 
 
 def text_fed(ctx: Any) -> bool:
-    """Whether the model's forward runs on text alone (no side inputs)."""
-    return set(ctx.inputs) <= {"input_ids", "attention_mask"}
+    """Whether the model's forward runs on text alone: no side inputs, and token ids
+    of the tokenizer's shape, (batch, seq) (not a text token and audio codes per
+    position, a side input of the ids themselves)."""
+    ids = ctx.inputs.get("input_ids")
+    return set(ctx.inputs) <= {"input_ids", "attention_mask"} and getattr(ids, "ndim", 2) == 2
 
 
 def equal_length_pairs(
