@@ -194,7 +194,7 @@ def auto_class_kwargs(auto_class: str, traced_module: str | None = None) -> dict
         if traced_module:
             from .traced import traced_auto_class
 
-            return {"automodel": traced_auto_class(auto_class, traced_module)}
+            return {"automodel": traced_auto_class(loading_class(auto_class), traced_module)}
         return {"automodel": loading_class(auto_class)}
     return {"task": _text_task(auto_class, traced_module)}
 
@@ -253,7 +253,7 @@ def _text_task(auto_class: str, traced_module: str | None = None) -> str:
         from .traced import traced_auto_class
 
         task = f"{task}-{traced_module}"
-        auto = traced_auto_class(auto_class, traced_module)
+        auto = traced_auto_class(auto, traced_module)
 
     def check_model_type(self: Any, supported_models: Any) -> None:
         # the models this task loads are the auto class's (its config type -> class

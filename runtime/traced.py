@@ -64,15 +64,12 @@ def sub_config(config: Any, name: str, path: str | None = None) -> Any:
 
 
 @functools.cache
-def traced_auto_class(auto_class: str, path: str) -> type[Any]:
-    """A subclass of the transformers auto class ``auto_class`` whose
-    ``from_pretrained`` and ``from_config`` build the whole model (as ``auto_class``
-    does) and return its submodule at ``path``. Registered in this module under its
-    name, so it pickles by reference. ``auto_class`` may name a concrete class (a
-    family's ``model_class``), as nnsight loads with it (``compat.loading_class``)."""
-    from .compat import loading_class
-
-    base = loading_class(auto_class)
+def traced_auto_class(base: Any, path: str) -> type[Any]:
+    """A subclass of ``base`` (the class nnsight loads the checkpoint with: a
+    transformers auto class, or a concrete class behind its two class methods,
+    ``compat.loading_class``) whose ``from_pretrained`` and ``from_config`` build the
+    whole model (as ``base`` does) and return its submodule at ``path``. Registered in
+    this module under its name, so it pickles by reference."""
 
     def from_pretrained(cls: Any, *args: Any, **kwargs: Any) -> Any:
         return submodule(base.from_pretrained(*args, **kwargs), path)
@@ -80,7 +77,7 @@ def traced_auto_class(auto_class: str, path: str) -> type[Any]:
     def from_config(cls: Any, *args: Any, **kwargs: Any) -> Any:
         return submodule(base.from_config(*args, **kwargs), path)
 
-    name = f"{auto_class}Traced_{path.replace('.', '_')}"
+    name = f"{base.__name__}Traced_{path.replace('.', '_')}"
     cls = type(
         name,
         (base,),
@@ -88,7 +85,7 @@ def traced_auto_class(auto_class: str, path: str) -> type[Any]:
             "from_pretrained": classmethod(from_pretrained),
             "from_config": classmethod(from_config),
             "__module__": __name__,
-            "__doc__": f"{auto_class}, returning the loaded model's submodule {path!r}",
+            "__doc__": f"{base.__name__}, returning the loaded model's submodule {path!r}",
             "traced_module": path,
         },
     )
