@@ -531,3 +531,19 @@ def test_an_override_of_a_declared_type_is_taken_whatever_the_default() -> None:
     llama = tiny_config("llama").get_text_config()
     with pytest.raises(TinyBuildError, match="hidden_size takes an integer"):
         tiny._set_override("llama", llama, "hidden_size", "abc")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "model_type", sorted(tiny.TINY_CHECKPOINT_FILES) or [pytest.param("", marks=pytest.mark.skip)]
+)
+def test_a_checkpoint_file_is_written_beside_the_weights(model_type: str, tiny_cache: Path) -> None:
+    """registry/tiny.yaml checkpoint_files: each file a class's from_pretrained reads
+    beside the weights (Qwen2.5-Omni's speaker table) is in the tiny checkpoint, holding
+    what the row says, and is part of the cache key."""
+    import torch
+
+    path = build_tiny(model_type)
+    for name, content in tiny.TINY_CHECKPOINT_FILES[model_type].items():
+        assert torch.load(path / name, weights_only=True) == tiny._thaw(content)
+    assert "checkpoint_files" in tiny._recipe(model_type)
