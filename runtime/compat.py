@@ -537,6 +537,36 @@ def out_of_order_error() -> type[BaseException] | None:
     return OutOfOrderError  # type: ignore[no-any-return]
 
 
+def clear_pending_operations(module: Any) -> None:
+    """Drop the one-shot function replacements nnsight 0.7 leaves pending on
+    ``module``'s operations after a trace that read inside an operation's own source
+    (its attention function's probabilities): the next forward, run outside nnsight,
+    would call nnsight's copy of that function instead of the one the model's code
+    hands out (the hooks engine's wrapper of transformers' attention interface never
+    runs). A trace that reads there installs its own again; 0.6 and 0.8 leave none."""
+    stack = [getattr(module, "__source_accessor__", None)]
+    while stack:
+        accessor = stack.pop()
+        for op in getattr(accessor, "operations", {}).values():
+            if getattr(op, "fn_replacement", None) is not None:
+                op.fn_replacement = None
+            stack.append(getattr(op, "_source_accessor", None))
+
+
+def prepared_call(model: Any, inputs: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """What ``model.trace(inputs)`` calls for one input, outside a trace: the callable
+    and the arguments nnsight's batching makes of ``inputs`` (tokenizing, padding,
+    position ids). 0.8 has a batcher per trace and calls ``model._call``; 0.6 and 0.7
+    prepare the input on the envoy (``_prepare_input``) and call the module itself."""
+    if is_08():
+        batcher = model._batcher_class(model, {})
+        batcher.add(inputs)  # as model.trace(inputs) adds its one input
+        args, kwargs = batcher.assemble(model._call)
+        return model._call, tuple(args), dict(kwargs)
+    args, kwargs, _ = model._prepare_input(inputs)
+    return model._module, tuple(args), dict(kwargs)
+
+
 __all__ = [
     "NDIF_CLIENTS",
     "OVERLOAD_PREFIX",
@@ -545,6 +575,7 @@ __all__ = [
     "auto_class_kwargs",
     "callee_after_inputs",
     "child_attribute",
+    "clear_pending_operations",
     "container_path",
     "forward_key",
     "install",
@@ -556,6 +587,7 @@ __all__ = [
     "nnsight_version",
     "out_of_order_error",
     "parsed_source",
+    "prepared_call",
     "remote_backend",
     "remote_env",
     "remote_env_known",

@@ -31,7 +31,7 @@ import textwrap
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from . import plain
+from . import compat, plain
 from .errors import RemoteRefused
 
 ENGINES = ("nnsight", "hooks")
@@ -385,16 +385,17 @@ def _moved(value: Any, device: Any) -> Any:
     return value
 
 
-def forward_inputs(model: Any, inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def forward_inputs(
+    model: Any, inputs: Any
+) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
     """The call ``model.trace(inputs)`` makes of the model: nnsight's own batching of
-    one input (tokenizing, padding, position ids), on the model's device."""
-    batcher = model._batcher_class(model, {})
-    batcher.add(inputs)  # as model.trace(inputs) adds its one input
-    args, kwargs = batcher.assemble(model._call)
+    one input (tokenizing, padding, position ids), on the model's device, and what it
+    calls with them (each nnsight release its own way: ``compat.prepared_call``)."""
+    call, args, kwargs = compat.prepared_call(model, inputs)
     device = getattr(model, "device", None)
     if device is not None:
         args, kwargs = _moved(args, device), _moved(kwargs, device)
-    return args, kwargs
+    return call, args, kwargs
 
 
 def dispatched(model: Any) -> None:
@@ -412,7 +413,9 @@ def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[An
     before this returns or raises."""
     dispatched(model)
     run_ = _Run(model, program)
-    args, kwargs = forward_inputs(model, inputs)
+    call, args, kwargs = forward_inputs(model, inputs)
+    for module in run_.modules.values():
+        compat.clear_pending_operations(module)
     handles: list[Callable[[], None]] = []
     try:
         for (kind, ident, side), _ in run_.at.items():
@@ -426,7 +429,7 @@ def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[An
                 h = module.register_forward_hook(run_.hook(key), with_kwargs=True)
             handles.append(h.remove)
         _install_interface(run_, handles)
-        model._call(*args, **kwargs)
+        call(*args, **kwargs)
     finally:
         for remove in reversed(handles):
             remove()
