@@ -232,6 +232,9 @@ def _operand_where(operand: Any) -> str:
 
 
 def _structures_for(registry: Registry, family: FamilyDef) -> str:
+    traced = dict(family.rename).get("traced_module")
+    if traced:  # its block is the submodule's: the families that match it say which
+        return f"the traced submodule `{traced}`'s, as its own families give it"
     found = []
     for rule in registry.rules:
         m = rule.match
