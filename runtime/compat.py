@@ -413,6 +413,16 @@ def callee_after_inputs() -> bool:
     return is_08()
 
 
+def first_input_setter_keeps_keywords() -> bool:
+    """Whether nnsight's ``envoy.input = v`` replaces the first keyword argument of a
+    call made with keywords only (0.8's ``replace_first_input``). nnsight 0.6 and 0.7
+    put ``v`` first among the positional arguments and keep every keyword, so a module
+    called as ``attn(hidden_states=x, ...)`` gets its first argument twice (TypeError:
+    got multiple values); there a write of a first input goes through ``inputs``
+    (``causalab_mini.plain``, the step's ``first_input_via``)."""
+    return is_08()
+
+
 def several_invokes(model: Any) -> bool | None:
     """Whether the running trace batches several invokes' inputs into one forward (each
     invoke then reads its own rows of a (batch, ...) tensor, narrowed by nnsight), or
@@ -537,6 +547,51 @@ def out_of_order_error() -> type[BaseException] | None:
     return OutOfOrderError  # type: ignore[no-any-return]
 
 
+#: 0.6/0.7: worker thread -> a weak reference to the mediator whose trace body it runs
+_BODIES: Any = None
+
+#: the parameter nnsight 0.6/0.7 compile every trace body (an invoke's, an iteration's)
+#: with, holding the body's mediator
+_MEDIATOR_PARAMETER = "__nnsight_mediator__"
+
+
+def running_body() -> Any:
+    """The mediator of the trace body running now (the code of one invoke), or None in
+    the model's forward and outside any trace. nnsight 0.8 runs a body in a greenlet
+    that holds a weak reference to its mediator (``mediator``); 0.6 and 0.7 run it in a
+    thread of its own (``Mediator.worker``), whose compiled body function takes the
+    mediator as its first parameter (``__nnsight_mediator__``): found on the thread's
+    stack once, then remembered for that thread (a worker runs one body for its life;
+    the model's forward runs on the thread that opened the trace, never a worker)."""
+    if is_08():
+        from greenlet import getcurrent
+
+        ref = getattr(getcurrent(), "mediator", None)
+        return None if ref is None else ref()
+    import threading
+    import weakref
+
+    global _BODIES
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return None
+    if _BODIES is None:
+        _BODIES = weakref.WeakKeyDictionary()
+    ref = _BODIES.get(thread)
+    if ref is not None:
+        return ref()
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if _MEDIATOR_PARAMETER in code.co_varnames[: code.co_argcount]:
+            mediator = frame.f_locals.get(_MEDIATOR_PARAMETER)
+            if getattr(mediator, "worker", None) is thread:
+                _BODIES[thread] = weakref.ref(mediator)
+                return mediator
+        frame = frame.f_back
+    return None
+
+
 def clear_pending_operations(module: Any) -> None:
     """Drop the one-shot function replacements nnsight 0.7 leaves pending on
     ``module``'s operations after a trace that read inside an operation's own source
@@ -577,6 +632,7 @@ __all__ = [
     "child_attribute",
     "clear_pending_operations",
     "container_path",
+    "first_input_setter_keeps_keywords",
     "forward_key",
     "install",
     "is_08",
@@ -591,6 +647,7 @@ __all__ = [
     "remote_backend",
     "remote_env",
     "remote_env_known",
+    "running_body",
     "several_invokes",
     "shared_path",
     "source_identity",

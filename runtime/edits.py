@@ -66,16 +66,9 @@ class EditRefused(RuntimeError):
 
 
 def _runner() -> Any:
-    """The trace body running now: nnsight 0.8 runs a body in a greenlet that holds its
-    mediator. None in the model's forward, outside any trace, and on nnsight 0.6/0.7
-    (whose bodies run in threads this does not tell apart: there a read is a copy, as
-    the row says, and is not made editable)."""
-    if not compat.is_08():
-        return None
-    from greenlet import getcurrent
-
-    ref = getattr(getcurrent(), "mediator", None)
-    return None if ref is None else ref()
+    """The trace body running now (its nnsight mediator, ``compat.running_body``): None
+    in the model's forward and outside any trace, on every nnsight release."""
+    return compat.running_body()
 
 
 def _visits(runner: Any, location: str | None) -> int | None:

@@ -350,7 +350,23 @@ def _put_raw(step: dict[str, Any], target: Any, whole: Any, raw: Any, value: Any
         value = value.clone()
     if step["select"] is not None:
         value = _select_put(whole, step["select"], value)
+    if step["first_input_via"] is not None:
+        _put_first_input(target, step["first_input_via"], value)
+        return
     setattr(target, step["attr"], value)
+
+
+def _put_first_input(target: Any, attr: str, value: Any) -> None:
+    """Replace the first argument of the call at ``target`` through its whole
+    ``(args, kwargs)`` (read and written as ``attr``): the first positional one, or the
+    first keyword one of a call made with keywords only (as nnsight 0.8's ``input``
+    setter does; 0.6/0.7's would add a positional argument beside the keyword)."""
+    args, kwargs = getattr(target, attr)
+    if args or not kwargs:
+        setattr(target, attr, ((value, *tuple(args)[1:]), kwargs))
+        return
+    key = next(iter(kwargs))
+    setattr(target, attr, (tuple(args), {**kwargs, key: value}))
 
 
 def put(model: Any, step: dict[str, Any], value: Any, env: Any = None) -> None:
