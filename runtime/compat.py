@@ -413,6 +413,53 @@ def callee_after_inputs() -> bool:
     return is_08()
 
 
+def body_step(body: Any) -> Any:
+    """A token of the forward pass (the generation step) the trace body ``body`` is
+    at, which changes when the model starts another: nnsight 0.8's
+    ``mediator.iteration``; 0.6/0.7 count passes per location in
+    ``mediator.iteration_tracker`` (bumped after each pass in a ``tracer.iter`` loop;
+    their ``iteration`` is unset there after the first step), so their sum."""
+    if body is None:
+        return None
+    if is_08():
+        return getattr(body, "iteration", None)
+    tracker = getattr(body, "iteration_tracker", None)
+    return None if tracker is None else sum(tracker.values())
+
+
+def invoke_rows(value: Any) -> Any:
+    """``value`` as the running invoke sees it: its own rows of every (batch, ...)
+    tensor. nnsight narrows a value to an invoke's rows through its containers; 0.6
+    and 0.7 go only through a plain ``dict``, ``list`` or ``tuple`` (``type(x) ==
+    dict``), so a model's own output (transformers' ``ModelOutput``, an ``OrderedDict``
+    subclass) or a named tuple reaches every invoke whole: there its tensors are
+    narrowed here as nnsight narrows a plain container's (``batcher._narrow``). 0.8
+    descends into every mapping and tuple: the value as it is."""
+    if is_08() or type(value) in (dict, list, tuple):
+        return value
+    from collections.abc import Mapping
+
+    if not isinstance(value, (Mapping, list, tuple)):
+        return value
+    body = running_body()
+    batcher = getattr(getattr(body, "interleaver", None), "batcher", None)
+    group = getattr(body, "batch_group", None)
+    if batcher is None or not getattr(batcher, "needs_batching", False) or not group:
+        return value
+    if group[0] == -1:  # an invoke without inputs: the whole batch
+        return value
+    import torch
+    from nnsight.util import apply
+
+    def rows(part: Any) -> Any:
+        return apply(part, functools.partial(batcher._narrow, group), torch.Tensor)
+
+    if isinstance(value, Mapping):
+        return type(value)(**{key: rows(part) for key, part in value.items()})
+    items = [rows(part) for part in value]
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+
+
 def first_input_setter_keeps_keywords() -> bool:
     """Whether nnsight's ``envoy.input = v`` replaces the first keyword argument of a
     call made with keywords only (0.8's ``replace_first_input``). nnsight 0.6 and 0.7
@@ -628,6 +675,7 @@ __all__ = [
     "alias_target",
     "aliases_of",
     "auto_class_kwargs",
+    "body_step",
     "callee_after_inputs",
     "child_attribute",
     "clear_pending_operations",
@@ -635,6 +683,7 @@ __all__ = [
     "first_input_setter_keeps_keywords",
     "forward_key",
     "install",
+    "invoke_rows",
     "is_08",
     "loading_class",
     "location",
