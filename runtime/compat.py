@@ -12,7 +12,9 @@ Two kinds of thing live here, and nothing else does:
   answered for the installed version (the alias map, a child module named after an
   nnsight attribute, a forward's parsed source, the function a forward's operations
   are named from, the order in which an operation hands over its inputs and its
-  callee), and the NDIF client's (its series, the Hub-id table a model key is made
+  callee, the trace body running now and the forward pass it is at, a first input
+  written by keyword, an invoke's rows of a value 0.6/0.7 do not narrow), and the
+  NDIF client's (its series, the Hub-id table a model key is made
   from, the server's ``/env``, the backend's constructor).
 
 No shim touches nnsight's ``Envoy`` or tracing: the runtime asks here instead.
