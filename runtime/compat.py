@@ -429,6 +429,13 @@ def body_step(body: Any) -> Any:
     return None if tracker is None else sum(tracker.values())
 
 
+def call_of_result_name() -> str:
+    """The name stem nnsight gives a call of what a call returns (``nn.Softmax(dim=-1)(x)``,
+    a module built and called in one expression): ``call`` on 0.8 (its
+    ``source.py``), ``unknown`` on 0.6 (``inject.py``) and 0.7 (``source.py``)."""
+    return "call" if is_08() else "unknown"
+
+
 def invoke_rows(value: Any) -> Any:
     """``value`` as the running invoke sees it: its own rows of every (batch, ...)
     tensor. nnsight narrows a value to an invoke's rows through its containers; 0.6
@@ -678,6 +685,7 @@ __all__ = [
     "aliases_of",
     "auto_class_kwargs",
     "body_step",
+    "call_of_result_name",
     "callee_after_inputs",
     "child_attribute",
     "clear_pending_operations",

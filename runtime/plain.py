@@ -84,14 +84,15 @@ def _calls(text: str, needle: str) -> bool:
     return False
 
 
-def _stem(needle: str) -> str:
-    """The name stem nnsight gives the operations ``needle`` names, as
+def _stems(needle: str) -> tuple[str, ...]:
+    """The name stems nnsight gives the operations ``needle`` names, as
     ``causalab_mini.ops.needle_prefix`` (without ``re``) plus "_": ".sigmoid(" (a method
     on an expression's result) by the method alone, "nn.Softmax(dim=-1)(" (a call of
-    what a call returns) by nnsight's "call"."""
+    what a call returns) by nnsight's "call" (0.8) or "unknown" (0.6/0.7; the server's
+    release is not known here, and the needle's line decides)."""
     if needle.endswith(")(") and needle.count("(") == 2 == needle.count(")") + 1:
-        return "call_"
-    return needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_"
+        return ("call_", "unknown_")
+    return (needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_",)
 
 
 def _find(source: Any, needle: str, where: str) -> Any:
@@ -99,11 +100,11 @@ def _find(source: Any, needle: str, where: str) -> Any:
     ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
     line holds the call. None or several is refused with the operation list."""
     text_of, line_of, accessor = _parsed(source)
-    stem = _stem(needle)
+    stems = _stems(needle)
     lines = text_of.split("\n")
     hits = []
     for name, index in line_of.items():
-        if not name.startswith(stem) or not name[len(stem) :].isdigit():
+        if not any(name.startswith(s) and name[len(s) :].isdigit() for s in stems):
             continue
         text = lines[index] if 0 <= index < len(lines) else ""
         if _calls(text, needle):
