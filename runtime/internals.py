@@ -506,13 +506,16 @@ class Internals(Mapping[str, Place]):
 
         place = self._places[step["place"]]
         layer = step["layer"]
+        location = compat.location(target, step["attr"])
         return editable(
             value,
             place.where(layer),
             lambda edited: place.set(layer, edited),
-            compat.location(target, step["attr"]),
+            location,
             step["edit_copy"],
-            self._ran_past(place, layer),
+            # where nnsight counts no visits of the location (0.6/0.7; 0.8 where it
+            # names none)
+            None if location is not None and compat.is_08() else self._ran_past(place, layer),
         )
 
     def _ran_past(self, place: Place, layer: int | None) -> Any:
@@ -525,8 +528,11 @@ class Internals(Mapping[str, Place]):
         runner = _runner()
         rank = self.rank(place.name, self._layer(place, layer))
         step = compat.body_step(runner)
+        # weak: a read saved past its trace does not keep the trace body alive
+        reader = weakref.ref(runner) if runner is not None else None
 
         def ran_past() -> bool:
+            runner = reader() if reader is not None else None
             try:
                 best = self._furthest.get(runner) if runner is not None else None
             except TypeError:
