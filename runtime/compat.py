@@ -599,7 +599,11 @@ def out_of_order_error() -> type[BaseException] | None:
     try:
         from nnsight.intervention.interleaver import OutOfOrderError
     except ImportError:
-        return None
+        # nnsight 0.6/0.7 nest it in their Mediator
+        from nnsight.intervention.interleaver import Mediator
+
+        nested = getattr(Mediator, "OutOfOrderError", None)
+        return nested if isinstance(nested, type) else None
     return OutOfOrderError  # type: ignore[no-any-return]
 
 
