@@ -12,7 +12,9 @@ Two kinds of thing live here, and nothing else does:
   answered for the installed version (the alias map, a child module named after an
   nnsight attribute, a forward's parsed source, the function a forward's operations
   are named from, the order in which an operation hands over its inputs and its
-  callee), and the NDIF client's (its series, the Hub-id table a model key is made
+  callee, the trace body running now and the forward pass it is at, a first input
+  written by keyword, an invoke's rows of a value 0.6/0.7 do not narrow), and the
+  NDIF client's (its series, the Hub-id table a model key is made
   from, the server's ``/env``, the backend's constructor).
 
 No shim touches nnsight's ``Envoy`` or tracing: the runtime asks here instead.
@@ -413,6 +415,70 @@ def callee_after_inputs() -> bool:
     return is_08()
 
 
+def body_step(body: Any) -> Any:
+    """A token of the forward pass (the generation step) the trace body ``body`` is
+    at, which changes when the model starts another: nnsight 0.8's
+    ``mediator.iteration``; 0.6/0.7 count passes per location in
+    ``mediator.iteration_tracker`` (bumped after each pass in a ``tracer.iter`` loop;
+    their ``iteration`` is unset there after the first step), so their sum."""
+    if body is None:
+        return None
+    if is_08():
+        return getattr(body, "iteration", None)
+    tracker = getattr(body, "iteration_tracker", None)
+    return None if tracker is None else sum(tracker.values())
+
+
+def call_of_result_name() -> str:
+    """The name stem nnsight gives a call of what a call returns (``nn.Softmax(dim=-1)(x)``,
+    a module built and called in one expression): ``call`` on 0.8 (its
+    ``source.py``), ``unknown`` on 0.6 (``inject.py``) and 0.7 (``source.py``)."""
+    return "call" if is_08() else "unknown"
+
+
+def invoke_rows(value: Any) -> Any:
+    """``value`` as the running invoke sees it: its own rows of every (batch, ...)
+    tensor. nnsight narrows a value to an invoke's rows through its containers; 0.6
+    and 0.7 go only through a plain ``dict``, ``list`` or ``tuple`` (``type(x) ==
+    dict``), so a model's own output (transformers' ``ModelOutput``, an ``OrderedDict``
+    subclass) or a named tuple reaches every invoke whole: there its tensors are
+    narrowed here as nnsight narrows a plain container's (``batcher._narrow``). 0.8
+    descends into every mapping and tuple: the value as it is."""
+    if is_08() or type(value) in (dict, list, tuple):
+        return value
+    from collections.abc import Mapping
+
+    if not isinstance(value, (Mapping, list, tuple)):
+        return value
+    body = running_body()
+    batcher = getattr(getattr(body, "interleaver", None), "batcher", None)
+    group = getattr(body, "batch_group", None)
+    if batcher is None or not getattr(batcher, "needs_batching", False) or not group:
+        return value
+    if group[0] == -1:  # an invoke without inputs: the whole batch
+        return value
+    import torch
+    from nnsight.util import apply
+
+    def rows(part: Any) -> Any:
+        return apply(part, functools.partial(batcher._narrow, group), torch.Tensor)
+
+    if isinstance(value, Mapping):
+        return type(value)(**{key: rows(part) for key, part in value.items()})
+    items = [rows(part) for part in value]
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+
+
+def first_input_setter_keeps_keywords() -> bool:
+    """Whether nnsight's ``envoy.input = v`` replaces the first keyword argument of a
+    call made with keywords only (0.8's ``replace_first_input``). nnsight 0.6 and 0.7
+    put ``v`` first among the positional arguments and keep every keyword, so a module
+    called as ``attn(hidden_states=x, ...)`` gets its first argument twice (TypeError:
+    got multiple values); there a write of a first input goes through ``inputs``
+    (``causalab_mini.plain``, the step's ``first_input_via``)."""
+    return is_08()
+
+
 def several_invokes(model: Any) -> bool | None:
     """Whether the running trace batches several invokes' inputs into one forward (each
     invoke then reads its own rows of a (batch, ...) tensor, narrowed by nnsight), or
@@ -533,8 +599,57 @@ def out_of_order_error() -> type[BaseException] | None:
     try:
         from nnsight.intervention.interleaver import OutOfOrderError
     except ImportError:
-        return None
+        # nnsight 0.6/0.7 nest it in their Mediator
+        from nnsight.intervention.interleaver import Mediator
+
+        nested = getattr(Mediator, "OutOfOrderError", None)
+        return nested if isinstance(nested, type) else None
     return OutOfOrderError  # type: ignore[no-any-return]
+
+
+#: 0.6/0.7: worker thread -> a weak reference to the mediator whose trace body it runs
+_BODIES: Any = None
+
+#: the parameter nnsight 0.6/0.7 compile every trace body (an invoke's, an iteration's)
+#: with, holding the body's mediator
+_MEDIATOR_PARAMETER = "__nnsight_mediator__"
+
+
+def running_body() -> Any:
+    """The mediator of the trace body running now (the code of one invoke), or None in
+    the model's forward and outside any trace. nnsight 0.8 runs a body in a greenlet
+    that holds a weak reference to its mediator (``mediator``); 0.6 and 0.7 run it in a
+    thread of its own (``Mediator.worker``), whose compiled body function takes the
+    mediator as its first parameter (``__nnsight_mediator__``): found on the thread's
+    stack once, then remembered for that thread (a worker runs one body for its life;
+    the model's forward runs on the thread that opened the trace, never a worker)."""
+    if is_08():
+        from greenlet import getcurrent
+
+        ref = getattr(getcurrent(), "mediator", None)
+        return None if ref is None else ref()
+    import threading
+    import weakref
+
+    global _BODIES
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return None
+    if _BODIES is None:
+        _BODIES = weakref.WeakKeyDictionary()
+    ref = _BODIES.get(thread)
+    if ref is not None:
+        return ref()
+    frame: Any = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if _MEDIATOR_PARAMETER in code.co_varnames[: code.co_argcount]:
+            mediator = frame.f_locals.get(_MEDIATOR_PARAMETER)
+            if getattr(mediator, "worker", None) is thread:
+                _BODIES[thread] = weakref.ref(mediator)
+                return mediator
+        frame = frame.f_back
+    return None
 
 
 def clear_pending_operations(module: Any) -> None:
@@ -573,12 +688,16 @@ __all__ = [
     "alias_target",
     "aliases_of",
     "auto_class_kwargs",
+    "body_step",
+    "call_of_result_name",
     "callee_after_inputs",
     "child_attribute",
     "clear_pending_operations",
     "container_path",
+    "first_input_setter_keeps_keywords",
     "forward_key",
     "install",
+    "invoke_rows",
     "is_08",
     "loading_class",
     "location",
@@ -591,6 +710,7 @@ __all__ = [
     "remote_backend",
     "remote_env",
     "remote_env_known",
+    "running_body",
     "several_invokes",
     "shared_path",
     "source_identity",

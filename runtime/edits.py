@@ -66,16 +66,9 @@ class EditRefused(RuntimeError):
 
 
 def _runner() -> Any:
-    """The trace body running now: nnsight 0.8 runs a body in a greenlet that holds its
-    mediator. None in the model's forward, outside any trace, and on nnsight 0.6/0.7
-    (whose bodies run in threads this does not tell apart: there a read is a copy, as
-    the row says, and is not made editable)."""
-    if not compat.is_08():
-        return None
-    from greenlet import getcurrent
-
-    ref = getattr(getcurrent(), "mediator", None)
-    return None if ref is None else ref()
+    """The trace body running now (its nnsight mediator, ``compat.running_body``): None
+    in the model's forward and outside any trace, on every nnsight release."""
+    return compat.running_body()
 
 
 def _visits(runner: Any, location: str | None) -> int | None:
@@ -92,10 +85,15 @@ def _visits(runner: Any, location: str | None) -> int | None:
 class Edit:
     """What an in-place edit of a read does: who read it, where, and the write."""
 
-    __slots__ = ("location", "root", "runner", "storage", "visits", "where", "write")
+    __slots__ = ("location", "ran_past", "root", "runner", "storage", "visits", "where", "write")
 
     def __init__(
-        self, where: str, write: Callable[[Any], None], root: Any, location: str | None
+        self,
+        where: str,
+        write: Callable[[Any], None],
+        root: Any,
+        location: str | None,
+        ran_past: Callable[[], bool] | None = None,
     ) -> None:
         self.where = where  # "layers_mid[1]", as the assignment names it
         self.write = write  # the place's write, given the whole edited copy
@@ -106,6 +104,9 @@ class Edit:
         self.runner: Any = weakref.ref(runner) if runner is not None else None
         self.location = location
         self.visits = _visits(runner, location)
+        # where nnsight does not count visits (0.6/0.7): whether the trace body has
+        # since read a place later in the forward (the client's internals say)
+        self.ran_past = ran_past
 
     def _reader(self) -> Any:
         return self.runner() if self.runner is not None else None
@@ -125,7 +126,9 @@ class Edit:
                 f"one running, and an in-place edit of it would reach neither: {fix} in the "
                 "invoke that should see it, or edit a copy (x.clone()) that is yours"
             )
-        if self.visits is not None and _visits(now, self.location) != self.visits:
+        if (self.visits is not None and _visits(now, self.location) != self.visits) or (
+            self.visits is None and self.ran_past is not None and self.ran_past()
+        ):
             return (
                 f"the trace has run past {self.where} since it was read, so an in-place "
                 f"edit of the read cannot reach the model: edit it before reading a later "
@@ -258,17 +261,24 @@ def plain(value: Any) -> Any:
 
 
 def editable(
-    value: Any, where: str, write: Callable[[Any], None], location: str | None, copy: bool
+    value: Any,
+    where: str,
+    write: Callable[[Any], None],
+    location: str | None,
+    copy: bool,
+    ran_past: Callable[[], bool] | None = None,
 ) -> Any:
     """``value`` (a read of the place ``where``) as handed out inside a trace body: a
     tensor whose in-place edits call ``write`` with the edited tensor (a copy of it
-    first where ``copy``); anything else, or anything outside a trace body, as it is."""
+    first where ``copy``); anything else, or anything outside a trace body, as it is.
+    ``ran_past``: whether the trace has since passed the place, asked where nnsight
+    does not count a location's visits (0.6/0.7)."""
     if not isinstance(value, torch.Tensor) or _runner() is None:
         return value
     value = plain(value)
     if copy:
         value = value.clone()
-    return _editable(value, Edit(where, write, value, location))
+    return _editable(value, Edit(where, write, value, location, ran_past))
 
 
 __all__ = ["EditRefused", "EditableRead", "PlaceOutOfOrder", "editable", "plain"]

@@ -325,7 +325,8 @@ class Internals(Mapping[str, Place]):
         self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
         self._layer_envoys: list[Any] | None = None
         # per running trace body (nnsight's mediator), the furthest place it reached
-        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int | float], str]] = (
+        # (its rank, its name) in the generation step it is at (nnsight's iteration)
+        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int | float], str, Any]] = (
             weakref.WeakKeyDictionary()
         )
         # per layer, the batch and sequence of its input, where a row is flat_tokens
@@ -483,7 +484,7 @@ class Internals(Mapping[str, Place]):
                 raise  # a tracer.iter loop that outran the run: nnsight's own end
             raise self.out_of_order(place, step["layer"], runner) from None
         self.passed(place, step["layer"])
-        return value
+        return compat.invoke_rows(value)
 
     def flat_view(self, step: dict[str, Any], flat: Any) -> Any:
         return self.unflatten(step["place"], step["layer"], flat)
@@ -505,13 +506,43 @@ class Internals(Mapping[str, Place]):
 
         place = self._places[step["place"]]
         layer = step["layer"]
+        location = compat.location(target, step["attr"])
         return editable(
             value,
             place.where(layer),
             lambda edited: place.set(layer, edited),
-            compat.location(target, step["attr"]),
+            location,
             step["edit_copy"],
+            # where nnsight counts no visits of the location (0.6/0.7; 0.8 where it
+            # names none)
+            None if location is not None and compat.is_08() else self._ran_past(place, layer),
         )
+
+    def _ran_past(self, place: Place, layer: int | None) -> Any:
+        """Whether the running trace body has read a place later in the forward than
+        ``place`` at ``layer`` since now (by rank, as ``passed`` records it): where
+        nnsight does not count a location's visits (0.6/0.7), how an in-place edit of a
+        read made after that is refused, as 0.8's count refuses it."""
+        from .edits import _runner
+
+        runner = _runner()
+        rank = self.rank(place.name, self._layer(place, layer))
+        step = compat.body_step(runner)
+        # weak: a read saved past its trace does not keep the trace body alive
+        reader = weakref.ref(runner) if runner is not None else None
+
+        def ran_past() -> bool:
+            runner = reader() if reader is not None else None
+            try:
+                best = self._furthest.get(runner) if runner is not None else None
+            except TypeError:
+                return False
+            if best is None:
+                return False
+            # a later generation step, or a later place in this one
+            return bool(best[2] != step or compat.body_step(runner) != step or best[0] > rank)
+
+        return ran_past
 
     # ------------------------------------------------------------ mapping
 
@@ -592,8 +623,9 @@ class Internals(Mapping[str, Place]):
             best = self._furthest.get(runner)
         except TypeError:
             return
-        if best is None or rank > best[0]:
-            self._furthest[runner] = (rank, place.where(at))
+        step = compat.body_step(runner)
+        if best is None or best[2] != step or rank > best[0]:
+            self._furthest[runner] = (rank, place.where(at), step)
 
     def out_of_order(self, place: Place, layer: int | None, runner: Any) -> Exception:
         """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""

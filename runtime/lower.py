@@ -85,6 +85,9 @@ def _blank(where: str) -> dict[str, Any]:
         "in_place": False,
         "snapshot": False,
         "edit_copy": False,
+        # where a write of a first input goes through the call's (args, kwargs): that
+        # attribute (nnsight 0.6/0.7, compat.first_input_setter_keeps_keywords)
+        "first_input_via": None,
         # how a component hands it on
         "layout": None,
         "per_head": False,
@@ -144,12 +147,23 @@ def row_step(
         scale=internals.scale(row.scale) if row.scale is not None else None,
         in_place=row.write == "in_place",
         edit_copy=copied_for_edits(row, attr),
+        first_input_via=_first_input_via(row, envoy, side),
         place=name,
         layer=layer,
         row=name,
         module_path=f"layers.{layer}.{row.module}" if row.per_layer else row.module,
     )
     return step
+
+
+def _first_input_via(row: Address, envoy: Any, side: str) -> str | None:
+    """The attribute a write of the row's first input goes through, as the whole call's
+    ``(args, kwargs)``, where nnsight's own ``input`` setter would not replace a first
+    argument given by keyword (nnsight 0.6/0.7); None where ``input`` is written as it
+    is read."""
+    if side != "input" or compat.first_input_setter_keeps_keywords():
+        return None
+    return "inputs" if row.source else boundary("inputs", envoy)
 
 
 def _where(address: Any) -> str:

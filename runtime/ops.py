@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from .compat import forward_key, parsed_source, source_identity
+from .compat import call_of_result_name, forward_key, parsed_source, source_identity
 
 # a needle naming the call of a call's result: a callable, its whole argument list,
 # then "(" (``nn.Softmax(dim=-1)(``)
@@ -31,9 +31,10 @@ def needle_prefix(needle: str) -> str:
     ``.sigmoid(``, a tensor method called on an expression's result (a call's or a
     subscript's, which has no name), -> ``sigmoid``: nnsight names it by the method;
     a call of what a call returns, ``nn.Softmax(dim=-1)(`` (a module built and called
-    in one expression), -> ``call``: nnsight names that second call ``call_<n>``."""
+    in one expression), -> ``call``: nnsight 0.8 names that second call ``call_<n>``,
+    0.6/0.7 ``unknown_<n>`` (``compat.call_of_result_name``)."""
     if CALL_OF_RESULT.match(needle):
-        return "call"
+        return call_of_result_name()
     return needle.split("(", 1)[0].removeprefix(".").replace(".", "_")
 
 

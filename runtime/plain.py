@@ -84,14 +84,15 @@ def _calls(text: str, needle: str) -> bool:
     return False
 
 
-def _stem(needle: str) -> str:
-    """The name stem nnsight gives the operations ``needle`` names, as
+def _stems(needle: str) -> tuple[str, ...]:
+    """The name stems nnsight gives the operations ``needle`` names, as
     ``causalab_mini.ops.needle_prefix`` (without ``re``) plus "_": ".sigmoid(" (a method
     on an expression's result) by the method alone, "nn.Softmax(dim=-1)(" (a call of
-    what a call returns) by nnsight's "call"."""
+    what a call returns) by nnsight's "call" (0.8) or "unknown" (0.6/0.7; the server's
+    release is not known here, and the needle's line decides)."""
     if needle.endswith(")(") and needle.count("(") == 2 == needle.count(")") + 1:
-        return "call_"
-    return needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_"
+        return ("call_", "unknown_")
+    return (needle.split("(", 1)[0].removeprefix(".").replace(".", "_") + "_",)
 
 
 def _find(source: Any, needle: str, where: str) -> Any:
@@ -99,11 +100,11 @@ def _find(source: Any, needle: str, where: str) -> Any:
     ``causalab_mini.ops.find_op`` resolves it: a name ``<callable>_<n>`` whose source
     line holds the call. None or several is refused with the operation list."""
     text_of, line_of, accessor = _parsed(source)
-    stem = _stem(needle)
+    stems = _stems(needle)
     lines = text_of.split("\n")
     hits = []
     for name, index in line_of.items():
-        if not name.startswith(stem) or not name[len(stem) :].isdigit():
+        if not any(name.startswith(s) and name[len(s) :].isdigit() for s in stems):
             continue
         text = lines[index] if 0 <= index < len(lines) else ""
         if _calls(text, needle):
@@ -350,7 +351,23 @@ def _put_raw(step: dict[str, Any], target: Any, whole: Any, raw: Any, value: Any
         value = value.clone()
     if step["select"] is not None:
         value = _select_put(whole, step["select"], value)
+    if step["first_input_via"] is not None:
+        _put_first_input(target, step["first_input_via"], value)
+        return
     setattr(target, step["attr"], value)
+
+
+def _put_first_input(target: Any, attr: str, value: Any) -> None:
+    """Replace the first argument of the call at ``target`` through its whole
+    ``(args, kwargs)`` (read and written as ``attr``): the first positional one, or the
+    first keyword one of a call made with keywords only (as nnsight 0.8's ``input``
+    setter does; 0.6/0.7's would add a positional argument beside the keyword)."""
+    args, kwargs = getattr(target, attr)
+    if args or not kwargs:
+        setattr(target, attr, ((value, *tuple(args)[1:]), kwargs))
+        return
+    key = next(iter(kwargs))
+    setattr(target, attr, (tuple(args), {**kwargs, key: value}))
 
 
 def put(model: Any, step: dict[str, Any], value: Any, env: Any = None) -> None:

@@ -78,9 +78,10 @@ def _identities_and_oracles(model: StandardizedTransformer, structure: str | Non
     for layer in set(range(model.internals.num_layers)) - set(model.internals.layers_run_on_text()):
         assert model.internals["layers_input"].unavailable_on(layer) is not None, layer
     inputs = c.sample_inputs(model)
-    # padded (nnsight pads a causal LM's batch on the left, an encoder-decoder's on the
-    # right: T5Gemma 2's decoder, whose blocks are of an attention-and-MLP structure)
-    side = -1 if model._model.config.is_encoder_decoder else 0
+    # padded on the side the model's tokenizer pads (nnsight 0.8 pads a causal LM's
+    # batch on the left, an encoder-decoder's on the right: T5Gemma 2's decoder, whose
+    # blocks are of an attention-and-MLP structure; 0.6/0.7 pad every batch on the left)
+    side = 0 if model.tokenizer.padding_side == "left" else -1
     assert inputs["attention_mask"][0, side] == 0, "the batch must be padded"
     values = c.read_places(model, inputs)
     checks = c.identities(model, values)

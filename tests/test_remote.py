@@ -576,4 +576,4 @@ def test_the_server_names_every_registry_needle_as_the_client_does() -> None:
         needles |= {o.needle for o in family.operands.values() if o.needle}
     assert {"nn.Softmax(dim=-1)(", ".sigmoid(", ".transpose("} & needles
     for needle in sorted(needles):
-        assert plain._stem(needle) == needle_prefix(needle) + "_", needle
+        assert needle_prefix(needle) + "_" in plain._stems(needle), needle
