@@ -38,9 +38,7 @@ def group_auto_class(model_type: str | None, architectures: tuple[str, ...] = ()
 
     for group in TINY_SHARED_GROUPS:
         mapping, auto, _ = TINY_GROUPS[group]
-        mapped = getattr(modeling_auto, mapping, {}).get(model_type)
-        mapped = (mapped,) if isinstance(mapped, str) else tuple(mapped or ())
-        if set(mapped) & set(architectures):
+        if set(_mapped(mapping, model_type)) & set(architectures):
             return None if auto == DEFAULT_AUTO_CLASS else auto
     for mapping, auto, _ in TINY_GROUPS.values():
         if model_type in getattr(modeling_auto, mapping, {}):
@@ -52,17 +50,22 @@ def mapped_classes(model_type: str | None) -> tuple[str, ...]:
     """The classes the auto mappings of registry/tiny.yaml's groups map ``model_type``
     to, in the groups' order (what a model of that type is loaded as, named before it
     is loaded: a traced submodule's, from its config)."""
-    from transformers.models.auto import modeling_auto
-
     from causalab_mini.generated.tiny import TINY_GROUPS
 
     found: list[str] = []
     for mapping, _, _ in TINY_GROUPS.values():
-        mapped = getattr(modeling_auto, mapping, {}).get(model_type)
-        for name in (mapped,) if isinstance(mapped, str) else tuple(mapped or ()):
-            if name not in found:
-                found.append(name)
+        found.extend(n for n in _mapped(mapping, model_type) if n not in found)
     return tuple(found)
+
+
+def _mapped(mapping: str, model_type: str | None) -> tuple[str, ...]:
+    """The class names transformers' auto mapping ``mapping`` (a ``*_MAPPING_NAMES``
+    table) gives ``model_type``: one name or several, as a tuple (none where it has no
+    entry)."""
+    from transformers.models.auto import modeling_auto
+
+    mapped = getattr(modeling_auto, mapping, {}).get(model_type)
+    return (mapped,) if isinstance(mapped, str) else tuple(mapped or ())
 
 
 def traced_module_for(model_type: str | None) -> str | None:

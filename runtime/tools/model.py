@@ -192,13 +192,20 @@ def _component_rows(model: Any, layer: int | None) -> list[dict[str, object]]:
     return rows
 
 
+def _traced_note(header: dict[str, object]) -> str:
+    """What follows the model's class in the header where the model is a submodule of
+    the checkpoint's model (its family's traced_module): "(the checkpoint's thinker)"."""
+    traced = header["traced_module"]
+    return f" (the checkpoint's {traced})" if traced else ""
+
+
 def _print_plain(
     spec: str, model: Any, header: dict[str, object], rows: list[dict[str, object]], places: bool
 ) -> None:
     """The answer as plain text (piped): a header line, then a line a row."""
     internals = model.internals
     families = ", ".join(model.families) or "defaults only"
-    traced = f" (the checkpoint's {header['traced_module']})" if header["traced_module"] else ""
+    traced = _traced_note(header)
     click.echo(
         f"{spec} via nnterp: {internals.num_layers} layers, padding_side={header['padding_side']} "
         f"({internals.model_class}{traced}, block {model.block_structure}, family {families}, "
@@ -239,9 +246,7 @@ def _print_table(
     families = ", ".join(str(f) for f in header["families"]) or "defaults only"  # type: ignore[attr-defined]
     table = Table(
         title=(
-            f"{spec}: {header['model_class']}"
-            + (f" (the checkpoint's {header['traced_module']})" if header["traced_module"] else "")
-            + f", {header['layers']} layers, block "
+            f"{spec}: {header['model_class']}{_traced_note(header)}, {header['layers']} layers, block "
             f"{header['block_structure']}, family {families}, attention "
             f"{header['attn_implementation']}; answered for {header['answered_for']}"
         ),
