@@ -42,7 +42,10 @@ def submodule(model: Any, path: str) -> Any:
                 f"the family's traced_module {path!r} names a submodule "
                 f"{type(model).__name__} does not have: {where} has no child {part!r} (its "
                 f"children: {', '.join(children) or 'none'}); the text decoder this family "
-                "traces is not in this model, so none of its places can be addressed"
+                "traces is not in this model, so none of its places can be addressed: "
+                "name the submodule that runs the text decoder in the family's "
+                "traced_module (registry/families/*.yaml, rename), or load a checkpoint "
+                "of the class the family describes"
             )
         found = children[part]
         walked.append(part)
@@ -58,7 +61,8 @@ def sub_config(config: Any, name: str, path: str | None = None) -> Any:
             f"the family traces the submodule {path or '?'!r}, whose config it says is "
             f"{type(config).__name__}.{name} (traced_config), and this checkpoint's config "
             f"has no such sub-config (its sub-configs: "
-            f"{', '.join(getattr(config, 'sub_configs', None) or {}) or 'none'})"
+            f"{', '.join(getattr(config, 'sub_configs', None) or {}) or 'none'}): name the "
+            "one the submodule is built from in the family's traced_config"
         )
     return found
 
