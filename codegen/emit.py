@@ -34,6 +34,8 @@ from enum import Enum
 from functools import cache, cached_property
 from typing import Any
 
+from causalab_mini.errors import CausalabError
+
 LINE_LENGTH = 100
 INDENT = "    "
 
@@ -55,7 +57,7 @@ __all__ = [
 ]
 
 
-class EmitError(Exception):
+class EmitError(CausalabError):
     """A value the emitter cannot write as data."""
 
 

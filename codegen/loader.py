@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from causalab_mini.errors import CausalabError
+
 from .diagnostics import Diagnostic
 
 if TYPE_CHECKING:
@@ -49,7 +51,7 @@ class Loaded:
         return self.values.get((), (1, 1))
 
 
-class _Invalid(Exception):
+class _Invalid(CausalabError):
     def __init__(self, node: Node, code: str, message: str) -> None:
         super().__init__(message)
         self.node = node

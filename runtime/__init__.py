@@ -26,6 +26,7 @@ _LAZY: dict[str, str] = {
     "Plan": "causalab_mini.plan",
     "read": "causalab_mini.plan",
     "write": "causalab_mini.plan",
+    "CausalabError": "causalab_mini.errors",
     "ComponentError": "causalab_mini.geometry",
     "HeadSizeUnknown": "causalab_mini.geometry",
     "PlaceUnavailable": "causalab_mini.internals",

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from . import compat
+from .errors import CausalabError
 
 # in-place methods that change no value of the tensor (autograd and memory
 # bookkeeping): never a write
@@ -55,12 +56,12 @@ def _out_of_order_base() -> type[Exception]:
     return error if error is not None and issubclass(error, Exception) else LookupError
 
 
-class PlaceOutOfOrder(_out_of_order_base()):  # type: ignore[misc]
+class PlaceOutOfOrder(CausalabError, _out_of_order_base()):  # type: ignore[misc]
     """nnsight's OutOfOrderError said in places: a place asked for after the trace had
     passed it (which place, which later place, both ranks, and the fix)."""
 
 
-class EditRefused(RuntimeError):
+class EditRefused(CausalabError, RuntimeError):
     """An in-place edit of a read that cannot reach the model, with the assignment to
     write instead."""
 

@@ -8,27 +8,35 @@ from __future__ import annotations
 from typing import Any
 
 
-class RemoteRefused(RuntimeError):
+class CausalabError(Exception):
+    """The root of every exception causalab-mini raises: ``except CausalabError`` catches
+    any refusal of this library (a place a model lacks, a write that does not fit, a
+    remote request refused, ...) and nothing of torch's, nnsight's or transformers'.
+    Each subclass keeps its builtin base too (``ValueError``, ``LookupError``,
+    ``RuntimeError``), so an ``except`` clause written for that still works."""
+
+
+class RemoteRefused(CausalabError, RuntimeError):
     """A remote request refused before it is sent, with what to change."""
 
 
-class RemoteMismatch(RuntimeError):
+class RemoteMismatch(CausalabError, RuntimeError):
     """The server runs something other than what the request was compiled for."""
 
 
-class RemoteIncomplete(RuntimeError):
+class RemoteIncomplete(CausalabError, RuntimeError):
     """A remote run that came back without every value it read."""
 
 
-class PlaceUnavailable(LookupError):
+class PlaceUnavailable(CausalabError, LookupError):
     """A place that does not exist on this model (or this layer), with the reason."""
 
 
-class RenameError(ValueError):
+class RenameError(CausalabError, ValueError):
     """A row whose name the model already uses for something else."""
 
 
-class WriteRefused(ValueError):
+class WriteRefused(CausalabError, ValueError):
     """A write that does not fit its place (shape, dtype, device, read-only)."""
 
 
@@ -43,6 +51,7 @@ def check_value(where: str, value: Any, current: Any) -> None:
 
 
 __all__ = [
+    "CausalabError",
     "PlaceUnavailable",
     "RemoteIncomplete",
     "RemoteMismatch",

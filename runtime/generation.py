@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import compat, plain
-from .errors import PlaceUnavailable, RemoteRefused, WriteRefused
+from .errors import CausalabError, PlaceUnavailable, RemoteRefused, WriteRefused
 from .geometry import ComponentError
 from .lower import _prepare_sources, lower
 from .ops import OperationNotFound
@@ -41,7 +41,7 @@ from .positions import (
 LAST = (Position(index=-1),)  # the one position a step after the first has
 
 
-class GenerationRefused(ValueError):
+class GenerationRefused(CausalabError, ValueError):
     """A plan that ``Plan.generate`` cannot run as written, with what to write."""
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import CausalabError
 from .tree import child, layer_config
 
 
-class ComponentError(LookupError):
+class ComponentError(CausalabError, LookupError):
     """A component that cannot be compiled for this model, with the reason."""
 
 

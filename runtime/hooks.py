@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import compat, plain
-from .errors import RemoteRefused
+from .errors import CausalabError, RemoteRefused
 
 ENGINES = ("nnsight", "hooks")
 INTERFACE = "attention_interface("
@@ -43,7 +43,7 @@ USE_NNSIGHT = "use engine='nnsight' (the default), which runs it"
 _UNSET = object()
 
 
-class HooksRefused(RuntimeError):
+class HooksRefused(CausalabError, RuntimeError):
     """A step the hooks engine does not run, with the reason and the engine that does."""
 
 

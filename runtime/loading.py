@@ -23,12 +23,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import CausalabError
+
 # the step of PreTrainedModel.from_pretrained that finalises the loading report
 HOOK = "_finalize_model_loading"
 SHOWN = 8  # keys listed per kind in a refusal
 
 
-class LoadRefused(RuntimeError):
+class LoadRefused(CausalabError, RuntimeError):
     """A checkpoint that does not load into the model it was loaded as: a parameter
     of the model not in the checkpoint, a tensor of the checkpoint not in the model,
     or a shape that differs. The message lists them."""

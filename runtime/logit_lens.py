@@ -18,10 +18,11 @@ from typing import Any
 from causalab_mini.address import IOType, Lens
 from causalab_mini.generated import DEFAULT_LENS
 
+from .errors import CausalabError
 from .family import families_of
 
 
-class LensRefused(RuntimeError):
+class LensRefused(CausalabError, RuntimeError):
     """The model's logits are not a function of the last block's output alone (or a
     step of its lens cannot be taken on this model); the message says why."""
 

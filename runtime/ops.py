@@ -16,13 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .compat import call_of_result_name, forward_key, parsed_source, source_identity
+from .errors import CausalabError
 
 # a needle naming the call of a call's result: a callable, its whole argument list,
 # then "(" (``nn.Softmax(dim=-1)(``)
 CALL_OF_RESULT = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*\([^()]*\)\($")
 
 
-class OperationNotFound(LookupError):
+class OperationNotFound(CausalabError, LookupError):
     """A row's needle matches no operation, or several, in a forward's source."""
 
 

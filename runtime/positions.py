@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import plain
+from .errors import CausalabError
 
 ANCHORS = ("bos", "eos", "image", "audio", "video")
 # anchors that name every token of a medium (the placeholders its features fill), not one
@@ -50,7 +51,7 @@ MEDIA_ANCHORS = ("image", "audio", "video")
 FRAMES = ("plain", "chat")
 
 
-class PositionError(ValueError):
+class PositionError(CausalabError, ValueError):
     """A position that the input does not have, or that is not well written."""
 
 

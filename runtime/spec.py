@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from .classes import DEFAULT_AUTO_CLASS, auto_class_for, auto_class_maps, group_auto_class
+from .errors import CausalabError
 
 TINY_PREFIX = "tiny:"
 
 
-class ModelSpecError(ValueError):
+class ModelSpecError(CausalabError, ValueError):
     """A spec that names nothing loadable here, with what to write instead."""
 
 

@@ -23,8 +23,10 @@ import functools
 import sys
 from typing import Any
 
+from .errors import CausalabError
 
-class TracedModuleMissing(ValueError):
+
+class TracedModuleMissing(CausalabError, ValueError):
     """A family's ``traced_module`` (or ``traced_config``) names something the loaded
     model (or its config) does not have."""
 

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from causalab_mini.errors import CausalabError
 from causalab_mini.generated.tiny import (
     TINY_BUILD_FROM,
     TINY_BUILDS_WITH,
@@ -138,7 +139,7 @@ def _overrides(model_type: str) -> dict[str, Any]:
     return _thaw(found) if found is not None else {}
 
 
-class TinyBuildError(Exception):
+class TinyBuildError(CausalabError):
     """A family cannot be built tiny here; the message says why."""
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from causalab_mini.errors import CausalabError
 from causalab_mini.tools.checks.base import Outcome
 from causalab_mini.tools.checks.positions import SENTENCES, text_fed
 
@@ -38,7 +39,7 @@ def _equal(a: Any, b: Any) -> bool:
     return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
 
 
-class _BothRefuse(Exception):
+class _BothRefuse(CausalabError):
     """The nnsight engine refused the plan, and the hooks engine refused it too."""
 
 

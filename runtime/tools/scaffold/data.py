@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from causalab_mini.address import Address
+from causalab_mini.errors import CausalabError
 from causalab_mini.generated import (
     DEFAULT_ADDRESSES,
     STRUCTURE_ADDRESSES,
@@ -34,7 +35,7 @@ ROWS: dict[str, Address] = dict(
 CONTRIBUTIONS = {"attentions_output": "self_attn", "mlps_output": "mlp"}
 
 
-class ScaffoldError(Exception):
+class ScaffoldError(CausalabError):
     """The model cannot be scaffolded (not loadable, no layer list); says why."""
 
 
