@@ -29,12 +29,14 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import compat, plain
-from .errors import CausalabError, RemoteRefused
+from .errors import HooksRefused
 
-ENGINES = ("nnsight", "hooks")
+if TYPE_CHECKING:
+    from .plain import Step
+
 INTERFACE = "attention_interface("
 GET_INTERFACE = "ALL_ATTENTION_FUNCTIONS.get_interface("
 DROPOUT = "nn.functional.dropout("
@@ -43,24 +45,8 @@ USE_NNSIGHT = "use engine='nnsight' (the default), which runs it"
 _UNSET = object()
 
 
-class HooksRefused(CausalabError, RuntimeError):
-    """A step the hooks engine does not run, with the reason and the engine that does."""
-
-
 def refused(where: str, reason: str) -> HooksRefused:
     return HooksRefused(f"engine='hooks' does not run {where}: {reason}; {USE_NNSIGHT}")
-
-
-def check_engine(engine: Any, remote: bool) -> None:
-    """Refuse an engine this library has not, and the hooks engine remotely."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine is one of {', '.join(map(repr, ENGINES))}, not {engine!r}")
-    if engine == "hooks" and remote:
-        raise RemoteRefused(
-            "engine='hooks' runs the model here, with torch hooks, and a remote run is "
-            "nnsight's (the server runs the plan in an nnsight trace): drop engine='hooks' "
-            "to run remotely, or drop remote=/backend= to run here with hooks"
-        )
 
 
 # ---------------------------------------------------------------------- a call
@@ -115,7 +101,7 @@ class _Call:
 # ---------------------------------------------------------------------- steps
 
 
-def _apply(step: dict[str, Any], call: _Call, env: Any) -> Any:
+def _apply(step: Step, call: _Call, env: Any) -> Any:
     """Run one step at ``call`` with ``causalab_mini.plain``'s read and write (``env``:
     the model's internals, so a refusal is the nnsight engine's own); a read returns
     what it read."""
@@ -221,13 +207,13 @@ def _torch_module(model: Any, envoy: Any) -> Any:
     return model._module if envoy is None else envoy._module
 
 
-def _side(step: dict[str, Any]) -> str:
+def _side(step: Step) -> str:
     if step["take"] is not None:
         return "input" if step["take"][0] == "arg" else "output"
     return "input" if step["attr"] in ("input", "nns_input") else "output"
 
 
-def _placed(model: Any, step: dict[str, Any]) -> tuple[str, Any, str]:
+def _placed(model: Any, step: Step) -> tuple[str, Any, str]:
     """Where a step runs: ("module" | "call" | "probs", the torch module, side)."""
     where = step["where"]
     module = _torch_module(model, step["envoy"])
@@ -268,7 +254,7 @@ class _Run:
     """The hooks of one run: the steps by where they run, what they read, the calls
     seen (a module run twice is refused)."""
 
-    def __init__(self, model: Any, program: tuple[dict[str, Any], ...]):
+    def __init__(self, model: Any, program: tuple[Step, ...]):
         self.program = program
         self.env = model.internals
         self.reads: dict[int, Any] = {}
@@ -405,7 +391,7 @@ def dispatched(model: Any) -> None:
         model.dispatch()
 
 
-def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[Any]:
+def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
     """Run ``program`` (``lower``'s steps, in forward order; a step may carry ``edit``,
     a write's value made of the place's handed tensor, and ``then``, applied to a read
     in its hook) in one forward of
@@ -443,27 +429,6 @@ def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[An
     return [run_.reads[i] for i in range(len(program)) if not program[i]["write"]]
 
 
-def lowered(
-    plan: Any,
-    model: Any,
-    held: bool = False,
-    indices: Mapping[Any, Any] | None = None,
-) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
-    """``lower``'s program for this engine (as a remote run's: what plain steps cannot
-    say is refused). The heads' and streams' checks are ``plain``'s, in each hook."""
-    from .lower import lower
-
-    dispatched(model)
-    try:
-        program, reads = lower(plan, model, held, indices)
-    except RemoteRefused as exc:
-        reason = str(exc).replace("read it in a local trace", "read it with nnsight")
-        raise HooksRefused(
-            f"engine='hooks' runs plain steps and refuses this one: {reason}; {USE_NNSIGHT}"
-        ) from None
-    return program, reads
-
-
 def run_plan(
     plan: Any,
     model: Any,
@@ -472,8 +437,11 @@ def run_plan(
     indices: Mapping[Any, Any] | None = None,
 ) -> dict[Any, Any]:
     """``Plan.run(..., engine="hooks")``: the plan's reads by address."""
-    program, reads = lowered(plan, model, held, indices)
-    return dict(zip(reads, run(model, program, inputs), strict=True))
+    from .lower import Target, lower
+
+    dispatched(model)
+    program = lower(plan, model, held, indices, target=Target.HOOKS)
+    return dict(zip(program.reads, run(model, program.steps, inputs), strict=True))
 
 
-__all__ = ["ENGINES", "HooksRefused", "check_engine", "forward_inputs", "run", "run_plan"]
+__all__ = ["HooksRefused", "forward_inputs", "run", "run_plan"]

@@ -19,8 +19,8 @@ from . import compat, plain
 from .compat import several_invokes
 from .errors import PlaceUnavailable, RenameError, WriteRefused, check_value
 from .family import families_of
-from .lower import row_step
 from .ops import find_op, inner_op
+from .steps import row_step
 from .tree import (
     _shared_on,
     _shared_reason,
@@ -30,7 +30,7 @@ from .tree import (
     has_attr,
     layer_config,
 )
-from .versions import _installed, outside_versions
+from .versions import outside_versions
 
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
@@ -153,7 +153,7 @@ class Place:
         step = self.step(layer)
         if step["io_module"]:
             return self._module_target(step["layer"])[1]
-        return plain._whole(self._internals.model, step, self._internals, edit=True)
+        return plain.whole_value(self._internals.model, step, self._internals, edit=True)
 
     def read(self, layer: int | None = None) -> Any:
         """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
@@ -161,7 +161,7 @@ class Place:
         step = self.step(layer)
         if step["io_module"]:
             return self._module_target(step["layer"])[1]
-        return plain._whole(self._internals.model, step, self._internals)
+        return plain.whole_value(self._internals.model, step, self._internals)
 
     def where(self, layer: int | None) -> str:
         """``layers_mid[1]`` or ``logits()``: the place as a write names it."""
@@ -263,11 +263,11 @@ class Place:
         axis = self.sequence_axis()
         step = self.step(layer)
         model = self._internals.model
-        value = plain.take_positions(plain._whole(model, step, self._internals), index, axis)
+        value = plain.take_positions(plain.whole_value(model, step, self._internals), index, axis)
         from .edits import editable
 
         at = step["layer"]
-        target = plain._target(model, step, self._internals)
+        target = plain.target_of(model, step, self._internals)
         return editable(
             value,
             f"{self.where(at)} at positions",
@@ -296,7 +296,7 @@ class Place:
 
             value = unwrapped(value)
         model = self._internals.model
-        current = plain._whole(model, step, self._internals)
+        current = plain.whole_value(model, step, self._internals)
         part = plain.take_positions(current, index, axis)
         check_value(f"{step['where']} at positions", value, part)
         plain.put(model, step, plain.put_positions(current, index, axis, value), self._internals)
@@ -875,7 +875,6 @@ __all__ = [
     "PlaceUnavailable",
     "RenameError",
     "WriteRefused",
-    "_installed",
     "boundary",
     "check_value",
     "child",

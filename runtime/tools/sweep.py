@@ -526,14 +526,14 @@ def summarize(results: list[Result]) -> dict[str, Any]:
 def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
-    from causalab_mini.internals import _installed
     from causalab_mini.tools.tiny import group_model_types
+    from causalab_mini.versions import installed_version
 
     every = group_model_types()
     data = {
         "transformers": transformers.__version__,
-        "nnsight": _installed("nnsight"),
-        "nnterp": _installed("nnterp"),
+        "nnsight": installed_version("nnsight"),
+        "nnterp": installed_version("nnterp"),
         "seconds": round(seconds, 1),
         "summary": summarize(results),
         "groups": {
