@@ -105,11 +105,14 @@ def _apply(step: Step, call: _Call, env: Any) -> Any:
     """Run one step at ``call`` with ``causalab_mini.plain``'s read and write (``env``:
     the model's internals, so a refusal is the nnsight engine's own); a read returns
     what it read."""
-    at = {**step, "envoy": call, "ops": ()}
+    at = step.copy()
+    at["envoy"], at["ops"] = call, ()
     if step["write"]:
         edit = step.get("edit")
         if edit is not None:  # the value made of the place's own tensor (interchange)
-            at["value"] = edit(plain.read(None, {**at, "held": False}, env))
+            seen = at.copy()
+            seen["held"] = False
+            at["value"] = edit(plain.read(None, seen, env))
         plain.write(None, at, env)
         return None
     value = plain.read(None, at, env)

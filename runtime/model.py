@@ -664,9 +664,9 @@ def _mounted(value: Any) -> Any:
 
 def _in_trace_body() -> bool:
     """Whether a trace body is running now (nnsight's worker)."""
-    from .edits import _runner
+    from .edits import edit_runner
 
-    return _runner() is not None
+    return edit_runner() is not None
 
 
 def _has(obj: Any, name: str) -> bool:

@@ -83,7 +83,8 @@ if TYPE_CHECKING:
         """What the client's ``model.internals`` serves the executor (on a server there
         is none: the steps' needles and this module's own errors stand in)."""
 
-        write_error: type[Exception]
+        @property
+        def write_error(self) -> type[Exception]: ...
 
         def refusal(self, kind: str, step: Step, reason: str) -> Exception: ...
 
@@ -229,7 +230,7 @@ def _refused(env: Env | None, kind: str, step: Step, reason: str) -> Exception:
     heads or streams): the error the client's internals make of it (``env``), or on a
     server a RuntimeError naming the step."""
     if env is not None:
-        return env.refusal(kind, step, reason)  # type: ignore[no-any-return]
+        return env.refusal(kind, step, reason)
     return RuntimeError(f"causalab_mini: {step['where']}: {reason}")
 
 
@@ -554,11 +555,19 @@ def layout_mismatch(step: Step, held: Any) -> str | None:
     return None
 
 
+def _axis(step: Step) -> int:
+    axis = step["axis"]
+    if axis is None:
+        raise _refused(None, "component", step, "it has no sequence axis to take positions on")
+    return axis
+
+
 def head_slice(step: Step) -> tuple[Any, ...]:
     head = step["head"]
     layout, _, head_dim, _ = step["heads"]
     if layout == "bhsk":
         return (slice(None), head)
+    assert head is not None and head_dim is not None, "a head of a step with no head size"
     return (Ellipsis, slice(head * head_dim, (head + 1) * head_dim))
 
 
@@ -573,6 +582,7 @@ def _heads_checked(step: Step, native: Any, env: Env | None) -> None:
 def stream_slice(step: Step, flat: Any, env: Env | None) -> tuple[Any, ...]:
     """Stream i of a tensor handed on flat (its hidden-wide slice); refused where the
     last axis is not n streams of equal width."""
+    assert step["stream"] is not None, "a stream of a step with no streams"
     stream, streams, width = step["stream"]
     total = int(flat.shape[-1])
     if total % streams or (width is not None and width * streams != total):
@@ -596,7 +606,7 @@ def read(model: Any, step: Step, env: Env | None = None) -> Any:
         return native
     value = _flat(step["layout"], native)
     if step["index"] is not None:
-        value = take_positions(value, step["index"], step["axis"])
+        value = take_positions(value, step["index"], _axis(step))
     if step["head"] is not None:
         _heads_checked(step, native, env)
         value = value[head_slice(step)]
@@ -617,7 +627,7 @@ def write(model: Any, step: Step, env: Env | None = None) -> None:
     where = step["where"]
     part = flat
     if step["index"] is not None:
-        part = take_positions(flat, step["index"], step["axis"])
+        part = take_positions(flat, step["index"], _axis(step))
     want = part
     if step["head"] is not None:
         where = f"head {step['head']} of {where}"
@@ -636,7 +646,7 @@ def write(model: Any, step: Step, env: Env | None = None) -> None:
         assembled[slot] = value
         value = assembled
     if step["index"] is not None:
-        value = put_positions(flat, step["index"], step["axis"], value)
+        value = put_positions(flat, step["index"], _axis(step), value)
     value = _native(step["layout"], value, native)
     if native.is_contiguous() and not value.is_contiguous():
         # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
@@ -671,7 +681,9 @@ def run(
         edit, then = step.get("edit"), step.get("then")
         if step["write"] and edit is not None:
             # the value made of the place's own tensor, as a read hands it on
-            write(model, {**step, "value": edit(read(model, {**step, "write": False}, env))}, env)
+            made = step.copy()
+            made["value"] = edit(read(model, step, env))
+            write(model, made, env)
         elif step["write"]:
             write(model, step, env)
         else:

@@ -13,9 +13,9 @@ import torch
 
 from causalab_mini import compat
 from causalab_mini.components import ComponentError, locate
+from causalab_mini.engines import HooksEngine
 from causalab_mini.errors import RemoteRefused, WriteRefused
 from causalab_mini.generated import COMPONENTS
-from causalab_mini.engines import HooksEngine
 from causalab_mini.hooks import HooksRefused
 from causalab_mini.interchange import interchange
 from causalab_mini.plan import Plan
@@ -217,7 +217,6 @@ def _interface_patched() -> bool:
 
 @pytest.mark.semantic
 def test_no_hook_outlives_a_run(tiny_model: Load) -> None:
-    from causalab_mini import hooks
     from causalab_mini.model import StandardizedTransformer
 
     model = StandardizedTransformer("tiny:llama")  # its own: this test runs it hooked
