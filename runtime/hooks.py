@@ -101,22 +101,99 @@ class _Call:
 # ---------------------------------------------------------------------- steps
 
 
-def _apply(step: Step, call: _Call, env: Any) -> Any:
-    """Run one step at ``call`` with ``causalab_mini.plain``'s read and write (``env``:
-    the model's internals, so a refusal is the nnsight engine's own); a read returns
-    what it read."""
+class _Env:
+    """The model's internals as this engine's steps use them: the client's refusals,
+    operations and views, and no trace body: a boundary is the call's own attribute,
+    and a read is handed out as it is (an nnsight trace body hands out reads whose
+    in-place edits are the place's write; here every read is handed out after the
+    forward, where such an edit reaches nothing, as it does after a trace)."""
+
+    __slots__ = ("internals", "write_error")
+
+    def __init__(self, internals: Any) -> None:
+        self.internals = internals
+        self.write_error: type[Exception] = internals.write_error
+
+    def refusal(self, kind: str, step: Step, reason: str) -> Exception:
+        return self.internals.refusal(kind, step, reason)  # type: ignore[no-any-return]
+
+    def operation(self, step: Step, target: Any) -> Any:
+        return self.internals.operation(step, target)
+
+    def flat_view(self, step: Step, raw: Any) -> Any:
+        return self.internals.flat_view(step, raw)
+
+    def fetch(self, step: Step, target: Any) -> Any:
+        return getattr(target, step["attr"])
+
+    def handed(self, step: Step, value: Any, target: Any) -> Any:
+        return value
+
+
+def _at_call(step: Step) -> Step:
+    """A step as it runs at a call (the call stands in for its Envoy, set when the
+    hook fires): made once per run, before the forward."""
     at = step.copy()
-    at["envoy"], at["ops"] = call, ()
-    if step["write"]:
-        edit = step.get("edit")
+    at["ops"] = ()
+    if step["write"] and step.get("edit") is not None:
+        at["held"] = False
+    return at
+
+
+# a read whose place is the call's own input or output as it is (a select of it,
+# copied where the row copies): made into a function of the call before the forward
+_PLAIN_READ = {
+    "take": None,
+    "unflatten": False,
+    "unmerge": None,
+    "views": (),
+    "scale": None,
+    "held": False,
+    "index": None,
+    "head": None,
+    "stream": None,
+    "then": None,
+    "edit": None,
+}
+
+
+def _fast_read(at: Step) -> Callable[[_Call], Any] | None:
+    """What ``plain.read`` does at ``at`` (a step at a call, ``_at_call``'s), as one
+    function of the call, where that is picking the input or output (and a part of it)
+    and copying it where the row says; None where the step needs ``plain.read``."""
+    if at["write"] or at["layout"] is not None:
+        return None
+    if any(at.get(key) != want for key, want in _PLAIN_READ.items()):
+        return None
+    attr, select, copy = at["attr"], at["select"], at["copy"]
+    if attr not in ("input", "output", "nns_input", "nns_output"):
+        return None
+    output = attr.endswith("output")
+
+    def read(call: _Call) -> Any:
+        value = call.output if output else call.input
+        if select is not None:
+            if select[0] == "first":
+                value = value[0] if isinstance(value, (tuple, list)) else value
+            else:
+                value = value[select[1]]
+        return value.clone() if copy else value
+
+    return read
+
+
+def _apply(at: Step, call: _Call, env: _Env) -> Any:
+    """Run one step (``_at_call``'s) at ``call`` with ``causalab_mini.plain``'s read and
+    write; a read returns what it read."""
+    at["envoy"] = call
+    if at["write"]:
+        edit = at.get("edit")
         if edit is not None:  # the value made of the place's own tensor (interchange)
-            seen = at.copy()
-            seen["held"] = False
-            at["value"] = edit(plain.read(None, seen, env))
+            at["value"] = edit(plain.read(None, at, env))
         plain.write(None, at, env)
         return None
     value = plain.read(None, at, env)
-    then = step.get("then")
+    then = at.get("then")
     return then(value) if then is not None else value
 
 
@@ -259,7 +336,9 @@ class _Run:
 
     def __init__(self, model: Any, program: tuple[Step, ...]):
         self.program = program
-        self.env = model.internals
+        self.env = _Env(model.internals)
+        self.local = [_at_call(step) for step in program]
+        self.fast = [_fast_read(at) for at in self.local]
         self.reads: dict[int, Any] = {}
         self.done: set[int] = set()
         self.at: dict[tuple[str, int, str], list[int]] = {}
@@ -280,7 +359,8 @@ class _Run:
             )
         self.fired.add(key)
         for i in self.at[key]:
-            value = _apply(self.program[i], call, self.env)
+            fast = self.fast[i]
+            value = fast(call) if fast is not None else _apply(self.local[i], call, self.env)
             if not self.program[i]["write"]:
                 self.reads[i] = value
             self.done.add(i)

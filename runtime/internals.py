@@ -336,6 +336,9 @@ class Internals(Mapping[str, Place]):
         self._resolved: dict[tuple[str, int], tuple[Address | None, str | None]] = {}
         self._kinds: dict[tuple[str, int], bool] = {}
         self.module_targets: dict[tuple[str, int], tuple[Address, Any]] = {}
+        # (component address, write, lowering target) -> its step, as
+        # ``causalab_mini.lower`` makes it before a plan adds values and positions
+        self.lowered_steps: dict[tuple[Any, bool, Any], Step] = {}
         self._layer_envoys: list[Any] | None = None
         # per running trace body (nnsight's mediator), the furthest place it reached
         # (its rank, its name) in the generation step it is at (nnsight's iteration)

@@ -159,6 +159,26 @@ def geometry(address: ComponentAddress) -> Step:
     return component_fields(address, blank(_where(address)))
 
 
+def _placed_step(model: Any, address: ComponentAddress, write: bool, target: Target) -> Step:
+    """A fresh copy of the step at ``address`` for ``target`` (refused as the target
+    refuses it), before what a plan adds (value, positions, nested sources). Made once
+    per model (``Internals.lowered_steps``): rows, module tree and Envoys outlive traces
+    and dispatch, as ``Place.step``'s cache relies on, so a plan run again lowers
+    without resolving anything."""
+    cache: dict[tuple[Any, bool, Target], Step] = model.internals.lowered_steps
+    key = (address, write, target)
+    hit = cache.get(key)
+    if hit is None:
+        if address.kind == "boundary":
+            hit = _boundary_step(model, address, write=write, target=target)
+        else:
+            hit = _interior_step(model, address, target=target)
+        cache[key] = component_fields(address, hit)
+    step = hit.copy()
+    step["nested"] = []
+    return step
+
+
 def lower_step(
     model: Any,
     address: ComponentAddress,
@@ -178,11 +198,7 @@ def lower_step(
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
     if write and index is not None and not compat.is_08():
         raise _positions_refused(address)
-    if address.kind == "boundary":
-        step = _boundary_step(model, address, write=write, target=target)
-    else:
-        step = _interior_step(model, address, target=target)
-    component_fields(address, step)
+    step = _placed_step(model, address, write, target)
     step["write"] = write
     step["value"] = value
     step["held"] = held
