@@ -12,7 +12,6 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .data import Rows
@@ -65,6 +64,7 @@ class Experiment:
     frame: str
     engine: str
     batch_size: int
+    sites: dict[str, Binding] = field(default_factory=dict)
 
     @property
     def doc(self) -> dict[str, Any]:
@@ -347,9 +347,8 @@ def build(
     block = doc["model"]
     return Experiment(
         source, rows, model, spec or block["checkpoint"], cells, metrics, tokens, frame,
-        block.get("engine", "nnsight"), int(block.get("batch_size", 32)),
+        block.get("engine", "nnsight"), int(block.get("batch_size", 32)), sites,
     )
 
 
 __all__ = ["Binding", "Cell", "Experiment", "build", "load_model"]
-_ = Path

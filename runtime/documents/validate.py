@@ -202,7 +202,7 @@ def _reference_issues(source: Source) -> list[Issue]:
 
 def _intervention_issues(source: Source) -> list[Issue]:
     doc = source.data
-    reads, writes = doc.get("reads") or {}, doc.get("writes") or {}
+    writes = doc.get("writes") or {}
     table = _components()
     out: list[Issue] = []
     for name, item in (doc.get("interventions") or {}).items():
@@ -226,15 +226,6 @@ def _intervention_issues(source: Source) -> list[Issue]:
                 )
             )
         readout = item.get("readout", "logits")
-        if readout != "logits" and readout in reads and not reads[readout].get("lens"):
-            out.append(
-                source.issue(
-                    (*where, "readout"),
-                    "D016",
-                    f"read {readout!r} is not a lens read: a readout gives logits, so say "
-                    "lens: true on it (or readout: logits)",
-                )
-            )
         if "source" in values and readout != "logits":
             out.append(
                 source.issue(
