@@ -13,7 +13,6 @@ import hashlib
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from .source import Issue, Source

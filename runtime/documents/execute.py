@@ -66,11 +66,37 @@ def _patch_cell(exp: Experiment, cell: Cell, texts: list[str], part: slice) -> A
     return result.logits
 
 
-def _write_values(exp: Experiment, cell: Cell, texts: list[str]) -> list[tuple[Any, Any]]:
-    """(address, value) of each zero or mean write, the value made like the place's
-    clean tensor on these rows (the mean: over these rows, the same for each)."""
+def _read(exp: Experiment, addresses: list[Any], texts: list[str]) -> dict[Any, Any]:
     from causalab_mini.plan import Plan
 
+    out: dict[Any, Any] = Plan.of(reads=addresses).run(
+        exp.model, texts, frame=exp.frame, engine=exp.engine
+    )
+    return out
+
+
+def _mean(exp: Experiment, address: Any, role: str) -> Any:
+    """The mean of ``address``'s clean values over every row of ``role`` and every
+    token it names (one value of the place's last axes), computed once."""
+    import torch
+
+    key = ("mean", address, role)
+    if key not in exp.cache:
+        texts = _texts(exp.rows, role)
+        size = _batch(exp, [address], texts)
+        parts = []
+        for part in _chunks(len(texts), size):
+            held = _read(exp, [address], texts[part])[address]
+            parts.append(held.reshape(-1, *held.shape[2:]))
+        exp.cache[key] = torch.cat(parts).mean(0)
+    return exp.cache[key]
+
+
+def _write_values(
+    exp: Experiment, cell: Cell, texts: list[str], role: str
+) -> list[tuple[Any, Any]]:
+    """(address, value) of each zero or mean write, made like the place's clean tensor
+    on these rows (the mean: over every row and named token, the same at each)."""
     wanted = [
         (address, w["value"])
         for w in exp.writes_of(cell.intervention)
@@ -78,20 +104,37 @@ def _write_values(exp: Experiment, cell: Cell, texts: list[str]) -> list[tuple[A
     ]
     if not wanted:
         return []
-    clean = Plan.of(reads=[a for a, _ in wanted]).run(
-        exp.model, texts, frame=exp.frame, engine=exp.engine
-    )
+    clean = _read(exp, [a for a, _ in wanted], texts)
     out = []
     for address, value in wanted:
         held = clean[address]
         if value == "zero":
             out.append((address, held.new_zeros(held.shape)))
         else:
-            out.append((address, held.mean(0, keepdim=True).expand_as(held).clone()))
+            mean = _mean(exp, address, role).to(held.dtype)
+            out.append((address, mean.expand_as(held).clone()))
     return out
 
 
-def _plan_cell(exp: Experiment, cell: Cell, texts: list[str]) -> Any:
+def _batch(exp: Experiment, addresses: list[Any], texts: list[str]) -> int:
+    """The batch size a plan at ``addresses`` runs these texts in: one row at a time
+    where a position names a different number of tokens in different rows (they do not
+    stack into one tensor), else the document's."""
+    from causalab_mini.positions import encode, resolve
+
+    key = ("encoded", tuple(texts))
+    if key not in exp.cache:
+        exp.cache[key] = encode(exp.model, texts, exp.frame)
+    for address in addresses:
+        if address.position:
+            spec = [p.spec() for p in address.position]
+            counts = {len(i) for i in resolve(exp.model, exp.cache[key], spec)}
+            if len(counts) > 1:
+                return 1
+    return exp.batch_size
+
+
+def _plan_cell(exp: Experiment, cell: Cell, texts: list[str], role: str) -> Any:
     """The logits of one batch with the cell's zero/mean writes, read at the last token
     (or through the lens at the readout site)."""
     from causalab_mini.plan import Plan
@@ -103,7 +146,7 @@ def _plan_cell(exp: Experiment, cell: Cell, texts: list[str]) -> Any:
     else:
         site = exp.doc["reads"][readout]["site"]
         (at,) = cell.addresses[site][:1]
-    writes = _write_values(exp, cell, texts)
+    writes = _write_values(exp, cell, texts, role)
     out = Plan.of(reads=[at], writes=writes).run(
         exp.model, texts, frame=exp.frame, engine=exp.engine
     )
@@ -124,12 +167,15 @@ def cell_logits(exp: Experiment, cell: Cell) -> Any:
     role = item.get("input", "base")
     texts = _texts(exp.rows, role)
     patching = any(w["value"] == "source" for w in exp.writes_of(cell.intervention))
+    size = exp.batch_size
+    if not patching:
+        size = _batch(exp, [a for v in cell.addresses.values() for a in v], texts)
     parts = []
-    for part in _chunks(len(texts), exp.batch_size):
+    for part in _chunks(len(texts), size):
         if patching:
             parts.append(_patch_cell(exp, cell, texts[part], part))
         else:
-            parts.append(_plan_cell(exp, cell, texts[part]))
+            parts.append(_plan_cell(exp, cell, texts[part], role))
     return torch.cat(parts)
 
 
@@ -196,4 +242,36 @@ def run_cells(
     return clean, records
 
 
-__all__ = ["cell_logits", "clean_logits", "measure", "run_cell", "run_cells"]
+def forwards(exp: Experiment) -> int:
+    """The forwards a run makes: the clean runs (bases, sources); per cell one per
+    batch (a patch runs base and source rows in one), one more per batch where a zero
+    or mean write reads the place's clean tensor, and once per mean the rows' values.
+    No backwards."""
+    import math
+
+    n = len(exp.rows.rows)
+    total = math.ceil(n / exp.batch_size)
+    if all("source" in r for r in exp.rows.rows):
+        total *= 2
+    means: set[Any] = set()
+    for cell in exp.cells:
+        if cell.refused is not None:
+            continue
+        writes = exp.writes_of(cell.intervention)
+        if any(w["value"] == "source" for w in writes):
+            total += math.ceil(n / exp.batch_size)
+            continue
+        role = exp.doc["interventions"][cell.intervention].get("input", "base")
+        texts = _texts(exp.rows, role)
+        addresses = [a for v in cell.addresses.values() for a in v]
+        batches = math.ceil(n / _batch(exp, addresses, texts))
+        total += batches * (2 if writes else 1)
+        for w in writes:
+            if w["value"] == "mean":
+                means.update((a, role) for a in cell.addresses[w["site"]])
+    for address, role in means:
+        total += math.ceil(n / _batch(exp, [address], _texts(exp.rows, role)))
+    return total
+
+
+__all__ = ["cell_logits", "clean_logits", "forwards", "measure", "run_cell", "run_cells"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,22 +64,11 @@ class Experiment:
     engine: str
     batch_size: int
     sites: dict[str, Binding] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)  # a run's encoded texts and means
 
     @property
     def doc(self) -> dict[str, Any]:
         return self.source.data  # type: ignore[no-any-return]
-
-    def forwards(self) -> int:
-        """The forwards the run makes: the clean runs (bases, sources), and per cell
-        one per batch (and one more per batch where a zero or mean write needs the
-        place's clean values)."""
-        chunks = math.ceil(len(self.rows.rows) / self.batch_size)
-        total = chunks * (2 if any("source" in r for r in self.rows.rows) else 1)
-        for cell in self.cells:
-            if cell.refused is None:
-                values = {w["value"] for w in self.writes_of(cell.intervention)}
-                total += chunks * (2 if values & {"zero", "mean"} else 1)
-        return total
 
     def writes_of(self, intervention: str) -> list[dict[str, Any]]:
         writes = self.doc.get("writes") or {}
@@ -98,8 +86,9 @@ def _range(spec: Any, n: int, what: str) -> list[int]:
     return list(spec)
 
 
-def _bounded(source: Source, path: tuple[Any, ...], code: str, values: list[int], n: int,
-             what: str) -> list[Issue]:
+def _bounded(
+    source: Source, path: tuple[Any, ...], code: str, values: list[int], n: int, what: str
+) -> list[Issue]:
     bad = [v for v in values if not 0 <= v < n]
     if not bad:
         return []
@@ -118,7 +107,7 @@ def _heads_of(model: Any, component: str, layer: int | None) -> int:
     from causalab_mini.geometry import num_heads, num_kv_heads
 
     kind = COMPONENTS[component].per_head
-    return num_kv_heads(model, layer) if kind == "kv" else num_heads(model, layer)
+    return int(num_kv_heads(model, layer) if kind == "kv" else num_heads(model, layer))
 
 
 def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[Issue]]:
@@ -224,8 +213,11 @@ def _position_issues(
     from causalab_mini.positions import PositionError, encode, resolve
 
     doc = source.data
-    patched = {w["site"]: w.get("source", 0) for w in (doc.get("writes") or {}).values()
-               if w.get("value") == "source"}
+    patched = {
+        w["site"]: w.get("source", 0)
+        for w in (doc.get("writes") or {}).values()
+        if w.get("value") == "source"
+    }
     lensed = {r["site"] for r in (doc.get("reads") or {}).values() if r.get("lens")}
     issues: list[Issue] = []
     texts = {"base": _texts(rows, "base")}
@@ -237,14 +229,22 @@ def _position_issues(
         path = ("sites", name, "positions")
         if b.positions is None and (name in patched or name in lensed):
             why = "a patch moves" if name in patched else "a lens reads"
-            issues.append(source.issue(("sites", name), "D015",
-                                       f"site {name!r} names no positions, and {why} tokens: "
-                                       "say which (positions: all, or {index: -1})"))
+            issues.append(
+                source.issue(
+                    ("sites", name),
+                    "D015",
+                    f"site {name!r} names no positions, and {why} tokens: "
+                    "say which (positions: all, or {index: -1})",
+                )
+            )
             continue
         for spec in specs if b.positions is not None else []:
             try:
-                found = {k: resolve(model, e, spec) for k, e in encoded.items()
-                         if k == "base" or k == f"source {patched.get(name)}"}
+                found = {
+                    k: resolve(model, e, spec)
+                    for k, e in encoded.items()
+                    if k == "base" or k == f"source {patched.get(name)}"
+                }
             except PositionError as exc:
                 issues.append(source.issue(path, "D042", f"site {name!r}: {exc}"))
                 continue
@@ -252,32 +252,50 @@ def _position_issues(
     return issues
 
 
-def _counts(source: Source, path: Any, name: str, spec: Any, found: dict[str, Any],
-            texts: dict[str, list[str]], lensed: set[str]) -> list[Issue]:
+def _counts(
+    source: Source,
+    path: Any,
+    name: str,
+    spec: Any,
+    found: dict[str, Any],
+    texts: dict[str, list[str]],
+    lensed: set[str],
+) -> list[Issue]:
     base = found["base"]
     for key, indices in found.items():
         for row, (b, s) in enumerate(zip(base, indices, strict=True)):
             if len(b) != len(s):
-                return [source.issue(path, "D042",
-                                     f"site {name!r}: position {json.dumps(spec)} names "
-                                     f"{len(b)} tokens in row {row}'s base "
-                                     f"{texts['base'][row]!r} and {len(s)} in its {key} "
-                                     f"{texts[key][row]!r}: a patch moves as many tokens as "
-                                     "it takes (a span with an index, or texts of as many "
-                                     "tokens)")]
+                return [
+                    source.issue(
+                        path,
+                        "D042",
+                        f"site {name!r}: position {json.dumps(spec)} names "
+                        f"{len(b)} tokens in row {row}'s base "
+                        f"{texts['base'][row]!r} and {len(s)} in its {key} "
+                        f"{texts[key][row]!r}: a patch moves as many tokens as "
+                        "it takes (a span with an index, or texts of as many "
+                        "tokens)",
+                    )
+                ]
     if name in lensed:
         for row, b in enumerate(base):
             if len(b) != 1:
-                return [source.issue(path, "D042",
-                                     f"site {name!r} is read through the lens, which reads "
-                                     f"one token per row, and {json.dumps(spec)} names "
-                                     f"{len(b)} in row {row} {texts['base'][row]!r}: sweep "
-                                     "the positions, or name one token ({index: -1})")]
+                return [
+                    source.issue(
+                        path,
+                        "D042",
+                        f"site {name!r} is read through the lens, which reads "
+                        f"one token per row, and {json.dumps(spec)} names "
+                        f"{len(b)} in row {row} {texts['base'][row]!r}: sweep "
+                        "the positions, or name one token ({index: -1})",
+                    )
+                ]
     return []
 
 
-def _token_issues(source: Source, model: Any, rows: Rows, metrics: list[Metric]
-                  ) -> tuple[dict[str, list[int]], list[Issue]]:
+def _token_issues(
+    source: Source, model: Any, rows: Rows, metrics: list[Metric]
+) -> tuple[dict[str, list[int]], list[Issue]]:
     fields: dict[str, int] = {}
     for i, m in enumerate(metrics):
         if m.name != "kl":
@@ -346,8 +364,17 @@ def build(
     locate_cells(model, cells)
     block = doc["model"]
     return Experiment(
-        source, rows, model, spec or block["checkpoint"], cells, metrics, tokens, frame,
-        block.get("engine", "nnsight"), int(block.get("batch_size", 32)), sites,
+        source,
+        rows,
+        model,
+        spec or block["checkpoint"],
+        cells,
+        metrics,
+        tokens,
+        frame,
+        block.get("engine", "nnsight"),
+        int(block.get("batch_size", 32)),
+        sites,
     )
 
 

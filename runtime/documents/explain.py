@@ -7,8 +7,8 @@ of forwards."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from .execute import forwards
 from .experiment import Experiment, _texts
 from .plots import position_label
 
@@ -21,7 +21,7 @@ def _site_lines(exp: Experiment) -> list[str]:
     doc = exp.doc
     for name, site in doc["sites"].items():
         bound = exp.sites[name]
-        layers = [x for x in bound.layers if x is not None]
+        layers: list[int | None] = [x for x in bound.layers if x is not None]
         heads = [x for x in bound.heads if x is not None]
         written = site.get("positions")
         lines.append(
@@ -61,8 +61,10 @@ def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
         for i, token in enumerate(frame.tokens):
             if i not in frame.real:
                 continue
-            where = f"index {content[i]:>3}" if i in content else next(
-                (f"anchor {k}" for k, v in frame.anchors.items() if v == i), "special"
+            where = (
+                f"index {content[i]:>3}"
+                if i in content
+                else next((f"anchor {k}" for k, v in frame.anchors.items() if v == i), "special")
             )
             note = ("  <- " + "; ".join(marks[row][i])) if i in marks[row] else ""
             lines.append(f"    {i:>4}  {token!r:<14} {where}{note}")
@@ -71,13 +73,13 @@ def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
 
 def _cell_lines(exp: Experiment) -> list[str]:
     refused = [c for c in exp.cells if c.refused is not None]
-    lines = [f"cells: {len(exp.cells)} ({len(exp.cells) - len(refused)} to run, "
-             f"{len(refused)} refused)"]
+    lines = [
+        f"cells: {len(exp.cells)} ({len(exp.cells) - len(refused)} to run, {len(refused)} refused)"
+    ]
     for name in exp.doc["interventions"]:
         mine = [c for c in exp.cells if c.intervention == name]
         axes = sorted({k for c in mine for k in c.coords})
-        lines.append(f"  {name}: {len(mine)} cells" + (f" over {' x '.join(axes)}" if axes
-                                                         else ""))
+        lines.append(f"  {name}: {len(mine)} cells" + (f" over {' x '.join(axes)}" if axes else ""))
     for cell in refused:
         lines.append(f"  refused {cell.key}: {cell.refused}")
     return lines
@@ -93,8 +95,7 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
         f"model: {exp.checkpoint}: {model.internals.model_class} (family: {families}), "
         f"{model.internals.num_layers} layers, block structure "
         f"{getattr(model, 'block_structure', '?')}, engine {exp.engine}",
-        f"data: {len(rows)} rows ({exp.rows.origin}, {exp.rows.digest[:19]}), "
-        f"frame {exp.frame}",
+        f"data: {len(rows)} rows ({exp.rows.origin}, {exp.rows.digest[:19]}), frame {exp.frame}",
         *_site_lines(exp),
         f"frames (first {min(max_rows, len(rows))} rows; positions marked):",
     ]
@@ -105,7 +106,7 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
     ):
         lines += _marks(exp, _texts(exp.rows, "source")[:max_rows], "source")
     lines += _cell_lines(exp)
-    lines.append(f"forwards: {exp.forwards()} (batch size {exp.batch_size}); backwards: 0")
+    lines.append(f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: 0")
     return "\n".join(lines)
 
 

@@ -152,12 +152,18 @@ def receipt(exp: Any, timings: dict[str, Any], flags: dict[str, Any]) -> dict[st
     model = exp.model
     device = str(getattr(model, "device", "cpu"))
     return {
-        "document": {"path": str(exp.source.path), "name": exp.doc.get("name"),
-                     "digest": exp.source.digest},
+        "document": {
+            "path": str(exp.source.path),
+            "name": exp.doc.get("name"),
+            "digest": exp.source.digest,
+        },
         "data": {"origin": exp.rows.origin, "digest": exp.rows.digest, "rows": len(exp.rows.rows)},
-        "model": {"checkpoint": exp.checkpoint, "class": model.internals.model_class,
-                  "families": list(getattr(model, "families", ())),
-                  "layers": model.internals.num_layers},
+        "model": {
+            "checkpoint": exp.checkpoint,
+            "class": model.internals.model_class,
+            "families": list(getattr(model, "families", ())),
+            "layers": model.internals.num_layers,
+        },
         "seed": int(exp.doc.get("seed", 0)),
         "engine": exp.engine,
         "frame": exp.frame,
@@ -181,16 +187,30 @@ def metric_csvs(records: list[dict[str, Any]], labels: list[str]) -> dict[str, s
         writer.writerow(["intervention", *axes, "status", "value", "reason"])
         for r in records:
             value = r.get("metrics", {}).get(label)
-            coords = [json.dumps(r[a]) if a == "position" and a in r else r.get(a, "")
-                      for a in axes]
-            writer.writerow([r["intervention"], *coords, r["status"],
-                             "" if value is None else repr(value), r.get("reason", "")])
+            coords = [
+                json.dumps(r[a]) if a == "position" and a in r else r.get(a, "") for a in axes
+            ]
+            writer.writerow(
+                [
+                    r["intervention"],
+                    *coords,
+                    r["status"],
+                    "" if value is None else repr(value),
+                    r.get("reason", ""),
+                ]
+            )
         out[label] = buffer.getvalue()
     return out
 
 
-def finish(target: Path, results: dict[str, Any], rec: dict[str, Any], labels: list[str],
-           plots: bool, per_row: bool) -> list[Path]:
+def finish(
+    target: Path,
+    results: dict[str, Any],
+    rec: dict[str, Any],
+    labels: list[str],
+    plots: bool,
+    per_row: bool,
+) -> list[Path]:
     """The final files; returns them (plots included)."""
     records = results["cells"]
     if not per_row:

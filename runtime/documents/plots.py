@@ -44,8 +44,7 @@ def _value(record: dict[str, Any], label: str) -> float:
     return math.nan if value is None else float(value)
 
 
-def _heatmap(ax: Any, fig: Any, records: list[dict[str, Any]], axes: list[str],
-             label: str) -> None:
+def _heatmap(ax: Any, fig: Any, records: list[dict[str, Any]], axes: list[str], label: str) -> None:
     import numpy as np
 
     rows, cols = (_values(records, a) for a in axes)
@@ -60,11 +59,11 @@ def _heatmap(ax: Any, fig: Any, records: list[dict[str, Any]], axes: list[str],
     cmap.set_bad("#cccccc")
     bound = float(np.abs(finite).max()) if finite.size else 1.0
     limits = (-bound, bound) if signed else (None, None)
-    image = ax.imshow(np.ma.masked_invalid(grid), cmap=cmap, aspect="auto",
-                      vmin=limits[0], vmax=limits[1])
+    image = ax.imshow(
+        np.ma.masked_invalid(grid), cmap=cmap, aspect="auto", vmin=limits[0], vmax=limits[1]
+    )
     ax.set_yticks(range(len(rows)), [_label(axes[0], v) for v in rows])
-    ax.set_xticks(range(len(cols)), [_label(axes[1], v) for v in cols], rotation=45,
-                  ha="right")
+    ax.set_xticks(range(len(cols)), [_label(axes[1], v) for v in cols], rotation=45, ha="right")
     ax.set_ylabel(axes[0])
     ax.set_xlabel(axes[1])
     fig.colorbar(image, ax=ax, label=label)
@@ -80,8 +79,9 @@ def _line(ax: Any, records: list[dict[str, Any]], axis: str, label: str) -> None
     ax.grid(True, alpha=0.3)
 
 
-def plot_all(folder: Path, name: str, records: list[dict[str, Any]],
-             labels: list[str]) -> list[Path]:
+def plot_all(
+    folder: Path, name: str, records: list[dict[str, Any]], labels: list[str]
+) -> list[Path]:
     """Every plot of the run's cells, written under ``folder``; returns their paths."""
     import matplotlib
 

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .execute import forwards, run_cells
 from .experiment import Experiment, build
 from .output import append_cell, check_out, finish, receipt, start
 from .source import Source
@@ -69,10 +70,14 @@ def run(
         append_cell(target, cell)
         on_cell(cell)
 
-    clean, records = run_cells_(exp, done, record)
-    timings = {"started": began, "finished": _now(), "load_seconds": round(loaded, 3),
-               "run_seconds": round(time.perf_counter() - started, 3),
-               "cells_resumed": len(done)}
+    clean, records = run_cells(exp, done, record)
+    timings = {
+        "started": began,
+        "finished": _now(),
+        "load_seconds": round(loaded, 3),
+        "run_seconds": round(time.perf_counter() - started, 3),
+        "cells_resumed": len(done),
+    }
     results = {
         "document": 1,
         "name": exp.doc["name"],
@@ -81,22 +86,24 @@ def run(
         "metrics": [m.label for m in exp.metrics],
         "clean": clean,
         "cells": records,
-        "forwards": exp.forwards(),
+        "forwards": forwards(exp),
     }
     save = exp.doc.get("save") or {}
-    flags = {"resume": resume, "trust_remote_code": trust_remote_code,
-             "model_override": spec is not None}
-    written = finish(target, results, receipt(exp, timings, flags), results["metrics"],
-                     bool(save.get("plots", True)), bool(save.get("per_row", False)))
+    flags = {
+        "resume": resume,
+        "trust_remote_code": trust_remote_code,
+        "model_override": spec is not None,
+    }
+    written = finish(
+        target,
+        results,
+        receipt(exp, timings, flags),
+        results["metrics"],
+        bool(save.get("plots", True)),
+        bool(save.get("per_row", False)),
+    )
     results["written"] = [str(p) for p in written]
     return results
-
-
-def run_cells_(exp: Experiment, done: dict[str, Any],
-               on_cell: Callable[[dict[str, Any]], None]) -> tuple[Any, Any]:
-    from .execute import run_cells
-
-    return run_cells(exp, done, on_cell)
 
 
 __all__ = ["prepare", "run"]

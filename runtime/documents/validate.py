@@ -237,7 +237,7 @@ def _intervention_issues(source: Source) -> list[Issue]:
     for name, item in (doc.get("writes") or {}).items():
         site = (doc.get("sites") or {}).get(item.get("site"))
         spec = table.get(site.get("component")) if isinstance(site, dict) else None
-        if spec is not None and not spec.writable:
+        if site is not None and spec is not None and not spec.writable:
             out.append(
                 source.issue(
                     ("writes", name, "site"),

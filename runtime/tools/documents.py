@@ -37,8 +37,11 @@ def _fail(exc: Any) -> None:
 
 @click.command("validate")
 @_DOC
-@click.option("--static", is_flag=True, help="Check without loading the model (no layer, head, "
-              "position or token checks).")
+@click.option(
+    "--static",
+    is_flag=True,
+    help="Check without loading the model (no layer, head, position or token checks).",
+)
 @_TRUST
 def validate_command(doc: Path, static: bool, trust_remote_code: bool) -> None:
     """Check DOC: its schema, names, data, safety and (unless --static) its layers, heads,
@@ -50,6 +53,7 @@ def validate_command(doc: Path, static: bool, trust_remote_code: bool) -> None:
       causalab-mini validate documents/activation_patching.yaml
     """
     from causalab_mini.documents import DocumentError, load
+    from causalab_mini.documents.execute import forwards
     from causalab_mini.documents.experiment import build
     from causalab_mini.documents.validate import static_issues
 
@@ -66,15 +70,22 @@ def validate_command(doc: Path, static: bool, trust_remote_code: bool) -> None:
         _fail(exc)
         return
     refused = sum(c.refused is not None for c in exp.cells)
-    click.echo(f"{doc}: valid on {exp.checkpoint}: {len(exp.cells)} cells ({refused} refused), "
-               f"{exp.forwards()} forwards")
+    click.echo(
+        f"{doc}: valid on {exp.checkpoint}: {len(exp.cells)} cells ({refused} refused), "
+        f"{forwards(exp)} forwards"
+    )
 
 
 @click.command("explain")
 @_DOC
-@click.option("--model", "spec", default=None, shell_complete=complete_spec,
-              help="Explain it on this model instead of the document's (tiny:gpt2, a hub id "
-              "or a checkpoint directory).")
+@click.option(
+    "--model",
+    "spec",
+    default=None,
+    shell_complete=complete_spec,
+    help="Explain it on this model instead of the document's (tiny:gpt2, a hub id "
+    "or a checkpoint directory).",
+)
 @click.option("--rows", default=3, show_default=True, help="How many rows' frames to show.")
 @_TRUST
 def explain_command(doc: Path, spec: str | None, rows: int, trust_remote_code: bool) -> None:
@@ -101,16 +112,29 @@ def explain_command(doc: Path, spec: str | None, rows: int, trust_remote_code: b
 
 @click.command("run")
 @_DOC
-@click.option("--out", "out", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="The folder the results, plots and receipt go to (nothing is written "
-              "outside it).")
-@click.option("--resume", is_flag=True, help="Keep the cells an interrupted run of this "
-              "document finished in --out, and run the rest.")
-@click.option("--model", "spec", default=None, shell_complete=complete_spec,
-              help="Run it on this model instead of the document's.")
+@click.option(
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The folder the results, plots and receipt go to (nothing is written outside it).",
+)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Keep the cells an interrupted run of this document finished in --out, and run the rest.",
+)
+@click.option(
+    "--model",
+    "spec",
+    default=None,
+    shell_complete=complete_spec,
+    help="Run it on this model instead of the document's.",
+)
 @_TRUST
-def run_command(doc: Path, out: Path, resume: bool, spec: str | None,
-                trust_remote_code: bool) -> None:
+def run_command(
+    doc: Path, out: Path, resume: bool, spec: str | None, trust_remote_code: bool
+) -> None:
     """Run DOC into --out: results.json, metrics/<metric>.csv, receipt.json and
     plots/*.png (a heatmap per layer x position or layer x head grid, a line per layer
     sweep). Every check runs before anything is written.
@@ -126,9 +150,15 @@ def run_command(doc: Path, out: Path, resume: bool, spec: str | None,
     try:
         source = load(doc)
         with _progress() as (started, advance):
-            results = run(source, out, resume=resume, spec=spec,
-                          trust_remote_code=trust_remote_code, on_start=started,
-                          on_cell=advance)
+            results = run(
+                source,
+                out,
+                resume=resume,
+                spec=spec,
+                trust_remote_code=trust_remote_code,
+                on_start=started,
+                on_cell=advance,
+            )
     except DocumentError as exc:
         _fail(exc)
         return
@@ -147,9 +177,13 @@ class _progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
         console = Console(stderr=True)
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                            MofNCompleteColumn(), console=console,
-                            disable=not console.is_terminal)
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            console=console,
+            disable=not console.is_terminal,
+        )
         self.task: Any = None
         self.bar.__enter__()
 
