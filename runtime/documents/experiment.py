@@ -303,12 +303,15 @@ def _token_issues(
         if m.name == "logit_diff":
             fields.setdefault(m.contrast, i)
     tokens: dict[str, list[int]] = {}
+    m_names = [m.label for m in metrics]
     issues = []
     for name, i in fields.items():
         try:
             tokens[name] = token_ids(model.tokenizer, [r[name] for r in rows.rows], name)
         except MetricError as exc:
-            issues.append(source.issue(("metrics", i), "D043", str(exc)))
+            inline = "rows" in source.data["data"]
+            path = ("data", "rows", exc.row, name) if inline else ("data", "file")
+            issues.append(source.issue(path, "D043", f"{exc} (metric {i}: {m_names[i]})"))
     return tokens, issues
 
 

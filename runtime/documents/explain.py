@@ -7,34 +7,40 @@ of forwards."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from .execute import forwards
 from .experiment import Experiment, _texts
 from .plots import position_label
 
 
-def _site_lines(exp: Experiment) -> list[str]:
+def _places(exp: Experiment, name: str) -> dict[int | None, str]:
+    """A site's address per layer on the model (its text), or the model's refusal."""
     from causalab_mini.geometry import ComponentError
     from causalab_mini.locator import locate
 
+    bound = exp.sites[name]
+    layers: list[int | None] = [x for x in bound.layers if x is not None]
+    out: dict[int | None, str] = {}
+    for layer in layers or [None]:
+        try:
+            out[layer] = str(locate(exp.model, bound.component, layer))
+        except ComponentError as exc:
+            out[layer] = f"refused: {exc}"
+    return out
+
+
+def _site_lines(exp: Experiment) -> list[str]:
     lines = ["sites:"]
-    doc = exp.doc
-    for name, site in doc["sites"].items():
-        bound = exp.sites[name]
-        layers: list[int | None] = [x for x in bound.layers if x is not None]
-        heads = [x for x in bound.heads if x is not None]
+    for name, site in exp.doc["sites"].items():
+        heads = [x for x in exp.sites[name].heads if x is not None]
         written = site.get("positions")
         lines.append(
             f"  {name}: {site['component']}"
             + (f", heads {heads}" if heads else "")
             + (f", positions {json.dumps(written)}" if written is not None else "")
         )
-        for layer in layers or [None]:
-            try:
-                address = locate(exp.model, site["component"], layer)
-                lines.append(f"    layer {layer}: {address}")
-            except ComponentError as exc:
-                lines.append(f"    layer {layer}: refused: {exc}")
+        lines += [f"    layer {layer}: {text}" for layer, text in _places(exp, name).items()]
     return lines
 
 
@@ -110,4 +116,26 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["explain"]
+def explained(exp: Experiment) -> dict[str, Any]:
+    """The explanation as data: the model, each site's address (or refusal) per layer,
+    the cells (refused ones with why) and the forwards."""
+    sites = {
+        name: {
+            "component": bound.component,
+            "places": {str(k): v for k, v in _places(exp, name).items()},
+        }
+        for name, bound in exp.sites.items()
+    }
+    return {
+        "document": exp.doc["name"],
+        "digest": exp.source.digest,
+        "model": exp.checkpoint,
+        "layers": exp.model.internals.num_layers,
+        "rows": len(exp.rows.rows),
+        "sites": sites,
+        "cells": [{"key": c.key, "refused": c.refused} for c in exp.cells],
+        "forwards": forwards(exp),
+    }
+
+
+__all__ = ["explain", "explained"]

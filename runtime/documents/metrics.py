@@ -21,7 +21,12 @@ from ..errors import CausalabError
 
 
 class MetricError(CausalabError, ValueError):
-    """A metric that cannot be computed on these rows (a token that is not one token)."""
+    """A metric that cannot be computed on these rows (a token that is not one token);
+    ``row`` is the row at fault."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
 
 
 @dataclass(frozen=True)
@@ -66,7 +71,8 @@ def token_ids(tokenizer: Any, texts: list[str], field: str) -> list[int]:
             raise MetricError(
                 f"row {n}: {field} {text!r} is {len(ids)} tokens on this tokenizer "
                 f"({pieces}), and a metric reads one token: give a text that is one token "
-                "(often with its leading space)"
+                "(often with its leading space)",
+                n,
             )
         out.append(int(ids[0]))
     return out

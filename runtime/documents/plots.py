@@ -55,8 +55,7 @@ def _heatmap(ax: Any, fig: Any, records: list[dict[str, Any]], axes: list[str], 
 
     finite = grid[np.isfinite(grid)]
     signed = finite.size > 0 and finite.min() < 0 < finite.max()
-    cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].copy()
-    cmap.set_bad("#cccccc")
+    cmap = matplotlib.colormaps["RdBu_r" if signed else "viridis"].with_extremes(bad="#cccccc")
     bound = float(np.abs(finite).max()) if finite.size else 1.0
     limits = (-bound, bound) if signed else (None, None)
     image = ax.imshow(

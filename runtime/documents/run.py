@@ -32,8 +32,13 @@ def prepare(
     model's layers, heads, positions and tokens. Returns the experiment, the folder,
     the cells an earlier run finished (with ``resume``) and the load time."""
     from .output import target_folder
+    from .source import DocumentError
+    from .validate import static_issues
 
-    target_folder(source, out)  # a save path leaving --out: refused before the load
+    issues, _ = static_issues(source)
+    if issues:
+        raise DocumentError(issues)
+    target_folder(source, out)  # a save path leaving --out (a link): before the load
     started = time.perf_counter()
     exp = build(source, model=model, spec=spec, trust_remote_code=trust_remote_code)
     loaded = time.perf_counter() - started
