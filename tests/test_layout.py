@@ -78,6 +78,10 @@ def test_both_entry_points_list_the_same_commands() -> None:
         "new-family",
         "diagram",
         "positions",
+        "validate",
+        "explain",
+        "run",
+        "tokens",
     ]
 
 
