@@ -373,6 +373,9 @@ class RenameConfig:
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``hidden_size_config_key`` the one holding the stream's width where they miss it
     (Kosmos-2's embed_dim);
+    ``head_size_config_key`` the attribute under which the family's attention module
+    and config state the head size where it is not head_dim (CPM-Ant's dim_head,
+    Reformer's attention_head_size): the head geometry reads it before hidden / heads;
     ``auto_class`` names the transformers auto class that loads the checkpoint where
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
@@ -415,6 +418,7 @@ class RenameConfig:
     lm_head_name: Names | None = None
     attn_head_config_key: str | None = None
     hidden_size_config_key: str | None = None
+    head_size_config_key: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
