@@ -356,7 +356,7 @@ def interior_fields(raw: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
         elif key == "take":
             out["arg"] = value.get("arg")
             out["returns"] = value.get("return")
-        elif key == "note":
+        elif key in ("note", "unavailable"):
             out[key] = " ".join(value.split())
         else:
             out[key] = value

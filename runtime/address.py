@@ -533,7 +533,10 @@ class Interior:
     ``note`` says what the tensor holds on a family where that differs from the
     interior's doc (a query scaled before the call, ALiBi in the scores);
     ``merged_heads`` that the call holds it with batch and heads merged into one axis,
-    (batch*heads, ...), which a read views apart (XGLM's torch.bmm operands)."""
+    (batch*heads, ...), which a read views apart (XGLM's torch.bmm operands);
+    ``unavailable`` why a family has no such tensor (``{place}`` is the component),
+    where its other interiors are offered (a softmax over the scores and attention
+    sinks together: no tensor is the scores as the softmax reads them)."""
 
     name: str
     within: str
@@ -548,6 +551,7 @@ class Interior:
     merged_heads: bool = False
     note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
+    unavailable: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
