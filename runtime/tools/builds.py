@@ -43,7 +43,7 @@ def manifest_of(path: str) -> dict[str, Any]:
     if not file.is_file():
         return {}
     data = json.loads(file.read_text())
-    keys = ("build", "moved", "skipped", "no_effect", "norms_drawn")
+    keys = ("build", "moved", "skipped", "no_effect", "norms_drawn", "weights_scaled")
     return {k: data[k] for k in keys if k in data}
 
 

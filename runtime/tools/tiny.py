@@ -68,6 +68,7 @@ __all__ = [
     "group_of",
     "moved_fields",
     "resolve_model_spec",
+    "scale_weights",
     "split_member",
     "tiny_config",
     "tiny_tokenizer",
@@ -881,8 +882,9 @@ def moved_fields(config: Any, table: Mapping[str, Any] | None = None) -> list[Mo
         if id(cfg) in seen:
             return
         seen.add(id(cfg))
-        for key in sorted(vars(cfg)):
-            value = getattr(cfg, key, None)
+        held = vars(cfg)
+        for key in sorted(held):
+            value = held[key]  # as stored: a per-layer attribute's getter may refuse
             if key.startswith("_"):
                 continue
             if isinstance(value, PretrainedConfig):
@@ -936,6 +938,23 @@ def draw_norms(model: Any, table: Mapping[str, Any] | None = None) -> int:
     return drawn
 
 
+def scale_weights(model: Any, table: Mapping[str, Any] | None = None) -> int:
+    """Every floating parameter of ``model`` with two or more axes (projections,
+    embeddings, convolutions) multiplied by registry/tiny.yaml moved.weights.scale, so
+    that a tiny model's activations are of order one rather than init-sized. Returns
+    how many parameters were scaled (a tied weight once)."""
+    import torch
+
+    factor = float((TINY_MOVED if table is None else table)["weights"]["scale"])
+    scaled = 0
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and param.dim() >= 2:
+                param.mul_(factor)
+                scaled += 1
+    return scaled
+
+
 def _moved_model(
     model_type: str, cls: Any, built: Any, tokenizer: Any, seed: int
 ) -> tuple[Any, Any, dict[str, Any]]:
@@ -948,6 +967,7 @@ def _moved_model(
     import torch
 
     candidates = moved_fields(built.get_text_config())
+    scaled: list[str | None] = [None]  # why the weights are not scaled (None: they are)
 
     def attempt(moves: list[Move]) -> tuple[Any, Any, Any, int]:
         config = copy.deepcopy(built)
@@ -959,7 +979,16 @@ def _moved_model(
                 raise TinyBuildError(
                     f"the config refuses {move.path}={move.new!r}: {_first_line(exc)}"
                 ) from exc
+        if moves:
+            try:  # what the checkpoint's config.json will be read back as (validated)
+                type(config).from_dict(config.to_dict())
+            except Exception as exc:
+                raise TinyBuildError(
+                    f"the config, read back, refuses it: {type(exc).__name__}: {_first_line(exc)}"
+                ) from exc
         model = _instantiate(model_type, cls, config, seed)
+        if scaled[0] is None:
+            scale_weights(model)
         drawn = draw_norms(model)
         part = _traced(model_type, _loaded_part(model_type, model))
         return model, config, _smoke_logits(model_type, part, tokenizer), drawn
@@ -969,6 +998,10 @@ def _moved_model(
     try:
         model, config, logits, drawn = attempt(kept)
     except TinyBuildError:
+        try:
+            attempt([])
+        except TinyBuildError as exc:  # the forward cannot run at scaled weights
+            scaled[0] = f"the forward fails with the weights scaled: {_first_line(exc)}"
         kept = []
         for move in candidates:  # alone, each field the config and forward take
             try:
@@ -1005,6 +1038,7 @@ def _moved_model(
             "skipped": skipped,
             "no_effect": no_effect,
             "norms_drawn": drawn,
+            "weights_scaled": scaled[0] or True,
         },
     )
 
