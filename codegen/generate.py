@@ -183,6 +183,7 @@ def _tables(registry: Registry) -> dict[str, Any]:
             for t, (adds, template) in registry.tiny.tokenizers
         },
         "tiny_chat_templates": dict(registry.tiny.chat_templates),
+        "tiny_moved": registry.tiny.moved or {},
         "lens": registry.lens,
         "families_table": emit.proxy({f.name: _family(registry, f) for f in families}),
     }
