@@ -64,6 +64,7 @@ def test_the_library_has_the_documents_the_tests_run() -> None:
         "ablation",
         "logit_lens",
         "attention_knockout",
+        "attention_pattern_patching",
     }
 
 
@@ -195,6 +196,22 @@ def test_logit_lens_at_the_last_layer_is_the_model(spec: str, tmp_path: Path) ->
     assert abs(last["kl"]) < 1e-5
     assert last["logprob"] == pytest.approx(clean["logprob"], abs=1e-4)
     assert all(c["metrics"]["kl"] > 1e-5 for c in cells[:-1])
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_attention_pattern_patching_is_a_layer_by_head_grid(spec: str, tmp_path: Path) -> None:
+    from causalab_mini.geometry import num_heads
+
+    exp, results, count = _run("attention_pattern_patching", spec, tmp_path)
+    heads, layers = num_heads(exp.model, 0), exp.model.internals.num_layers
+    cells = results["cells"]
+    assert [(c["layer"], c["head"]) for c in cells] == [
+        (layer, head) for layer in range(layers) for head in range(heads)
+    ]
+    assert all(c["status"] == "ok" for c in cells) and count == forwards(exp)
+    base = results["clean"]["base"]["metrics"]["logit_diff"]
+    assert all(c["metrics"]["logit_diff"] != base for c in cells)  # every write moves it
     _files_ok(tmp_path, results)
 
 

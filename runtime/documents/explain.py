@@ -24,7 +24,12 @@ def _places(exp: Experiment, name: str) -> dict[int | None, str]:
     out: dict[int | None, str] = {}
     for layer in layers or [None]:
         try:
-            out[layer] = str(locate(exp.model, bound.component, layer))
+            address = locate(exp.model, bound.component, layer)
+            internals = exp.model.internals
+            known = address.accessor and address.accessor in internals
+            place = internals[address.accessor] if known else None
+            row = f" = {address.accessor}: {place.row.describe()}" if place is not None else ""
+            out[layer] = f"{address}{row}"
         except ComponentError as exc:
             out[layer] = f"refused: {exc}"
     return out
