@@ -481,3 +481,114 @@ def test_tokens_is_positions_under_its_new_name() -> None:
     new = cli("tokens", "tiny:llama", "The fox")
     old = cli("positions", "tiny:llama", "The fox")
     assert new.exit_code == 0 and new.output == old.output and "anchor bos" in new.output
+
+
+# ------------------------------------------------------------------ pieces
+
+
+def test_metrics_per_row_against_their_definitions() -> None:
+    import torch
+
+    from causalab_mini.documents.metrics import Metric, per_row
+
+    torch.manual_seed(0)
+    logits, reference = torch.randn(3, 11), torch.randn(3, 11)
+    tokens = {"answer": torch.tensor([1, 4, 7]), "contrast": torch.tensor([2, 2, 2])}
+    logprobs = torch.log_softmax(logits, -1)
+    rows = torch.arange(3)
+    got = {m: per_row(Metric(m), logits, tokens, reference) for m in ("logit_diff", "logprob")}
+    assert torch.equal(got["logit_diff"], logits[rows, [1, 4, 7]] - logits[rows, 2])
+    assert torch.equal(got["logprob"], logprobs[rows, [1, 4, 7]])
+    cross = per_row(Metric("cross_entropy"), logits, tokens, reference)
+    assert torch.allclose(
+        cross, torch.nn.functional.cross_entropy(logits, tokens["answer"], reduction="none")
+    )
+    kl = per_row(Metric("kl"), logits, tokens, reference)
+    expected = torch.nn.functional.kl_div(
+        logprobs, torch.log_softmax(reference, -1), log_target=True, reduction="none"
+    ).sum(-1)
+    assert torch.allclose(kl, expected) and (kl > 0).all()
+    assert torch.equal(per_row(Metric("kl"), logits, tokens, logits), torch.zeros(3))
+    top = logits.argmax(-1)
+    accuracy = per_row(Metric("accuracy"), logits, {"answer": top}, reference)
+    assert torch.equal(accuracy, torch.ones(3))
+    assert torch.equal(
+        per_row(Metric("iia"), logits, tokens, reference), (top == tokens["answer"]).float()
+    )
+
+
+def test_a_json_document_is_read_with_its_places(tmp_path: Path) -> None:
+    from ruamel.yaml import YAML
+
+    data = YAML(typ="safe").load(GOOD)
+    data["sites"]["stream"]["component"] = "block_ouput"
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(data, indent=2))
+    issues, _ = static_issues(load(path))
+    assert [i.code for i in issues] == ["D010"]
+    assert issues[0].line == _line_of(path.read_text(), '"block_ouput"')
+
+
+def test_the_second_source_of_a_row_is_patched_from(tmp_path: Path) -> None:
+    text = (DOCS / "activation_patching.yaml").read_text()
+    swap = text.replace("{site: stream, value: source}", "{site: stream, value: source, source: 1}")
+    # rows of one source cannot give a second
+    issues, _ = static_issues(_doc(tmp_path, swap, "one.yaml"))
+    assert [i.code for i in issues] == ["D033"] and "rows [0, 1]" in issues[0].message
+    # every source of a row must have the positions (an interchange resolves each)
+    short = swap.replace('source: "When', 'source: ["The dog", "When').replace(
+        'to", answer', 'to"], answer'
+    )
+    with pytest.raises(DocumentError) as caught:
+        build(_doc(tmp_path, short, "short.yaml"), model=load_model("tiny:llama"))
+    assert {i.code for i in caught.value.issues} == {"D042"} and "'The dog'" in str(caught.value)
+    for old in (
+        "When John and Mary went, Mary gave it to",
+        "When Mary and John went, John gave it to",
+    ):
+        assert swap.count(f'source: "{old}"') == 1
+        swap = swap.replace(
+            f'source: "{old}"',
+            f'source: ["The dog ran from his door to the capital of the model", "{old}"]',
+        )
+    model = load_model("tiny:llama")
+    second = run(_doc(tmp_path, swap, "second.yaml"), tmp_path / "a", model=model)
+    first = run(_doc(tmp_path, text, "first.yaml"), tmp_path / "b", model=model)
+    assert all(c["status"] == "ok" for c in second["cells"])
+    full = 'patched|layer=0|position="all"'
+    for label in ("logit_diff", "logprob"):  # kl[source] is against source 0, another text
+        assert _cells(second)[full]["per_row"][label] == _cells(first)[full]["per_row"][label]
+
+
+def test_a_split_runs_its_rows_and_per_row_is_saved(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "sites:", "  splits: {first: [0, 1], rest: [1, 2]}\n  split: rest\nsites:", 1
+    )
+    text = text.replace("sweep:", "save: {per_row: true}\nsweep:")
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert all(len(c["per_row"]["logprob"]) == 1 for c in saved["cells"])
+    assert saved["cells"] == results["cells"]
+    issues, _ = static_issues(_doc(tmp_path, text.replace("split: rest", "split: last")))
+    assert [i.code for i in issues] == ["D032"] and "'last'" in issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "code"),
+    [
+        ("readout: lens}", "readout: lense}", "D012"),
+        ("{site: stream, lens: true}", "{site: stream2, lens: true}", "D012"),
+        ("  engine: hooks", "  engine: hooks\n  remote: true", "D022"),
+        ("component: block_output", "component: logits", "D003"),
+    ],
+)
+def test_references_and_switches_are_checked(tmp_path: Path, old: str, new: str, code: str) -> None:
+    assert GOOD.count(old) == 1
+    issues, _ = static_issues(_doc(tmp_path, GOOD.replace(old, new)))
+    assert code in [i.code for i in issues], [str(i) for i in issues]
+
+
+def test_a_write_at_a_read_only_component_is_refused(tmp_path: Path) -> None:
+    text = MID.replace("component: block_mid", "component: input_ids")
+    issues, _ = static_issues(_doc(tmp_path, text))
+    assert "D017" in [i.code for i in issues]

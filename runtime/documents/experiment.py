@@ -221,7 +221,8 @@ def _position_issues(
     lensed = {r["site"] for r in (doc.get("reads") or {}).values() if r.get("lens")}
     issues: list[Issue] = []
     texts = {"base": _texts(rows, "base")}
-    for slot in set(patched.values()):
+    slots = max(patched.values(), default=-1) + 1  # an interchange resolves every source
+    for slot in range(slots):
         texts[f"source {slot}"] = _texts(rows, "source", slot)
     encoded = {k: encode(model, v, frame) for k, v in texts.items()}
     for name, b in sites.items():
@@ -243,12 +244,14 @@ def _position_issues(
                 found = {
                     k: resolve(model, e, spec)
                     for k, e in encoded.items()
-                    if k == "base" or k == f"source {patched.get(name)}"
+                    if k == "base" or name in patched
                 }
             except PositionError as exc:
                 issues.append(source.issue(path, "D042", f"site {name!r}: {exc}"))
                 continue
-            issues += _counts(source, path, name, spec, found, texts, lensed)
+            # a patch moves as many tokens as it takes from its own source
+            mine = {k: v for k, v in found.items() if k in ("base", f"source {patched.get(name)}")}
+            issues += _counts(source, path, name, spec, mine, texts, lensed)
     return issues
 
 

@@ -388,7 +388,7 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
     for name, item in (doc.get("interventions") or {}).items():
         if item.get("input") == "source":
             needs.setdefault("source", ("interventions", name))
-    out = []
+    out = _source_counts(source, rows)
     for field, path in needs.items():
         lacking = [n for n, row in enumerate(rows.rows) if field not in row]
         if lacking:
@@ -398,6 +398,31 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
                     "D033",
                     f"this needs the field {field!r} of every row, and rows {lacking[:10]} "
                     f"have none (their fields: {sorted(rows.rows[lacking[0]])})",
+                )
+            )
+    return out
+
+
+def _source_counts(source: Source, rows: Rows) -> list[Issue]:
+    """D033: a write from source k needs k + 1 sources in every row."""
+    out = []
+    for name, item in (source.data.get("writes") or {}).items():
+        if item.get("value") != "source":
+            continue
+        slot = int(item.get("source", 0))
+        short = [
+            n
+            for n, row in enumerate(rows.rows)
+            if "source" in row
+            and (len(row["source"]) if isinstance(row["source"], list) else 1) <= slot
+        ]
+        if short:
+            out.append(
+                source.issue(
+                    ("writes", name, "source"),
+                    "D033",
+                    f"write {name!r} takes source {slot} of each row, and rows {short[:10]} "
+                    f"have fewer than {slot + 1} sources: give every row a list of sources",
                 )
             )
     return out
