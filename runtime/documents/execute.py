@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..errors import CausalabError
-from .experiment import Cell, Experiment, _texts
+from .experiment import Cell, Experiment, texts_of
 from .metrics import per_row
 
 
@@ -33,7 +33,7 @@ def clean_logits(exp: Experiment, role: str, slot: int = 0) -> Any:
     from causalab_mini.plan import Plan
 
     at = _logits_at(exp.model)
-    texts = _texts(exp.rows, role, slot)
+    texts = texts_of(exp.rows, role, slot)
     parts = []
     for part in _chunks(len(texts), exp.batch_size):
         out = Plan.of(reads=[at]).run(exp.model, texts[part], frame=exp.frame, engine=exp.engine)
@@ -82,7 +82,7 @@ def _mean(exp: Experiment, address: Any, role: str) -> Any:
 
     key = ("mean", address, role)
     if key not in exp.cache:
-        texts = _texts(exp.rows, role)
+        texts = texts_of(exp.rows, role)
         size = _batch(exp, [address], texts)
         parts = []
         for part in _chunks(len(texts), size):
@@ -165,7 +165,7 @@ def cell_logits(exp: Experiment, cell: Cell) -> Any:
 
     item = exp.doc["interventions"][cell.intervention]
     role = item.get("input", "base")
-    texts = _texts(exp.rows, role)
+    texts = texts_of(exp.rows, role)
     patching = any(w["value"] == "source" for w in exp.writes_of(cell.intervention))
     size = exp.batch_size
     if not patching:
@@ -262,7 +262,7 @@ def forwards(exp: Experiment) -> int:
             total += math.ceil(n / exp.batch_size)
             continue
         role = exp.doc["interventions"][cell.intervention].get("input", "base")
-        texts = _texts(exp.rows, role)
+        texts = texts_of(exp.rows, role)
         addresses = [a for v in cell.addresses.values() for a in v]
         batches = math.ceil(n / _batch(exp, addresses, texts))
         total += batches * (2 if writes else 1)
@@ -270,7 +270,7 @@ def forwards(exp: Experiment) -> int:
             if w["value"] == "mean":
                 means.update((a, role) for a in cell.addresses[w["site"]])
     for address, role in means:
-        total += math.ceil(n / _batch(exp, [address], _texts(exp.rows, role)))
+        total += math.ceil(n / _batch(exp, [address], texts_of(exp.rows, role)))
     return total
 
 

@@ -197,7 +197,7 @@ def locate_cells(model: Any, cells: list[Cell]) -> None:
                 break
 
 
-def _texts(rows: Rows, role: str, slot: int = 0) -> list[str]:
+def texts_of(rows: Rows, role: str, slot: int = 0) -> list[str]:
     out = []
     for row in rows.rows:
         value = row[role]
@@ -220,10 +220,10 @@ def _position_issues(
     }
     lensed = {r["site"] for r in (doc.get("reads") or {}).values() if r.get("lens")}
     issues: list[Issue] = []
-    texts = {"base": _texts(rows, "base")}
+    texts = {"base": texts_of(rows, "base")}
     slots = max(patched.values(), default=-1) + 1  # an interchange resolves every source
     for slot in range(slots):
-        texts[f"source {slot}"] = _texts(rows, "source", slot)
+        texts[f"source {slot}"] = texts_of(rows, "source", slot)
     encoded = {k: encode(model, v, frame) for k, v in texts.items()}
     for name, b in sites.items():
         specs = b.positions if isinstance(b.positions, list) else [b.positions]
@@ -384,4 +384,4 @@ def build(
     )
 
 
-__all__ = ["Binding", "Cell", "Experiment", "build", "load_model"]
+__all__ = ["Binding", "Cell", "Experiment", "build", "load_model", "texts_of"]

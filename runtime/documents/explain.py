@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 from .execute import forwards
-from .experiment import Experiment, _texts
+from .experiment import Experiment, texts_of
 from .plots import position_label
 
 
@@ -115,7 +115,7 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
     if all("source" in r for r in shown) and any(
         w.get("value") == "source" for w in (exp.doc.get("writes") or {}).values()
     ):
-        lines += _marks(exp, _texts(exp.rows, "source")[:max_rows], "source")
+        lines += _marks(exp, texts_of(exp.rows, "source")[:max_rows], "source")
     lines += _cell_lines(exp)
     lines.append(f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: 0")
     return "\n".join(lines)
