@@ -433,6 +433,20 @@ def test_an_interrupted_run_keeps_its_cells_and_resumes(tmp_path: Path) -> None:
         assert cell["metrics"] == cells[key]["metrics"]
 
 
+def test_nonfinite_logits_are_said_not_averaged(tmp_path: Path) -> None:
+    import torch
+
+    from causalab_mini.documents.execute import measure
+
+    exp = _built("logit_lens", "tiny:llama")
+    logits = torch.zeros(2, exp.model.config.vocab_size)
+    logits[1, 3] = float("nan")
+    out = measure(exp, logits, {"base": torch.zeros_like(logits)})
+    assert out["nonfinite"] == [1] and out["metrics"]["logprob"] is None
+    assert out["per_row"]["logprob"][0] is not None and out["per_row"]["logprob"][1] is None
+    json.dumps(out, allow_nan=False)
+
+
 def test_the_receipt_records_versions_and_digests_and_no_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

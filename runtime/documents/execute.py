@@ -179,18 +179,31 @@ def cell_logits(exp: Experiment, cell: Cell) -> Any:
     return torch.cat(parts)
 
 
+def _number(value: Any) -> float | None:
+    """A float for JSON: None where it is not finite (JSON has no NaN)."""
+    import math
+
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
 def measure(exp: Experiment, logits: Any, references: dict[str, Any]) -> dict[str, Any]:
-    """Each metric of ``logits``: its mean over the rows, and per row."""
+    """Each metric of ``logits``: its mean over the rows, and per row (None where the
+    logits are not finite, with those rows under ``nonfinite``)."""
     import torch
 
     tokens = {k: torch.tensor(v) for k, v in exp.tokens.items()}
-    means: dict[str, float] = {}
-    rows: dict[str, list[float]] = {}
+    means: dict[str, float | None] = {}
+    rows: dict[str, list[float | None]] = {}
     for metric in exp.metrics:
         values = per_row(metric, logits, tokens, references.get(metric.against))
-        means[metric.label] = float(values.mean())
-        rows[metric.label] = [float(v) for v in values]
-    return {"metrics": means, "per_row": rows}
+        means[metric.label] = _number(values.mean())
+        rows[metric.label] = [_number(v) for v in values]
+    out: dict[str, Any] = {"metrics": means, "per_row": rows}
+    bad = [int(i) for i in (~torch.isfinite(logits.float()).all(-1)).nonzero().flatten()]
+    if bad:
+        out["nonfinite"] = bad
+    return out
 
 
 def run_cell(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[str, Any]:
@@ -213,6 +226,12 @@ def run_cell(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[st
         return {**record, "status": "refused", "reason": str(exc)}
     record.update(measure(exp, logits, references))
     record["status"] = "ok"
+    if "nonfinite" in record:  # the model's own numbers: said, not hidden in a mean
+        record["status"] = "nonfinite"
+        record["reason"] = (
+            f"the logits of rows {record['nonfinite']} are not finite (NaN or inf) in this "
+            "cell: their metrics are null"
+        )
     record["seconds"] = round(time.perf_counter() - started, 4)
     return record
 

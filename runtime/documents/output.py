@@ -217,7 +217,10 @@ def finish(
         records = [{k: v for k, v in r.items() if k != "per_row"} for r in records]
     written = []
     body = {**results, "cells": records}
-    atomic_write(target / "results.json", json.dumps(body, indent=2, sort_keys=True).encode())
+    atomic_write(
+        target / "results.json",
+        json.dumps(body, indent=2, sort_keys=True, allow_nan=False).encode(),
+    )
     written.append(target / "results.json")
     for label, text in metric_csvs(records, labels).items():
         path = target / "metrics" / f"{_safe(label)}.csv"
