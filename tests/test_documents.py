@@ -433,6 +433,26 @@ def test_an_interrupted_run_keeps_its_cells_and_resumes(tmp_path: Path) -> None:
         assert cell["metrics"] == cells[key]["metrics"]
 
 
+def test_a_mean_over_identical_rows_and_tokens_changes_nothing(tmp_path: Path) -> None:
+    # every row the same text of one repeated token: the mean over rows and tokens of
+    # the first layer's input is each token's own value, so the write is the identity
+    text = (DOCS / "ablation.yaml").read_text()
+    start, stop = text.index("  rows:"), text.index("sites:")
+    rows = '  rows:\n    - {base: " the the the", answer: " the"}\n' * 1
+    rows += '    - {base: " the the the", answer: " the"}\n'
+    text = text[:start] + rows + text[stop:]
+    text = text.replace("component: mlp_output", "component: block_input")
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    clean = results["clean"]["base"]["metrics"]
+    first = _cells(results)["mean_ablated|layer=0"]["metrics"]
+    # (the mean of equal floats can round in its last bit: KL of order 1e-8, where a
+    # zero write gives 1e-4)
+    assert first["kl"] < 1e-6 and first["logprob"] == pytest.approx(clean["logprob"], abs=1e-5)
+    # later layers' inputs differ by token (attention mixes them in): the mean moves them
+    assert _cells(results)["mean_ablated|layer=1"]["metrics"]["kl"] > 0
+    assert _cells(results)["zero_ablated|layer=0"]["metrics"]["kl"] > 1e-5
+
+
 def test_nonfinite_logits_are_said_not_averaged(tmp_path: Path) -> None:
     import torch
 
