@@ -369,6 +369,22 @@ def test_a_data_file_is_read_as_the_same_rows(tmp_path: Path) -> None:
     assert exp.rows.origin == "rows.csv" and exp.rows.digest.startswith("sha256:")
 
 
+def test_a_json_data_file_and_a_layer_range(tmp_path: Path) -> None:
+    rows = [
+        {"base": "The dog ran from the door to", "answer": " the"},
+        {"base": "Mary ran", "answer": " to"},
+    ]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    text = GOOD.split("data:")[0] + "data:\n  file: rows.json\nsites:" + GOOD.split("sites:")[1]
+    text = text.replace("layers: all", "layers: {start: 1, stop: 3}")
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    assert [c["layer"] for c in results["cells"]] == [1, 2]
+    assert len(results["clean"]["base"]["per_row"]["logprob"]) == 2
+    (tmp_path / "rows.json").write_text(json.dumps({"base": "not a list"}))
+    issues, _ = static_issues(_doc(tmp_path, text))
+    assert [i.code for i in issues] == ["D031"] and "a list of rows" in issues[0].message
+
+
 def test_an_out_folder_of_another_document_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     model = load_model("tiny:llama")
