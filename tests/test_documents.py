@@ -638,6 +638,11 @@ def test_references_and_switches_are_checked(tmp_path: Path, old: str, new: str,
     assert code in [i.code for i in issues], [str(i) for i in issues]
 
 
+def test_a_lens_read_of_several_layers_needs_a_sweep(tmp_path: Path) -> None:
+    issues = _issues(tmp_path, GOOD.replace("  axes: [layers]", "  axes: [positions]"))
+    assert [i.code for i in issues] == ["D016"] and "several layers" in issues[0].message
+
+
 def test_a_write_at_a_read_only_component_is_refused(tmp_path: Path) -> None:
     text = MID.replace("component: block_mid", "component: input_ids")
     issues, _ = static_issues(_doc(tmp_path, text))

@@ -296,6 +296,35 @@ def _counts(
     return []
 
 
+def _lens_issues(source: Source, sites: dict[str, Binding]) -> list[Issue]:
+    """D016: a lens read gives one row of logits per input row, so each of its cells
+    names one layer, one head and one position spec (the sweep runs over the rest)."""
+    doc = source.data
+    sweep = doc.get("sweep") or {}
+    issues = []
+    for name, read in (doc.get("reads") or {}).items():
+        site = read["site"]
+        swept = set(sweep.get("axes") or ()) if sweep.get("site") == site else set()
+        b = sites[site]
+        many = {
+            "layers": len(b.layers) > 1,
+            "heads": len(b.heads) > 1,
+            "positions": isinstance(b.positions, list) and len(b.positions) > 1,
+        }
+        for axis, several in many.items():
+            if several and axis not in swept:
+                issues.append(
+                    source.issue(
+                        ("reads", name),
+                        "D016",
+                        f"lens read {name!r} reads site {site!r}, which names several "
+                        f"{axis}, and a lens gives one set of logits per row: sweep the "
+                        f"{axis} (sweep: {{site: {site}, axes: [..., {axis}]}}) or name one",
+                    )
+                )
+    return issues
+
+
 def _token_issues(
     source: Source, model: Any, rows: Rows, metrics: list[Metric]
 ) -> tuple[dict[str, list[int]], list[Issue]]:
@@ -364,6 +393,7 @@ def build(
     issues += found
     if not issues:
         issues += _position_issues(source, model, rows, sites, frame)
+        issues += _lens_issues(source, sites)
     if issues:
         raise DocumentError(issues)
     cells = enumerate_cells(doc, sites)
