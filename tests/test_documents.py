@@ -57,6 +57,13 @@ def _cells(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["key"]: c for c in results["cells"]}
 
 
+def test_the_two_families_differ_by_their_bos() -> None:
+    from causalab_mini.generated.tiny import TINY_TOKENIZER_KINDS, TINY_TOKENIZERS
+
+    kinds = [TINY_TOKENIZER_KINDS[TINY_TOKENIZERS[s[5:]]["adds"]]["bos"] for s in FAMILIES]
+    assert kinds == [True, False]
+
+
 def test_the_library_has_the_documents_the_tests_run() -> None:
     assert set(DOCUMENTS) >= {
         "activation_patching",

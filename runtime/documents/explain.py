@@ -66,6 +66,7 @@ def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
                 for i in indices:
                     marks[row].setdefault(i, []).append(f"{name} {position_label(spec)}")
     lines = []
+    outside = "template" if exp.frame == "chat" else "special"
     for row, frame in enumerate(encoded.frames):
         lines.append(f"  row {row} {role}: {frame.text!r}")
         content = {t: n for n, t in enumerate(frame.content)}
@@ -75,7 +76,7 @@ def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
             where = (
                 f"index {content[i]:>3}"
                 if i in content
-                else next((f"anchor {k}" for k, v in frame.anchors.items() if v == i), "special")
+                else next((f"anchor {k}" for k, v in frame.anchors.items() if v == i), outside)
             )
             note = ("  <- " + "; ".join(marks[row][i])) if i in marks[row] else ""
             lines.append(f"    {i:>4}  {token!r:<14} {where}{note}")
