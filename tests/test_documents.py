@@ -72,6 +72,7 @@ def test_the_library_has_the_documents_the_tests_run() -> None:
         "logit_lens",
         "attention_knockout",
         "attention_pattern_patching",
+        "neuron_patching",
     }
 
 
@@ -220,6 +221,56 @@ def test_attention_pattern_patching_is_a_layer_by_head_grid(spec: str, tmp_path:
     base = results["clean"]["base"]["metrics"]["logit_diff"]
     assert all(c["metrics"]["logit_diff"] != base for c in cells)  # every write moves it
     _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_neuron_patching_is_a_layer_by_unit_grid_and_all_units_is_the_place(
+    spec: str, tmp_path: Path
+) -> None:
+    exp, results, count = _run("neuron_patching", spec, tmp_path)
+    layers = exp.model.internals.num_layers
+    cells = results["cells"]
+    assert [(c["layer"], c["unit"]) for c in cells] == [
+        (layer, unit) for layer in range(layers) for unit in range(16)
+    ]
+    assert all(c["status"] == "ok" for c in cells) and count == forwards(exp)
+    base = results["clean"]["base"]["per_row"]["logit_diff"]
+    assert any(c["per_row"]["logit_diff"] != base for c in cells)
+    _files_ok(tmp_path, results)
+    # every unit patched from the source (a plan: the source read, the base written) is
+    # the whole place patched by an interchange
+    text = (
+        (DOCS / "neuron_patching.yaml")
+        .read_text()
+        .replace("axes: [layers, units]", "axes: [layers]")
+    )
+    whole = run(
+        _doc(tmp_path, text.replace("units: {start: 0, stop: 16}", "units: all"), "all.yaml"),
+        tmp_path / "all",
+        model=exp.model,
+        spec=spec,
+    )
+    place = run(
+        _doc(tmp_path, text.replace("    units: {start: 0, stop: 16}\n", ""), "place.yaml"),
+        tmp_path / "place",
+        model=exp.model,
+        spec=spec,
+    )
+    for a, b in zip(whole["cells"], place["cells"], strict=True):
+        assert a["per_row"]["logit_diff"] == pytest.approx(b["per_row"]["logit_diff"], abs=1e-5)
+        assert a["per_row"]["logit_diff"] != base
+
+
+def test_units_need_a_width_and_stay_inside_it(tmp_path: Path) -> None:
+    text = (DOCS / "neuron_patching.yaml").read_text()
+    issues = _issues(tmp_path, text.replace("units: {start: 0, stop: 16}", "units: [0, 100000]"))
+    assert [i.code for i in issues] == ["D044"] and "units [100000] beyond" in issues[0].message
+    probs = text.replace("component: mlp_activation", "component: attention_probs")
+    issues, _ = static_issues(_doc(tmp_path, probs))
+    assert issues == []  # the width is the model's to say: checked with it
+    with pytest.raises(DocumentError) as caught:
+        build(_doc(tmp_path, probs), model=load_model("tiny:llama", True))
+    assert [i.code for i in caught.value.issues] == ["D018"]
 
 
 @pytest.mark.parametrize("spec", FAMILIES)

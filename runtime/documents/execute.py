@@ -92,27 +92,40 @@ def _mean(exp: Experiment, address: Any, role: str) -> Any:
     return exp.cache[key]
 
 
-def _write_values(
-    exp: Experiment, cell: Cell, texts: list[str], role: str
-) -> list[tuple[Any, Any]]:
-    """(address, value) of each zero or mean write, made like the place's clean tensor
-    on these rows (the mean: over every row and named token, the same at each)."""
+def _write_values(exp: Experiment, cell: Cell, part: slice, role: str) -> list[tuple[Any, Any]]:
+    """(address, value) of each write made here (zero, mean, and a source write at
+    units), made like the place's clean tensor on these rows: zeros, the mean over
+    every row and named token, or the source row's value; where the site names units,
+    only those units of the last axis, the others as the clean run has them."""
+    texts = texts_of(exp.rows, role)[part]
     wanted = [
-        (address, w["value"])
+        (address, w, cell.bindings[w["site"]].units)
         for w in exp.writes_of(cell.intervention)
         for address in cell.addresses[w["site"]]
     ]
     if not wanted:
         return []
-    clean = _read(exp, [a for a, _ in wanted], texts)
+    clean = _read(exp, [a for a, _, _ in wanted], texts)
+    sources: dict[int, dict[Any, Any]] = {}
     out = []
-    for address, value in wanted:
+    for address, w, units in wanted:
         held = clean[address]
-        if value == "zero":
-            out.append((address, held.new_zeros(held.shape)))
+        if w["value"] == "zero":
+            value = held.new_zeros(held.shape)
+        elif w["value"] == "mean":
+            value = _mean(exp, address, role).to(held.dtype).expand_as(held)
         else:
-            mean = _mean(exp, address, role).to(held.dtype)
-            out.append((address, mean.expand_as(held).clone()))
+            slot = int(w.get("source", 0))
+            if slot not in sources:
+                texts_k = texts_of(exp.rows, "source", slot)[part]
+                sources[slot] = _read(exp, [a for a, _, _ in wanted], texts_k)
+            value = sources[slot][address]
+        if units is None:
+            out.append((address, value.clone()))
+        else:
+            mixed = held.clone()
+            mixed[..., list(units)] = value[..., list(units)]
+            out.append((address, mixed))
     return out
 
 
@@ -134,7 +147,7 @@ def _batch(exp: Experiment, addresses: list[Any], texts: list[str]) -> int:
     return exp.batch_size
 
 
-def _plan_cell(exp: Experiment, cell: Cell, texts: list[str], role: str) -> Any:
+def _plan_cell(exp: Experiment, cell: Cell, part: slice, role: str) -> Any:
     """The logits of one batch with the cell's zero/mean writes, read at the last token
     (or through the lens at the readout site)."""
     from causalab_mini.plan import Plan
@@ -146,7 +159,8 @@ def _plan_cell(exp: Experiment, cell: Cell, texts: list[str], role: str) -> Any:
     else:
         site = exp.doc["reads"][readout]["site"]
         (at,) = cell.addresses[site][:1]
-    writes = _write_values(exp, cell, texts, role)
+    writes = _write_values(exp, cell, part, role)
+    texts = texts_of(exp.rows, role)[part]
     out = Plan.of(reads=[at], writes=writes).run(
         exp.model, texts, frame=exp.frame, engine=exp.engine
     )
@@ -159,6 +173,15 @@ def _plan_cell(exp: Experiment, cell: Cell, texts: list[str], role: str) -> Any:
         return exp.model.lens(value)
 
 
+def _patching(exp: Experiment, cell: Cell) -> bool:
+    """Whether the cell runs as an interchange (source writes of whole places; a source
+    write at units runs as a plan: the source read, then the base written)."""
+    return any(
+        w["value"] == "source" and cell.bindings[w["site"]].units is None
+        for w in exp.writes_of(cell.intervention)
+    )
+
+
 def cell_logits(exp: Experiment, cell: Cell) -> Any:
     """The logits the cell's metrics read, (rows, vocab), over every batch of rows."""
     import torch
@@ -166,7 +189,7 @@ def cell_logits(exp: Experiment, cell: Cell) -> Any:
     item = exp.doc["interventions"][cell.intervention]
     role = item.get("input", "base")
     texts = texts_of(exp.rows, role)
-    patching = any(w["value"] == "source" for w in exp.writes_of(cell.intervention))
+    patching = _patching(exp, cell)
     size = exp.batch_size
     if not patching:
         size = _batch(exp, [a for v in cell.addresses.values() for a in v], texts)
@@ -175,7 +198,7 @@ def cell_logits(exp: Experiment, cell: Cell) -> Any:
         if patching:
             parts.append(_patch_cell(exp, cell, texts[part], part))
         else:
-            parts.append(_plan_cell(exp, cell, texts[part], role))
+            parts.append(_plan_cell(exp, cell, part, role))
     return torch.cat(parts)
 
 
@@ -277,14 +300,15 @@ def forwards(exp: Experiment) -> int:
         if cell.refused is not None:
             continue
         writes = exp.writes_of(cell.intervention)
-        if any(w["value"] == "source" for w in writes):
+        if _patching(exp, cell):
             total += math.ceil(n / exp.batch_size)
             continue
         role = exp.doc["interventions"][cell.intervention].get("input", "base")
         texts = texts_of(exp.rows, role)
         addresses = [a for v in cell.addresses.values() for a in v]
         batches = math.ceil(n / _batch(exp, addresses, texts))
-        total += batches * (2 if writes else 1)
+        slots = {int(w.get("source", 0)) for w in writes if w["value"] == "source"}
+        total += batches * ((2 if writes else 1) + len(slots))
         for w in writes:
             if w["value"] == "mean":
                 means.update((a, role) for a in cell.addresses[w["site"]])

@@ -18,7 +18,7 @@ from .metrics import Metric, MetricError, token_ids
 from .source import DocumentError, Issue, Source
 from .validate import static_issues
 
-AXES = {"layers": "layer", "positions": "position", "heads": "head"}
+AXES = {"layers": "layer", "positions": "position", "heads": "head", "units": "unit"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Binding:
     layers: tuple[int | None, ...]
     heads: tuple[int | None, ...]
     positions: Any  # as written: one spec, a list of specs, or None (every token)
+    units: tuple[int, ...] | None = None  # of the last axis; None: the whole width
 
 
 @dataclass
@@ -132,8 +133,39 @@ def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[
             found = _range(site["heads"], count, "heads")
             issues += _bounded(source, ("sites", name, "heads"), "D041", found, count, "heads")
             heads = list(found)
-        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"))
+        units, found_issues = _units(source, model, name, site, layers)
+        issues += found_issues
+        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"), units)
     return out, issues
+
+
+def _units(
+    source: Source, model: Any, name: str, site: dict[str, Any], layers: list[int | None]
+) -> tuple[tuple[int, ...] | None, list[Issue]]:
+    """A site's units of its last axis, checked against the place's width (D018: a
+    place with no width; D044: a unit beyond it)."""
+    from causalab_mini.geometry import ComponentError
+    from causalab_mini.locator import locate
+
+    if site.get("units") is None:
+        return None, []
+    path = ("sites", name, "units")
+    width = None
+    for layer in layers:
+        try:
+            width = locate(model, site["component"], layer).width
+            break
+        except ComponentError:
+            continue  # a layer the model refuses: its cells say so
+    if width is None:
+        why = f"component {site['component']!r} has no width on this model (its last axis"
+        return None, [
+            source.issue(
+                path, "D018", f"{why} is not a feature axis), so it has no units to select"
+            )
+        ]
+    found = _range(site["units"], width, "units")
+    return tuple(found), _bounded(source, path, "D044", found, width, "units")
 
 
 def _uses(doc: dict[str, Any], intervention: str) -> list[str]:
@@ -152,6 +184,8 @@ def _sweep_values(binding: Binding, axis: str) -> list[Any]:
         return list(binding.layers)
     if axis == "heads":
         return list(binding.heads)
+    if axis == "units":
+        return list(binding.units or ())
     spec = binding.positions
     return list(spec) if isinstance(spec, list) else [spec]
 
@@ -174,6 +208,7 @@ def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell
                 (coords["layer"],) if "layer" in coords else swept.layers,
                 (coords["head"],) if "head" in coords else swept.heads,
                 coords["position"] if "position" in coords else swept.positions,
+                (coords["unit"],) if "unit" in coords else swept.units,
             )
             cells.append(Cell(name, coords, {**bindings, sweep["site"]: one}))
     return cells

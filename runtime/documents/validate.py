@@ -15,6 +15,7 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D015 a position that is not well written
     D016 an intervention whose writes or readout do not fit together
     D017 a write at a read-only component
+    D018 units on a place with no width
     D020 a save path that leaves --out
     D021 a code-loading switch (trust_remote_code, ...), which only the command line gives
     D022 remote runs
@@ -26,6 +27,7 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D041 a head beyond the model
     D042 a position a row does not have
     D043 an answer that is not one token on the tokenizer
+    D044 a unit beyond the place's width
     D050 an --out folder holding another document's results
 """
 
@@ -160,6 +162,15 @@ def _site_issues(source: Source) -> list[Issue]:
                         f"{', '.join(n for n, c in table.items() if c.per_head != 'none')})",
                     )
                 )
+        if site.get("units") is not None and site.get("heads") is not None:
+            out.append(
+                source.issue(
+                    ("sites", name, "units"),
+                    "D003",
+                    f"site {name!r} names units and heads: units select the place's last "
+                    "axis, so give one of them (a head's units: not supported)",
+                )
+            )
         if "positions" in site:
             try:
                 parse(site["positions"])
@@ -273,6 +284,15 @@ def _sweep_issues(source: Source) -> list[Issue]:
     site = sites[sweep["site"]]
     out = []
     for i, axis in enumerate(sweep.get("axes") or []):
+        if axis == "units" and site.get("units") is None:
+            out.append(
+                source.issue(
+                    ("sweep", "axes", i),
+                    "D003",
+                    f"the sweep runs over units and site {sweep['site']!r} names none: give "
+                    "it units (a list, a range or all)",
+                )
+            )
         if axis == "heads" and site.get("heads") is None:
             out.append(
                 source.issue(
