@@ -35,6 +35,14 @@ def _places(exp: Experiment, name: str) -> dict[int | None, str]:
     return out
 
 
+def _short(values: tuple[int, ...] | None) -> str:
+    """A list of ints written short where it is a run: 0..15."""
+    found = list(values or ())
+    if len(found) > 3 and found == list(range(found[0], found[-1] + 1)):
+        return f"{found[0]}..{found[-1]}"
+    return str(found)
+
+
 def _site_lines(exp: Experiment) -> list[str]:
     lines = ["sites:"]
     for name, site in exp.doc["sites"].items():
@@ -43,6 +51,7 @@ def _site_lines(exp: Experiment) -> list[str]:
         lines.append(
             f"  {name}: {site['component']}"
             + (f", heads {heads}" if heads else "")
+            + (f", units {_short(exp.sites[name].units)}" if exp.sites[name].units else "")
             + (f", positions {json.dumps(written)}" if written is not None else "")
         )
         lines += [f"    layer {layer}: {text}" for layer, text in _places(exp, name).items()]
