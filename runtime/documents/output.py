@@ -75,6 +75,8 @@ def check_out(source: Source, out: Path, resume: bool) -> tuple[Path, dict[str, 
     refused (D050) where ``--out`` holds another document's results or other files."""
     target = target_folder(source, out)
     manifest = target / MANIFEST
+    if target.exists() and not target.is_dir():
+        raise _out_error(source, f"--out {str(target)!r} is a file: give a folder")
     if not target.exists() or not any(target.iterdir()):
         return target, {}
     if not manifest.is_file():

@@ -465,6 +465,8 @@ def static_issues(source: Source) -> tuple[list[Issue], Rows | None]:
         try:
             issues += check(source)
         except (AttributeError, TypeError, KeyError):
+            if not issues:  # not a section the schema refused: a fault of the check
+                raise
             continue  # a section the schema already refused: its issue is said
     rows, found = rows_of(source)
     issues += found
