@@ -73,6 +73,7 @@ def test_the_library_has_the_documents_the_tests_run() -> None:
         "attention_knockout",
         "attention_pattern_patching",
         "neuron_patching",
+        "attribution_patching",
     }
 
 
@@ -259,6 +260,44 @@ def test_neuron_patching_is_a_layer_by_unit_grid_and_all_units_is_the_place(
     for a, b in zip(whole["cells"], place["cells"], strict=True):
         assert a["per_row"]["logit_diff"] == pytest.approx(b["per_row"]["logit_diff"], abs=1e-5)
         assert a["per_row"]["logit_diff"] != base
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_attribution_patching_estimates_the_patches_beside_it(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("attribution_patching", spec, tmp_path)
+    assert all(c["status"] == "ok" for c in results["cells"]) and count == forwards(exp)
+    layers = exp.model.internals.num_layers
+    assert results["backwards"] == layers * 4  # one per cell (one batch each)
+    base = results["clean"]["base"]["metrics"]["logit_diff"]
+    cells = _cells(results)
+
+    def pair(layer: int, index: int) -> tuple[float, float]:
+        at = f"layer={layer}|position={json.dumps({'index': index})}"
+        patched = cells[f"patched|{at}"]["metrics"]["logit_diff"] - base
+        return patched, cells[f"estimated|{at}"]["metrics"]["atp[logit_diff]"]
+
+    # the same token at the same place of both prompts: nothing to patch, nothing to score
+    assert pair(0, -1) == (0.0, 0.0)
+    # one block before the logits, the first-order estimate is close to the patch
+    patched, estimated = pair(layers - 1, -1)
+    assert patched != 0 and estimated == pytest.approx(patched, rel=0.1)
+    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == [
+        "estimated_atp_logit_diff.png",
+        "patched_logit_diff.png",
+    ]
+
+
+def test_an_attribution_is_checked(tmp_path: Path) -> None:
+    text = (DOCS / "attribution_patching.yaml").read_text()
+    issues, _ = static_issues(
+        _doc(tmp_path, text.replace("metric: logit_diff, method", "metric: logprob, method"))
+    )
+    assert [i.code for i in issues] == ["D012"] and "logprob" in issues[0].message
+    both = text.replace(
+        "{attribute: {site: stream,", "{writes: [from_source], attribute: {site: stream,"
+    )
+    issues, _ = static_issues(_doc(tmp_path, both))
+    assert [i.code for i in issues] == ["D016"]
 
 
 def test_units_need_a_width_and_stay_inside_it(tmp_path: Path) -> None:

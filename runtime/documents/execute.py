@@ -229,6 +229,56 @@ def measure(exp: Experiment, logits: Any, references: dict[str, Any]) -> dict[st
     return out
 
 
+def attribution_label(item: dict[str, Any], exp: Experiment) -> str:
+    """The column an attribution's scores go under: method[metric label]."""
+    attribute = item["attribute"]
+    metric = next(m for m in exp.metrics if m.name == attribute["metric"])
+    return f"{attribute.get('method', 'atp')}[{metric.label}]"
+
+
+def _attribute_cell(exp: Experiment, cell: Cell) -> dict[str, Any]:
+    """An attribution cell's scores: per row, the summed attribution of every address
+    (and position) of the cell (the first-order estimate of patching them all), and
+    its mean over the rows."""
+    import torch
+
+    from causalab_mini.attribution import attribute
+
+    item = exp.doc["interventions"][cell.intervention]
+    spec = item["attribute"]
+    metric = next(m for m in exp.metrics if m.name == spec["metric"])
+    addresses = cell.addresses[spec["site"]]
+    bases, sources = texts_of(exp.rows, "base"), texts_of(exp.rows, "source")
+    rows = []
+    for part in _chunks(len(bases), exp.batch_size):
+        tokens = {k: torch.tensor(v[part]) for k, v in exp.tokens.items()}
+
+        def measure_rows(logits: Any, tokens: Any = tokens) -> Any:
+            # the attribution's forward holds the bases, then their sources: each pair's
+            # tokens serve both of its rows
+            times = logits.shape[0] // max(len(next(iter(tokens.values()))), 1)
+            return per_row(metric, logits, {k: v.repeat(times) for k, v in tokens.items()}, None)
+
+        result = attribute(
+            exp.model,
+            addresses,
+            bases[part],
+            sources[part],
+            measure_rows,
+            method=spec.get("method", "atp"),
+            steps=int(spec.get("steps", 16)),
+            engine=exp.engine,
+            frame=exp.frame,
+        )
+        rows.append(sum(result.scores[a].sum(1) for a in addresses))
+    scores = torch.cat(rows)
+    label = attribution_label(item, exp)
+    return {
+        "metrics": {label: _number(scores.mean())},
+        "per_row": {label: [_number(v) for v in scores]},
+    }
+
+
 def run_cell(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[str, Any]:
     """One cell's record: its coordinates, status, metrics (or refusal) and time."""
     import torch
@@ -243,6 +293,11 @@ def run_cell(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[st
         return {**record, "status": "refused", "reason": cell.refused}
     started = time.perf_counter()
     try:
+        if "attribute" in exp.doc["interventions"][cell.intervention]:
+            record.update(_attribute_cell(exp, cell))
+            record["status"] = "ok"
+            record["seconds"] = round(time.perf_counter() - started, 4)
+            return record
         with torch.no_grad():
             logits = cell_logits(exp, cell)
     except CausalabError as exc:  # a place the engine or the model refuses at run time
@@ -284,6 +339,20 @@ def run_cells(
     return clean, records
 
 
+def backwards(exp: Experiment) -> int:
+    """The backward passes a run makes: one per batch of an attribution cell (integrated
+    gradients: one per step besides)."""
+    import math
+
+    total = 0
+    for cell in exp.cells:
+        attribute = exp.doc["interventions"][cell.intervention].get("attribute")
+        if cell.refused is None and attribute is not None:
+            per = 1 + (int(attribute.get("steps", 16)) if attribute.get("method") == "ig" else 0)
+            total += math.ceil(len(exp.rows.rows) / exp.batch_size) * per
+    return total
+
+
 def forwards(exp: Experiment) -> int:
     """The forwards a run makes: the clean runs (bases, sources); per cell one per
     batch (a patch runs base and source rows in one), one more per batch where a zero
@@ -300,6 +369,11 @@ def forwards(exp: Experiment) -> int:
         if cell.refused is not None:
             continue
         writes = exp.writes_of(cell.intervention)
+        attribute = exp.doc["interventions"][cell.intervention].get("attribute")
+        if attribute is not None:
+            per = 1 + (int(attribute.get("steps", 16)) if attribute.get("method") == "ig" else 0)
+            total += math.ceil(n / exp.batch_size) * per
+            continue
         if _patching(exp, cell):
             total += math.ceil(n / exp.batch_size)
             continue
@@ -317,4 +391,13 @@ def forwards(exp: Experiment) -> int:
     return total
 
 
-__all__ = ["cell_logits", "clean_logits", "forwards", "measure", "run_cell", "run_cells"]
+__all__ = [
+    "attribution_label",
+    "backwards",
+    "cell_logits",
+    "clean_logits",
+    "forwards",
+    "measure",
+    "run_cell",
+    "run_cells",
+]

@@ -176,6 +176,8 @@ def _uses(doc: dict[str, Any], intervention: str) -> list[str]:
     readout = item.get("readout", "logits")
     if readout != "logits":
         sites.append(reads[readout]["site"])
+    if "attribute" in item:
+        sites.append(item["attribute"]["site"])
     return list(dict.fromkeys(sites))
 
 
@@ -253,6 +255,9 @@ def _position_issues(
         for w in (doc.get("writes") or {}).values()
         if w.get("value") == "source"
     }
+    for item in doc["interventions"].values():
+        if "attribute" in item:  # scores base and source tokens pairwise
+            patched.setdefault(item["attribute"]["site"], 0)
     lensed = {r["site"] for r in (doc.get("reads") or {}).values() if r.get("lens")}
     issues: list[Issue] = []
     texts = {"base": texts_of(rows, "base")}

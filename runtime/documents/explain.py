@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .execute import forwards
+from .execute import backwards, forwards
 from .experiment import Experiment, texts_of
 from .plots import position_label
 
@@ -127,7 +127,9 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
     ):
         lines += _marks(exp, texts_of(exp.rows, "source")[:max_rows], "source")
     lines += _cell_lines(exp)
-    lines.append(f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: 0")
+    lines.append(
+        f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: {backwards(exp)}"
+    )
     return "\n".join(lines)
 
 
@@ -150,6 +152,7 @@ def explained(exp: Experiment) -> dict[str, Any]:
         "sites": sites,
         "cells": [{"key": c.key, "refused": c.refused} for c in exp.cells],
         "forwards": forwards(exp),
+        "backwards": backwards(exp),
     }
 
 

@@ -200,6 +200,9 @@ def _reference_issues(source: Source) -> list[Issue]:
         for name, item in table.items():
             out += _ref(source, (section, name, "site"), item.get("site"), "site", sites)
     for name, item in (doc.get("interventions") or {}).items():
+        if "attribute" in item:
+            where = ("interventions", name, "attribute", "site")
+            out += _ref(source, where, item["attribute"].get("site"), "site", sites)
         for i, w in enumerate(item.get("writes") or []):
             out += _ref(source, ("interventions", name, "writes", i), w, "write", writes)
         readout = item.get("readout", "logits")
@@ -237,6 +240,7 @@ def _intervention_issues(source: Source) -> list[Issue]:
                 )
             )
         readout = item.get("readout", "logits")
+        out += _attribute_issues(source, name, item)
         if "source" in values and readout != "logits":
             out.append(
                 source.issue(
@@ -257,6 +261,46 @@ def _intervention_issues(source: Source) -> list[Issue]:
                     f"{spec.why_read_only}",
                 )
             )
+    return out
+
+
+def _attribute_issues(source: Source, name: str, item: dict[str, Any]) -> list[Issue]:
+    """D016: an attribution runs alone (no writes, no readout), on the base, of a metric
+    the document measures (its target and contrast), at a site without heads."""
+    attribute = item.get("attribute")
+    if not isinstance(attribute, dict):
+        return []
+    where: Path_ = ("interventions", name)
+    out = []
+    if item.get("writes") or "readout" in item or item.get("input", "base") != "base":
+        out.append(
+            source.issue(
+                where,
+                "D016",
+                f"intervention {name!r} attributes: it runs on the base with no writes "
+                "and no readout (give those to another intervention)",
+            )
+        )
+    measured = [m.get("metric") for m in source.data.get("metrics") or []]
+    if attribute.get("metric") not in measured:
+        out.append(
+            source.issue(
+                (*where, "attribute", "metric"),
+                "D012",
+                f"attribution of {attribute.get('metric')!r}, which the document's metrics "
+                f"do not name ({', '.join(map(str, measured))}): add it there (its target "
+                "and contrast are read from it)",
+            )
+        )
+    site = (source.data.get("sites") or {}).get(attribute.get("site"))
+    if isinstance(site, dict) and site.get("heads") is not None:
+        out.append(
+            source.issue(
+                (*where, "attribute", "site"),
+                "D016",
+                "an attribution scores a place per (row, position): its site names no heads",
+            )
+        )
     return out
 
 
@@ -406,7 +450,7 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
         if item.get("value") == "source":
             needs.setdefault("source", ("writes", name))
     for name, item in (doc.get("interventions") or {}).items():
-        if item.get("input") == "source":
+        if item.get("input") == "source" or "attribute" in item:
             needs.setdefault("source", ("interventions", name))
     out = _source_counts(source, rows)
     for field, path in needs.items():
