@@ -83,6 +83,15 @@ def test_each_document_is_valid_without_a_model(name: str) -> None:
     assert issues == [] and rows is not None and rows.rows
 
 
+@pytest.mark.parametrize("path", sorted(DOCS.rglob("*.yaml")), ids=lambda p: p.stem)
+def test_each_document_names_its_schema_for_editors(path: Path) -> None:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    schema = (path.parent / first.split("$schema=", 1)[1]).resolve()
+    assert schema == (REPO / "schema" / "document.schema.json").resolve()
+    assert static_issues(load(path))[0] == []
+
+
 @pytest.mark.parametrize("name", DOCUMENTS)
 def test_each_document_names_its_model_on_one_line(name: str) -> None:
     # only the model line changes for a real checkpoint
