@@ -21,7 +21,7 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
 
 
 def _logits_at(model: Any) -> Any:
-    from causalab_mini.locator import locate
+    from ..locator import locate
 
     return locate(model, "logits", position={"index": -1})
 
@@ -30,7 +30,7 @@ def clean_logits(exp: Experiment, role: str, slot: int = 0) -> Any:
     """The unpatched logits at each row's last content token of the ``role`` texts."""
     import torch
 
-    from causalab_mini.plan import Plan
+    from ..plan import Plan
 
     at = _logits_at(exp.model)
     texts = texts_of(exp.rows, role, slot)
@@ -42,7 +42,7 @@ def clean_logits(exp: Experiment, role: str, slot: int = 0) -> Any:
 
 
 def _patch_cell(exp: Experiment, cell: Cell, texts: list[str], part: slice) -> Any:
-    from causalab_mini.interchange import Patch, interchange
+    from ..interchange import Patch, interchange
 
     patches = [
         Patch(address, int(w.get("source", 0)))
@@ -67,7 +67,7 @@ def _patch_cell(exp: Experiment, cell: Cell, texts: list[str], part: slice) -> A
 
 
 def _read(exp: Experiment, addresses: list[Any], texts: list[str]) -> dict[Any, Any]:
-    from causalab_mini.plan import Plan
+    from ..plan import Plan
 
     out: dict[Any, Any] = Plan.of(reads=addresses).run(
         exp.model, texts, frame=exp.frame, engine=exp.engine
@@ -133,7 +133,7 @@ def _batch(exp: Experiment, addresses: list[Any], texts: list[str]) -> int:
     """The batch size a plan at ``addresses`` runs these texts in: one row at a time
     where a position names a different number of tokens in different rows (they do not
     stack into one tensor), else the document's."""
-    from causalab_mini.positions import encode, resolve
+    from ..positions import encode, resolve
 
     key = ("encoded", tuple(texts))
     if key not in exp.cache:
@@ -150,7 +150,7 @@ def _batch(exp: Experiment, addresses: list[Any], texts: list[str]) -> int:
 def _plan_cell(exp: Experiment, cell: Cell, part: slice, role: str) -> Any:
     """The logits of one batch with the cell's zero/mean writes, read at the last token
     (or through the lens at the readout site)."""
-    from causalab_mini.plan import Plan
+    from ..plan import Plan
 
     item = exp.doc["interventions"][cell.intervention]
     readout = item.get("readout", "logits")
@@ -242,7 +242,7 @@ def _attribute_cell(exp: Experiment, cell: Cell) -> dict[str, Any]:
     its mean over the rows."""
     import torch
 
-    from causalab_mini.attribution import attribute
+    from ..attribution import attribute
 
     item = exp.doc["interventions"][cell.intervention]
     spec = item["attribute"]

@@ -105,7 +105,8 @@ def _bounded(
 
 def _heads_of(model: Any, component: str, layer: int | None) -> int:
     from causalab_mini.generated import COMPONENTS
-    from causalab_mini.geometry import num_heads, num_kv_heads
+
+    from ..geometry import num_heads, num_kv_heads
 
     kind = COMPONENTS[component].per_head
     return int(num_kv_heads(model, layer) if kind == "kv" else num_heads(model, layer))
@@ -144,8 +145,8 @@ def _units(
 ) -> tuple[tuple[int, ...] | None, list[Issue]]:
     """A site's units of its last axis, checked against the place's width (D018: a
     place with no width; D044: a unit beyond it)."""
-    from causalab_mini.geometry import ComponentError
-    from causalab_mini.locator import locate
+    from ..geometry import ComponentError
+    from ..locator import locate
 
     if site.get("units") is None:
         return None, []
@@ -218,8 +219,8 @@ def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell
 
 def locate_cells(model: Any, cells: list[Cell]) -> None:
     """Each cell's addresses, or the model's reason for refusing it."""
-    from causalab_mini.geometry import ComponentError
-    from causalab_mini.locator import locate
+    from ..geometry import ComponentError
+    from ..locator import locate
 
     for cell in cells:
         for site, b in cell.bindings.items():
@@ -247,7 +248,7 @@ def _position_issues(
 ) -> list[Issue]:
     """D042: a site's position that a row lacks (in the base, or the source a patch
     takes it from; a patch names as many tokens in both; a lens read one token)."""
-    from causalab_mini.positions import PositionError, encode, resolve
+    from ..positions import PositionError, encode, resolve
 
     doc = source.data
     patched = {
@@ -391,7 +392,7 @@ def load_model(source: Source, spec: str | None = None, trust_remote_code: bool 
     """The document's model (or ``spec``'s), built on the meta device where its family
     allows: nothing runs until the first forward. ``trust_remote_code`` is only ever
     the command line's."""
-    from causalab_mini.model import StandardizedTransformer
+    from ..model import StandardizedTransformer
 
     block = source.data["model"]
     checkpoint = spec or block["checkpoint"]

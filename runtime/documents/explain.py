@@ -16,8 +16,8 @@ from .plots import position_label
 
 def _places(exp: Experiment, name: str) -> dict[int | None, str]:
     """A site's address per layer on the model (its text), or the model's refusal."""
-    from causalab_mini.geometry import ComponentError
-    from causalab_mini.locator import locate
+    from ..geometry import ComponentError
+    from ..locator import locate
 
     bound = exp.sites[name]
     layers: list[int | None] = [x for x in bound.layers if x is not None]
@@ -59,7 +59,7 @@ def _site_lines(exp: Experiment) -> list[str]:
 
 
 def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
-    from causalab_mini.positions import PositionError, encode, resolve
+    from ..positions import PositionError, encode, resolve
 
     encoded = encode(exp.model, texts, exp.frame)
     marks: list[dict[int, list[str]]] = [{} for _ in texts]

@@ -127,7 +127,7 @@ def _components() -> Any:
 
 
 def _site_issues(source: Source) -> list[Issue]:
-    from causalab_mini.positions import PositionError, parse
+    from ..positions import PositionError, parse
 
     out: list[Issue] = []
     table = _components()
