@@ -753,3 +753,16 @@ def test_a_write_at_a_read_only_component_is_refused(tmp_path: Path) -> None:
     text = MID.replace("component: block_mid", "component: input_ids")
     issues, _ = static_issues(_doc(tmp_path, text))
     assert "D017" in [i.code for i in issues]
+
+
+def test_the_explain_output_in_the_docs_is_what_explain_prints() -> None:
+    page = (REPO / "docs" / "documents.md").read_text()
+    command = "$ causalab-mini explain documents/logit_lens.yaml --model tiny:gpt2 --rows 1\n"
+    shown = page.split(command, 1)[1].split("```", 1)[0].rstrip("\n")
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        done = cli("explain", "documents/logit_lens.yaml", "--model", "tiny:gpt2", "--rows", "1")
+    finally:
+        os.chdir(cwd)
+    assert done.exit_code == 0 and done.output.rstrip("\n") == shown
