@@ -766,3 +766,18 @@ def test_the_explain_output_in_the_docs_is_what_explain_prints() -> None:
     finally:
         os.chdir(cwd)
     assert done.exit_code == 0 and done.output.rstrip("\n") == shown
+
+
+def test_integrated_gradients_count_their_steps(tmp_path: Path) -> None:
+    text = (DOCS / "attribution_patching.yaml").read_text()
+    text = text.replace("method: atp}", "method: ig, steps: 2}")
+    source = _doc(tmp_path, text)
+    model = load_model("tiny:llama")
+    counted = _counted(model)
+    count = next(counted)
+    results = run(source, tmp_path / "out", model=model)
+    counted.close()
+    layers = model.internals.num_layers
+    assert count[0] == results["forwards"] and results["backwards"] == layers * 4 * 3
+    cells = _cells(results)
+    assert cells['estimated|layer=0|position={"index": -1}']["metrics"]["ig[logit_diff]"] == 0.0
