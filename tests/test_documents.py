@@ -781,3 +781,13 @@ def test_integrated_gradients_count_their_steps(tmp_path: Path) -> None:
     assert count[0] == results["forwards"] and results["backwards"] == layers * 4 * 3
     cells = _cells(results)
     assert cells['estimated|layer=0|position={"index": -1}']["metrics"]["ig[logit_diff]"] == 0.0
+
+
+def test_a_model_that_cannot_load_is_a_document_error(tmp_path: Path) -> None:
+    done = cli("validate", str(DOCS / "logit_lens.yaml"))
+    assert done.exit_code == 0
+    bad = _doc(tmp_path, GOOD.replace("checkpoint: tiny:llama", "checkpoint: tiny:llamaa"))
+    with pytest.raises(DocumentError) as caught:
+        build(bad)
+    assert [i.code for i in caught.value.issues] == ["D045"]
+    assert caught.value.issues[0].line == _line_of(GOOD, "checkpoint:")

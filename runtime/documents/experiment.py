@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import CausalabError
 from .data import Rows
 from .metrics import Metric, MetricError, token_ids
 from .source import DocumentError, Issue, Source
@@ -426,7 +427,13 @@ def build(
         raise DocumentError(issues)
     doc = source.data
     if model is None:
-        model = load_model(source, spec, trust_remote_code)
+        try:
+            model = load_model(source, spec, trust_remote_code)
+        except CausalabError as exc:  # a spec that names nothing loadable, a refused load
+            where = "--model" if spec is not None else "its checkpoint"
+            raise DocumentError(
+                [source.issue(("model", "checkpoint"), "D045", f"{where}: {exc}")]
+            ) from None
     frame = (doc.get("data") or {}).get("frame", "plain")
     sites, issues = resolve_sites(source, model)
     metrics = [Metric.of(m) for m in doc["metrics"]]

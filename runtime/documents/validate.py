@@ -28,6 +28,7 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D042 a position a row does not have
     D043 an answer that is not one token on the tokenizer
     D044 a unit beyond the place's width
+    D045 a model that cannot be loaded (the loader's reason)
     D050 an --out folder holding another document's results
 """
 
