@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import CausalabError
 from .experiment import Cell, Experiment, texts_of
+from .grids import grid_forwards, grid_logits, gridded
 from .metrics import per_row
 
 
@@ -186,6 +187,8 @@ def cell_logits(exp: Experiment, cell: Cell) -> Any:
     """The logits the cell's metrics read, (rows, vocab), over every batch of rows."""
     import torch
 
+    if gridded(exp, cell):
+        return grid_logits(exp, cell)
     item = exp.doc["interventions"][cell.intervention]
     role = item.get("input", "base")
     texts = texts_of(exp.rows, role)
@@ -328,6 +331,7 @@ def run_cells(
         if all("source" in r for r in exp.rows.rows):
             references["source"] = clean_logits(exp, "source")
     clean = {k: measure(exp, v, references) for k, v in references.items()}
+    exp.cache["done"] = set(done)  # the grids run only the cells still to run
     records = []
     for cell in exp.cells:
         if cell.key in done:
@@ -365,8 +369,10 @@ def forwards(exp: Experiment) -> int:
     if all("source" in r for r in exp.rows.rows):
         total *= 2
     means: set[Any] = set()
+    total += grid_forwards(exp)
+    done = exp.cache.get("done", set())
     for cell in exp.cells:
-        if cell.refused is not None:
+        if cell.refused is not None or cell.key in done or gridded(exp, cell):
             continue
         writes = exp.writes_of(cell.intervention)
         attribute = exp.doc["interventions"][cell.intervention].get("attribute")
