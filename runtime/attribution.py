@@ -238,6 +238,61 @@ def _features(address: ComponentAddress, value: Any) -> Any:
     return moved.reshape(moved.shape[0], moved.shape[1], -1).sum(-1)
 
 
+def _check_attribute(
+    addresses: Sequence[ComponentAddress],
+    bases: Sequence[str],
+    sources: Sequence[str] | None,
+    method: str,
+    steps: int,
+) -> None:
+    if method not in ("atp", "ig"):
+        raise AttributionRefused(f"method is 'atp' or 'ig', not {method!r}")
+    if sources is not None and (len(sources) != len(bases) or isinstance(sources, str)):
+        raise PositionError("bases and sources are lists of texts, one source per base")
+    if method == "ig" and sources is None:
+        raise AttributionRefused("integrated gradients run from the base to a source: give sources")
+    if type(steps) is not int or steps < 1:
+        raise AttributionRefused(f"steps is a positive int, not {steps!r}")
+    for address in addresses:
+        if address.head is not None or address.stream is not None:
+            raise AttributionRefused(
+                f"{address}: attribution scores a place per (pair, position); locate it "
+                "without a head (every head's score is its slice of the features)"
+            )
+        if address.sequence_axis is None:
+            raise AttributionRefused(f"{address} has no sequence axis to score positions on")
+
+
+def _score(
+    model: Any,
+    encoded: Encoded,
+    address: ComponentAddress,
+    probe: _Probe,
+    grad: Any,
+    sources: Sequence[str] | None,
+    method: str,
+    run: tuple[Engine, dict[str, Any], Any, Metric, int, int],
+) -> Any:
+    """One address's scores: (pairs, positions)."""
+    runner, batch, last, measure, k, steps = run
+    axis = address.sequence_axis
+    assert axis is not None
+    if sources is None:
+        spec: Any = address.position or "all"
+        at = stacked(resolve(model, encoded, spec)[:k], spec)
+        x = take(probe.clean[:k], at, axis)
+        return _features(address, take(grad[:k], at, axis) * x).detach()
+    base_at, source_at = _aligned(model, encoded, address, k)
+    x_base = take(probe.clean[:k], base_at, axis)
+    x_source = take(probe.clean[k:], source_at, axis)
+    if method == "atp":
+        g = take(grad[:k], base_at, axis)
+    else:
+        path = (base_at, x_base, x_source)
+        g = _integrated(model, runner, address, batch, last, measure, k, steps, path)
+    return _features(address, g * (x_source - x_base)).detach()
+
+
 def attribute(
     model: Any,
     addresses: Sequence[ComponentAddress],
@@ -257,20 +312,7 @@ def attribute(
     ``sources=None``, gradient x activation."""
     import torch
 
-    if method not in ("atp", "ig"):
-        raise AttributionRefused(f"method is 'atp' or 'ig', not {method!r}")
-    if sources is not None and (len(sources) != len(bases) or isinstance(sources, str)):
-        raise PositionError("bases and sources are lists of texts, one source per base")
-    if method == "ig" and sources is None:
-        raise AttributionRefused("integrated gradients run from the base to a source: give sources")
-    if type(steps) is not int or steps < 1:
-        raise AttributionRefused(f"steps is a positive int, not {steps!r}")
-    for address in addresses:
-        if address.head is not None or address.stream is not None:
-            raise AttributionRefused(
-                f"{address}: attribution scores a place per (pair, position); locate it "
-                "without a head (every head's score is its slice of the features)"
-            )
+    _check_attribute(addresses, bases, sources, method, steps)
     measure = as_metric(metric)
     runner = engine_for(engine)
     k = len(bases)
@@ -286,37 +328,9 @@ def attribute(
         grads = _grads(values[:k].sum(), probes)
     result.metric_base = values[:k].detach()
     result.metric_source = values[k:].detach() if sources is not None else None
+    run = (runner, batch, last, measure, k, steps)
     for address, probe, grad in zip(addresses, probes, grads, strict=True):
-        axis = address.sequence_axis
-        if axis is None:
-            raise AttributionRefused(f"{address} has no sequence axis to score positions on")
-        if sources is None:
-            spec: Any = address.position or "all"
-            at = stacked(resolve(model, encoded, spec)[:k], spec)
-            x = take(probe.clean[:k], at, axis)
-            result.scores[address] = _features(address, take(grad[:k], at, axis) * x)
-            continue
-        base_at, source_at = _aligned(model, encoded, address, k)
-        x_base = take(probe.clean[:k], base_at, axis)
-        x_source = take(probe.clean[k:], source_at, axis)
-        if method == "atp":
-            g = take(grad[:k], base_at, axis)
-        else:
-            g = _integrated(
-                model,
-                runner,
-                address,
-                probe.clean,
-                batch,
-                last,
-                measure,
-                k,
-                steps,
-                base_at,
-                x_base,
-                x_source,
-            )
-        result.scores[address] = _features(address, g * (x_source - x_base)).detach()
+        result.scores[address] = _score(model, encoded, address, probe, grad, sources, method, run)
     return result
 
 
@@ -324,20 +338,18 @@ def _integrated(
     model: Any,
     runner: Engine,
     address: ComponentAddress,
-    clean: Any,
     batch: dict[str, Any],
     last: Any,
     measure: Metric,
     k: int,
     steps: int,
-    base_at: Any,
-    x_base: Any,
-    x_source: Any,
+    path: tuple[Any, Any, Any],
 ) -> Any:
     """The mean gradient at the base's positions along base -> source (midpoints),
     each point a forward of the base rows with the place set there."""
     import torch
 
+    base_at, x_base, x_source = path
     axis = address.sequence_axis
     assert axis is not None
     rows = {key: value[:k] if hasattr(value, "shape") else value for key, value in batch.items()}

@@ -20,7 +20,7 @@ logits), and every engine that runs the component gives the same grid.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,45 +108,11 @@ def _take_last(full: Any, last: Any) -> Any:
     return full[torch.arange(full.shape[0], device=full.device), last.to(full.device)]
 
 
-def grid(
-    model: Any,
-    component: str,
-    layers: Iterable[int],
-    positions: Any,
-    bases: Sequence[str],
-    sources: Sequence[str],
-    *,
-    metric: Metric | None = None,
-    engine: str | Engine = "nnsight",
-    frame: str = "plain",
-    batch_size: int = 64,
-    keep_logits: bool | None = None,
-) -> GridResult:
-    """Patch ``component`` at each layer of ``layers`` and each position of
-    ``positions`` (a list of position specs naming one token per row, or ``"all"``:
-    every content index all rows have) from each pair's source into its base; see the
-    module's text. ``metric(logits, pairs)`` maps the (n, vocab) last-token logits of n
-    patched rows and their pair indices (n,) to one value each; ``keep_logits``
-    (default: where no metric is given) keeps every cell's logits. ``batch_size``
-    patched rows per forward. Runs on any local engine."""
-    import torch
-
-    runner = engine_for(engine)
-    if type(batch_size) is not int or batch_size < 1:
-        raise CausalabError(f"batch_size is a positive int, not {batch_size!r}")
-    if isinstance(bases, str) or isinstance(sources, str) or len(bases) != len(sources):
-        raise PositionError("bases and sources are lists of texts, one source per base")
-    if not bases:
-        raise PositionError("no pairs: give at least one base and its source")
-    keep = metric is None if keep_logits is None else keep_logits
-    k = len(bases)
-    encoded = encode(model, [*bases, *sources], frame)
-    inputs = trace_inputs(model, encoded)
-    specs = _positions(model, encoded, positions, k)
-    cells = _cells(model, encoded, specs, k, bases)
-    last = torch.tensor([f.content[-1] for f in encoded.frames])
-    logits_at = locate(model, "logits")
-
+def _located(
+    model: Any, component: str, layers: Iterable[int]
+) -> tuple[dict[int, ComponentAddress], dict[int, str]]:
+    """The component at each layer that has it, and why each other layer has not;
+    refused where no position can be patched (no sequence axis, read-only)."""
     addresses: dict[int, ComponentAddress] = {}
     refused: dict[int, str] = {}
     for layer in layers:
@@ -163,74 +129,149 @@ def grid(
             )
         if not address.writable:
             raise ComponentError(f"{address} is read-only: {address.why_read_only}")
+    return addresses, refused
 
-    # every source once: one forward reads the component at every layer and the logits
-    clean = Plan.of(reads=[*addresses.values(), logits_at])
-    program = runner.lower(clean, model)
-    read = dict(zip(program.reads, runner.run(model, program, inputs), strict=True))
-    full_logits = _take_last(read[logits_at], last)
-    base_logits, source_logits = full_logits[:k], full_logits[k:]
-    forwards = 1
 
-    n_cells = len(specs) * k
-    pair_of = torch.arange(k).repeat(len(specs))  # cell c = position c // k, pair c % k
-    kept_layers = tuple(addresses)
-    vocab = int(full_logits.shape[-1])
-    logits_out = torch.empty((len(kept_layers), len(specs), k, vocab)) if keep else None
-    values_out: Any = None
-    base_tok = torch.tensor([t for base_at, _ in cells for t in base_at])
-    source_tok = torch.tensor([t for _, source_at in cells for t in source_at])
-    for li, address in enumerate(addresses.values()):
-        values = read[address]
-        seq = address.sequence_axis  # of the handed tensor, batch first
+@dataclass
+class _Layer:
+    """One layer's cells, ready to run: the batch, the engine, the cells' rows."""
+
+    model: Any
+    runner: Engine
+    inputs: dict[str, Any]
+    logits_at: ComponentAddress
+    last: Any
+    pair_of: Any  # cell c -> its pair (cell c = position c // k, pair c % k)
+    base_tok: Any  # cell c -> the base token it patches
+    batch_size: int
+
+    def run(self, address: ComponentAddress, source_vals: Any) -> Iterator[tuple[Any, Any]]:
+        """Per chunk of cells, (the cells, their patched last-token logits)."""
+        import torch
+
+        seq = address.sequence_axis
         assert seq is not None
-        # every cell's source value: the source row's token, as the place hands it on
-        moved = values.movedim(seq, 1)
-        source_vals = moved[k + pair_of, source_tok.to(moved.device)]
-        for start in range(0, n_cells, batch_size):
-            stop = min(start + batch_size, n_cells)
-            pairs = pair_of[start:stop]
-            chunk_inputs = _rows(inputs, pairs)
-            at = base_tok[start:stop]
-            put = source_vals[start:stop]
-            n = stop - start
+        n_cells = int(self.pair_of.shape[0])
+        for start in range(0, n_cells, self.batch_size):
+            stop = min(start + self.batch_size, n_cells)
+            pairs = self.pair_of[start:stop]
+            at, put, n = self.base_tok[start:stop], source_vals[start:stop], stop - start
 
-            def patch(full: Any, at: Any = at, put: Any = put, n: int = n, seq: int = seq) -> Any:
+            def patch(full: Any, at: Any = at, put: Any = put, n: int = n) -> Any:
                 patched = full.clone()
                 patched.movedim(seq, 1)[torch.arange(n), at.to(full.device)] = put.to(full.dtype)
                 return patched
 
-            last_rows = last[pairs]
-            plan = Plan((Step(address, True, None), Step(logits_at)))
-            program = runner.lower(
+            last_rows = self.last[pairs]
+            plan = Plan((Step(address, True, None), Step(self.logits_at)))
+            program = self.runner.lower(
                 plan,
-                model,
+                self.model,
                 edits=[(patch, None), (None, lambda full, lr=last_rows: _take_last(full, lr))],
             )
-            (patched_logits,) = runner.run(model, program, chunk_inputs)
+            (logits,) = self.runner.run(self.model, program, _rows(self.inputs, pairs))
+            yield torch.arange(start, stop), logits
+
+
+def _check(bases: Sequence[str], sources: Sequence[str], batch_size: int) -> None:
+    if type(batch_size) is not int or batch_size < 1:
+        raise CausalabError(f"batch_size is a positive int, not {batch_size!r}")
+    if isinstance(bases, str) or isinstance(sources, str) or len(bases) != len(sources):
+        raise PositionError("bases and sources are lists of texts, one source per base")
+    if not bases:
+        raise PositionError("no pairs: give at least one base and its source")
+
+
+def _sources_once(layer: _Layer, addresses: list[ComponentAddress]) -> dict[Any, Any]:
+    """Every source (and base) once: one forward reads the component at every layer
+    and the logits; the reads by address."""
+    plan = Plan.of(reads=[*addresses, layer.logits_at])
+    program = layer.runner.lower(plan, layer.model)
+    values = layer.runner.run(layer.model, program, layer.inputs)
+    return dict(zip(program.reads, values, strict=True))
+
+
+def _fill(
+    layer: _Layer,
+    addresses: dict[int, ComponentAddress],
+    read: dict[Any, Any],
+    cells: list[tuple[list[int], list[int]]],
+    shape: tuple[int, int, int],
+    full_logits: Any,
+    metric: Metric | None,
+    keep: bool,
+) -> tuple[Any, Any, int]:
+    """Run every layer's cells: (logits per cell where kept, the metric per cell where
+    given, the forwards run, the sources' one included)."""
+    import torch
+
+    k = shape[2]
+    logits_out = torch.empty((*shape, int(full_logits.shape[-1]))) if keep else None
+    values_out: Any = None
+    source_tok = torch.tensor([t for _, source_at in cells for t in source_at])
+    forwards = 1
+    for li, address in enumerate(addresses.values()):
+        assert address.sequence_axis is not None
+        # every cell's source value: the source row's token, as the place hands it on
+        moved = read[address].movedim(address.sequence_axis, 1)
+        source_vals = moved[k + layer.pair_of, source_tok.to(moved.device)]
+        for cell, logits in layer.run(address, source_vals):
             forwards += 1
-            cell = torch.arange(start, stop)
-            p_idx, i_idx = cell // k, cell % k
             if logits_out is not None:
-                logits_out[li, p_idx, i_idx] = patched_logits.to(logits_out.dtype).detach().cpu()
+                logits_out[li, cell // k, cell % k] = logits.to(logits_out.dtype).detach().cpu()
             if metric is not None:
-                measured = torch.as_tensor(metric(patched_logits, pairs)).detach().cpu()
+                measured = torch.as_tensor(metric(logits, layer.pair_of[cell])).detach().cpu()
                 if values_out is None:
-                    values_out = torch.empty(
-                        (len(kept_layers), len(specs), k), dtype=measured.dtype
-                    )
-                values_out[li, p_idx, i_idx] = measured
-    return GridResult(
-        component=component,
-        layers=kept_layers,
-        positions=tuple(specs),
-        logits=logits_out,
-        values=values_out,
-        base_logits=base_logits,
-        source_logits=source_logits,
-        refused=refused,
-        forwards=forwards,
+                    values_out = torch.empty(shape, dtype=measured.dtype)
+                values_out[li, cell // k, cell % k] = measured
+    return logits_out, values_out, forwards
+
+
+def grid(
+    model: Any,
+    component: str,
+    layers: Iterable[int],
+    positions: Any,
+    bases: Sequence[str],
+    sources: Sequence[str],
+    *,
+    metric: Metric | None = None,
+    engine: str | Engine = "nnsight",
+    frame: str = "plain",
+    batch_size: int = 64,
+    keep_logits: bool | None = None,
+) -> GridResult:
+    """Patch ``component`` at each of ``layers`` and ``positions`` (specs naming one
+    token per row, or ``"all"``) from each pair's source into its base (the module's
+    text). ``metric(logits, pairs)``: (n, vocab) last-token logits and their pairs (n,)
+    -> (n,); ``keep_logits`` (default: no metric) keeps each cell's logits."""
+    import torch
+
+    runner = engine_for(engine)
+    _check(bases, sources, batch_size)
+    k = len(bases)
+    encoded = encode(model, [*bases, *sources], frame)
+    specs = _positions(model, encoded, positions, k)
+    cells = _cells(model, encoded, specs, k, bases)
+    addresses, refused = _located(model, component, layers)
+    logits_at = locate(model, "logits")
+    layer = _Layer(
+        model,
+        runner,
+        trace_inputs(model, encoded),
+        logits_at,
+        torch.tensor([f.content[-1] for f in encoded.frames]),
+        torch.arange(k).repeat(len(specs)),
+        torch.tensor([t for base_at, _ in cells for t in base_at]),
+        batch_size,
     )
+    read = _sources_once(layer, list(addresses.values()))
+    full_logits = _take_last(read[logits_at], layer.last)
+    keep = metric is None if keep_logits is None else keep_logits
+    shape = (len(addresses), len(specs), k)
+    out = _fill(layer, addresses, read, cells, shape, full_logits, metric, keep)
+    clean = (full_logits[:k], full_logits[k:])
+    return GridResult(component, tuple(addresses), tuple(specs), *out[:2], *clean, refused, out[2])
 
 
 __all__ = ["GridResult", "Metric", "grid"]
