@@ -159,7 +159,13 @@ def interchange(
                 engine,
             )
         )
-    return _joined(chunks, len(slot_texts) if return_sources else 0)
+    out = _joined(chunks, len(slot_texts) if return_sources else 0)
+    if any(a.featurizer is not None for a in out.reads):
+        from .featurizers import featurized  # a featurized read returns features
+
+        for result in (out, *out.sources):
+            result.reads = featurized(result.reads)
+    return out
 
 
 def _joined(chunks: list[InterchangeResult], slots: int) -> InterchangeResult:
@@ -251,9 +257,10 @@ class _Chunk(NamedTuple):
     encoded: Any
 
 
-def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
+def _patched(full: Any, pairs: list[Any], axis: int, featurizer: Any = None) -> Any:
     """``full`` (every row, as read hands it on) with each base row's tokens at the
-    patch's positions taken from its source row; the source rows as they were."""
+    patch's positions taken from its source row (with a ``featurizer``, its selected
+    features: ``featurizer.swap``); the source rows as they were."""
     patched = full.clone()
     rows = [i for i, (at, _, _) in enumerate(pairs) for _ in at]
     source_rows = [row for at, row, _ in pairs for _ in at]
@@ -261,7 +268,10 @@ def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
     source_tokens = [t for _, _, source_at in pairs for t in source_at]
     # one indexed copy on views with the sequence second: writing the view writes patched
     seq = axis + 1
-    patched.movedim(seq, 1)[rows, tokens] = full.movedim(seq, 1)[source_rows, source_tokens]
+    moved = full.movedim(seq, 1)[source_rows, source_tokens]
+    if featurizer is not None:
+        moved = featurizer.swap(full.movedim(seq, 1)[rows, tokens], moved)
+    patched.movedim(seq, 1)[rows, tokens] = moved
     return patched
 
 
@@ -324,12 +334,13 @@ def _traced_chunk(model: Any, chunk: _Chunk) -> dict[int, list[Any]]:
         for _, _, what in steps:
             if what < 0:
                 address, pairs = moves[-1 - what]
-                whole = replace(address, position=())
+                whole = replace(address, position=(), featurizer=None)
                 axis = handed_axis(address) - 1  # of one row
-                write(model, whole, _patched(read(model, whole), pairs, axis))
+                patched = _patched(read(model, whole), pairs, axis, address.featurizer)
+                write(model, whole, patched)
             elif what < len(wanted):
                 address, read_at = wanted[what]
-                full = read(model, replace(address, position=()))
+                full = read(model, replace(address, position=(), featurizer=None))
                 read_axis = handed_axis(address) if address.position else None
                 parts = _per_group(full, groups, read_at, read_axis)
                 saved.append((what, [_saved(t) for t in parts]))
@@ -355,13 +366,19 @@ def _hooks_chunk(model: Any, chunk: _Chunk) -> dict[int, list[Any]]:
         if what < 0:
             address, pairs = moves[-1 - what]
             axis = handed_axis(address) - 1
-            plan_steps.append(Step(replace(address, position=()), True, None))
-            extra.append({"edit": lambda full, pairs=pairs, axis=axis: _patched(full, pairs, axis)})
+            plan_steps.append(Step(replace(address, position=(), featurizer=None), True, None))
+            extra.append(
+                {
+                    "edit": lambda full, pairs=pairs, axis=axis, f=address.featurizer: _patched(
+                        full, pairs, axis, f
+                    )
+                }
+            )
             continue
         if what < len(wanted):
             address, read_at = wanted[what]
             read_axis = handed_axis(address) if address.position else None
-            plan_steps.append(Step(replace(address, position=())))
+            plan_steps.append(Step(replace(address, position=(), featurizer=None)))
             extra.append(
                 {"then": lambda full, at=read_at, ax=read_axis: _per_group(full, groups, at, ax)}
             )

@@ -290,6 +290,10 @@ def lower_step(
         step = _boundary_step(model, address, write=write, remote=remote)
     else:
         step = _interior_step(model, address, remote=remote)
+    if write:  # a mechanism, or features at a featurized address: a plain edit
+        from .mechanisms import lowered_value
+
+        value = lowered_value(model, address, value)
     step.update(component_fields(address), write=write, value=value, held=held, index=index)
     step["nested"] = []
     return step

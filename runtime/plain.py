@@ -558,7 +558,9 @@ def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
         where = f"stream {step['stream'][0]} of {where}"
         want = part[_stream_slice(step, part, env)]
     value = step["value"]
-    if env is None:
+    if isinstance(value, tuple):  # a mechanism's edit (causalab_mini.mechanisms)
+        value = edited(value, want, env is None)
+    elif env is None:
         # the value crossed the wire on the CPU; the server's model may sit elsewhere
         value = value.to(want.device) if hasattr(value, "to") else value
     check_value(where, value, want, env and env.write_error)
@@ -575,6 +577,45 @@ def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
         # Japanese's _attn views the query it is given)
         value = value.contiguous()
     _put_raw(step, target, whole, raw, value, env)
+
+
+def edited(edit: tuple[Any, ...], current: Any, move: bool = False) -> Any:
+    """What the tensor ``current`` (as a read hands it on) becomes under a mechanism's
+    plain edit (``causalab_mini.mechanisms``: each mechanism's ``lowered()``, its
+    ``apply`` said in plain data); ``move``: tensors that crossed the wire go to
+    ``current``'s device. A value broadcasts where the mechanism says (a vector of the
+    last axis's width, one row's shape); the write's checks then hold for the result."""
+    kind = edit[0]
+    if kind == "call":  # a featurized write, made on the client (never sent)
+        return edit[1](current)
+    args = [a.to(current.device) if move and hasattr(a, "to") else a for a in edit[1:]]
+    if kind == "add":
+        return current + args[0]
+    if kind == "scale":
+        return current * args[0]
+    if kind == "lerp":
+        value = args[0]
+        value = value.expand(current.shape) if value.shape != current.shape else value
+        return current.lerp(value, args[1])
+    if kind == "zero":
+        return current.new_zeros(current.shape)
+    if kind == "fill":
+        value = args[0]
+        return (value.expand(current.shape) if value.shape != current.shape else value).clone()
+    if kind == "resample":
+        rows, reference = args
+        source = current if reference is None else reference
+        index = [int(r) for r in rows]
+        return source[index]
+    if kind == "clamp":
+        return current.clamp(min=args[0], max=args[1])
+    if kind == "project_out":
+        unit = args[0]
+        return current - (current @ unit).unsqueeze(-1) * unit
+    if kind == "renormalize":
+        moved = current + args[0]
+        return moved * (current.norm(dim=-1, keepdim=True) / moved.norm(dim=-1, keepdim=True))
+    raise ValueError(f"causalab_mini: unknown edit {kind!r} in a write step")
 
 
 def _open_sources(step: dict[str, Any], env: Any) -> None:

@@ -60,7 +60,8 @@ def read(model: Any, address: ComponentAddress, index: Any = None) -> Any:
     step = lower_step(
         model, address, write=False, value=None, held=False, index=index, remote=False
     )
-    return plain.read(model, step, model.internals)
+    value = plain.read(model, step, model.internals)
+    return value if address.featurizer is None else address.featurizer.read(value)
 
 
 def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
@@ -94,7 +95,8 @@ def write(model: Any, address: ComponentAddress, value: Any, index: Any = None) 
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    """One read or write of a plan; ``value`` is the tensor a write puts."""
+    """One read or write of a plan; ``value`` is what a write puts: a tensor (exactly
+    the place's shape) or a mechanism (``causalab_mini.mechanisms``)."""
 
     address: ComponentAddress
     write: bool = False
@@ -109,7 +111,9 @@ class Step:
             return self.value is other.value
         import torch
 
-        return bool(torch.equal(self.value, other.value))
+        if isinstance(self.value, torch.Tensor) and isinstance(other.value, torch.Tensor):
+            return bool(torch.equal(self.value, other.value))
+        return bool(self.value == other.value)  # mechanisms compare as data
 
     def __hash__(self) -> int:
         return hash((self.address, self.write))
@@ -162,14 +166,16 @@ class Plan:
 
         check_engine(engine, bool(remote.get("remote") or remote.get("backend") is not None))
         inputs, indices = _resolved(self, model, inputs, frame)
+        from .featurizers import featurized  # a featurized read returns features
+
         if engine == "hooks":
             from .hooks import run_plan as run_hooks
 
-            return run_hooks(self, model, inputs, held, indices)
+            return featurized(run_hooks(self, model, inputs, held, indices))
         if remote.get("remote") or remote.get("backend") is not None:
             from .remote import run_plan
 
-            return run_plan(self, model, inputs, held=held, indices=indices, **remote)
+            return featurized(run_plan(self, model, inputs, held=held, indices=indices, **remote))
         _prepare_sources(model, [s.address for s in self.steps])
         program, addresses = lower(self, model, held, indices, remote=False)
         saved: list[Any] = []  # bound before the trace
@@ -183,7 +189,9 @@ class Plan:
             if isinstance(original, Exception) and original is not exc:
                 raise original from None
             raise
-        return {a: getattr(t, "value", t) for a, t in zip(addresses, saved, strict=True)}
+        return featurized(
+            {a: getattr(t, "value", t) for a, t in zip(addresses, saved, strict=True)}
+        )
 
     def generate(
         self,

@@ -372,6 +372,13 @@ def run_plan(
             "they exist; submit a trace of your own with blocking=False instead"
         )
     program, addresses = lower(plan, model, held, indices)
+    for step in program:  # a featurized write runs the featurizer's own code
+        if isinstance(step["value"], tuple) and step["value"][0] == "call":
+            raise RemoteRefused(
+                f"{step['where']}: a featurized write runs the featurizer's code, which a "
+                "plan sent as plain steps does not carry: write the features' effect as a "
+                "tensor (featurizer.write(x, f)) or run it locally"
+            )
     wanted = expected(model)
     run = shipped()["run"]
     plain = plain_model(model)
