@@ -459,11 +459,17 @@ class Subspace(LinearBasis):
         }
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        return {} if self.width is None else {"matrix": self.matrix_().detach().clone()}
+        if self.width is None:
+            return {}
+        out = {"matrix": self.matrix_().detach().clone()}
+        if self.map is not None:  # the parametrization's own state rebuilds it bit for bit
+            for name, t in self.map.state_dict().items():
+                out[f"state.{name}"] = t.detach().clone()
+        return out
 
     @classmethod
     def built(cls, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Featurizer:
-        return cls(
+        out = cls(
             config["k"],
             config["parametrization"],
             width=config.get("width"),
@@ -471,6 +477,10 @@ class Subspace(LinearBasis):
             seed=config.get("seed", 0),
             select=config.get("select"),
         )
+        state = {n.removeprefix("state."): t for n, t in tensors.items() if n.startswith("state.")}
+        if out.map is not None and state:
+            out.map.load_state_dict(state)
+        return out
 
 
 @_kind
