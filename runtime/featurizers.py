@@ -51,7 +51,8 @@ def _tensor(value: Any, name: str, where: str = "") -> torch.Tensor:
         raise FeaturizerRefused(
             f"{where or 'featurizer'}: {name} holds NaN or inf: give finite values"
         )
-    return value
+    out: torch.Tensor = value
+    return out
 
 
 class Featurizer(torch.nn.Module):
@@ -148,6 +149,11 @@ class Featurizer(torch.nn.Module):
                     f"{self.k} (0..{self.k - 1}): select features that exist"
                 )
         return self
+
+    def lowered_write(self, model: Any, address: Any, value: Any) -> tuple[str, Any]:
+        """A write of ``value`` (features, or a mechanism on them) at ``address``, bound
+        to this featurizer, as the edit a local run applies; checked first."""
+        return _lowered_write(model, address, value)
 
     # -- data -----------------------------------------------------------------
 
@@ -448,7 +454,9 @@ class Subspace(LinearBasis):
         if self.n == 0:
             return self.get_buffer("empty")
         assert self.map is not None
-        return self.map.weight  # type: ignore[no-any-return]
+        weight = self.map.weight
+        assert isinstance(weight, torch.Tensor)
+        return weight
 
     def config(self) -> dict[str, Any]:
         return {
@@ -800,18 +808,6 @@ class Gate(Featurizer):
 # ---------------------------------------------------------------------- binding
 
 
-def bind(featurizer: Any, address: Any) -> Featurizer:
-    """``featurizer`` bound to ``address``: sized by the component table's width there
-    (a head's size at a head), or refused."""
-    if not isinstance(featurizer, Featurizer):
-        raise FeaturizerRefused(
-            f"{address}: featurizer={featurizer!r} is no featurizer: give one of "
-            "causalab_mini.featurizers (Identity(), Subspace(k), Linear(m), PCA.fit(x, k), "
-            "SAE(...), Gate(f))"
-        )
-    return featurizer.bind(address.width, str(address))
-
-
 class _FeaturizedWrite:
     """A write at a featurized address as the edit a local run applies: the place's
     tensor with its features replaced by ``value`` (features, or a mechanism applied to
@@ -831,7 +827,7 @@ class _FeaturizedWrite:
         return f.write(current, new)
 
 
-def lowered_write(model: Any, address: Any, value: Any) -> tuple[str, Any]:
+def _lowered_write(model: Any, address: Any, value: Any) -> tuple[str, Any]:
     """A write at a featurized ``address`` as a plain edit, its value checked first:
     features (exactly the shape a featurized read returns) or a mechanism on them."""
     from .mechanisms import Mechanism, check, model_dtype
@@ -863,18 +859,6 @@ def lowered_write(model: Any, address: Any, value: Any) -> tuple[str, Any]:
     return ("call", _FeaturizedWrite(f, value))
 
 
-def featurized(values: dict[Any, Any]) -> dict[Any, Any]:
-    """A plan's reads with each featurized address's tensor in its features."""
-    out = {}
-    for a, v in values.items():
-        f = getattr(a, "featurizer", None)
-        if f is None:
-            out[a] = v
-        else:  # ragged reads are a list of tensors, one per row
-            out[a] = [f.read(t) for t in v] if isinstance(v, list) else f.read(v)
-    return out
-
-
 __all__ = [
     "PCA",
     "SAE",
@@ -885,9 +869,6 @@ __all__ = [
     "Linear",
     "LinearBasis",
     "Subspace",
-    "bind",
-    "featurized",
     "fitted_at",
     "load",
-    "lowered_write",
 ]

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from .geometry import ComponentError
 from .locator import ComponentAddress, locate
 from .lower import _prepare_sources
-from .plan import read, write
+from .plan import featurized, read, write
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 
 
@@ -161,8 +161,6 @@ def interchange(
         )
     out = _joined(chunks, len(slot_texts) if return_sources else 0)
     if any(a.featurizer is not None for a in out.reads):
-        from .featurizers import featurized  # a featurized read returns features
-
         for result in (out, *out.sources):
             result.reads = featurized(result.reads)
     return out

@@ -117,9 +117,16 @@ def locate(
     component table's width here: a read returns features, a write takes them."""
     address = _located(model, component, layer, head, stream)
     if featurizer is not None:
-        from .featurizers import bind
-
-        address = replace(address, featurizer=bind(featurizer, address))
+        bind = getattr(featurizer, "bind", None)
+        if not callable(bind):
+            raise _refuse(
+                component,
+                f"featurizer={featurizer!r} is no featurizer: give one of "
+                "causalab_mini.featurizers (Identity(), Subspace(k), Linear(m), PCA.fit(x, k), "
+                "SAE(...), Gate(f))",
+            )
+        # sized by the component table's width here, or refused with both widths
+        address = replace(address, featurizer=bind(address.width, str(address)))
     if position is None:
         return address
     parsed = parse_position(position)

@@ -290,10 +290,11 @@ def lower_step(
         step = _boundary_step(model, address, write=write, remote=remote)
     else:
         step = _interior_step(model, address, remote=remote)
-    if write:  # a mechanism, or features at a featurized address: a plain edit
-        from .mechanisms import lowered_value
-
-        value = lowered_value(model, address, value)
+    if write and getattr(address, "featurizer", None) is not None:
+        # features (or a mechanism on them) at a featurized address: its own edit
+        value = address.featurizer.lowered_write(model, address, value)
+    elif write and hasattr(value, "lowered_at"):  # a mechanism: a plain edit, checked
+        value = value.lowered_at(model, address)
     step.update(component_fields(address), write=write, value=value, held=held, index=index)
     step["nested"] = []
     return step

@@ -82,6 +82,12 @@ class Mechanism:
     def lowered(self) -> Any:  # pragma: no cover - every subclass has one
         raise NotImplementedError
 
+    def lowered_at(self, model: Any, address: Any) -> Any:
+        """This mechanism written at ``address`` on ``model``, checked (``check``) and
+        lowered to its plain edit (what ``causalab_mini.lower`` puts in a step)."""
+        check(self, str(address), address.width, model_dtype(model), model=model, address=address)
+        return self.lowered()
+
     def tensors(self) -> dict[str, Any]:
         """The mechanism's tensor values by field (what ``check`` looks at)."""
         import torch
@@ -332,6 +338,16 @@ def check(
     """Refuse ``mechanism`` at ``where`` (``width`` wide as handed on, holding ``dtype``;
     either None where not known) before anything runs: NaN or inf in a value, a value
     of another width or dtype, an empty or zero direction, a mean harvested elsewhere."""
+    _check_values(mechanism, where, width, dtype, what)
+    _check_arguments(mechanism, where, width)
+    if isinstance(mechanism, Mean) and mechanism.harvested is not None and address is not None:
+        _check_harvested(mechanism, where, width, model, address)
+
+
+def _check_values(
+    mechanism: Mechanism, where: str, width: int | None, dtype: Any, what: str
+) -> None:
+    """The tensors' dtype, finiteness and width, and the numbers' finiteness."""
     import torch
 
     kind = type(mechanism).__name__
@@ -362,6 +378,10 @@ def check(
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
                 raise MechanismRefused(f"{where}: {kind}.{name} is {value}: give a finite number")
+
+
+def _check_arguments(mechanism: Mechanism, where: str, width: int | None) -> None:
+    """What each kind needs of its arguments: a bound, a direction, rows."""
     if isinstance(mechanism, Clamp) and mechanism.low is None and mechanism.high is None:
         raise MechanismRefused(f"{where}: Clamp() bounds nothing: give low=, high= or both")
     if isinstance(mechanism, ProjectOut):
@@ -384,38 +404,27 @@ def check(
                 f"{where}: Resample takes row {max(mechanism.rows)} of a reference of "
                 f"{int(ref.shape[0])} rows: give rows within 0..{int(ref.shape[0]) - 1}"
             )
-    if isinstance(mechanism, Mean) and mechanism.harvested is not None and address is not None:
-        checkpoint, place, harvested_width = mechanism.harvested
-        here = place_key(address)
-        if model is not None and checkpoint != checkpoint_of(model):
-            raise MechanismRefused(
-                f"{where}: this Mean was harvested on {checkpoint!r}, and the model is "
-                f"{checkpoint_of(model)!r}: harvest it on this model "
-                "(harvest_means(model, [address], texts))"
-            )
-        if place != here or (width is not None and harvested_width != width):
-            raise MechanismRefused(
-                f"{where}: this Mean was harvested at {place} ({harvested_width} wide), not "
-                f"here ({here}, {width} wide): harvest it at this address "
-                "(harvest_means(model, [address], texts))"
-            )
 
 
-def lowered_value(model: Any, address: Any, value: Any) -> Any:
-    """What a write of ``value`` at ``address`` puts in a lowered step: a bare tensor
-    as it is, a mechanism as its plain edit (checked first); at a featurized address
-    the features' write (``causalab_mini.featurizers``)."""
-    import torch
-
-    featurizer = getattr(address, "featurizer", None)
-    if featurizer is not None:
-        from .featurizers import lowered_write
-
-        return lowered_write(model, address, value)
-    if isinstance(value, torch.Tensor) or not isinstance(value, Mechanism):
-        return value
-    check(value, str(address), address.width, model_dtype(model), model=model, address=address)
-    return value.lowered()
+def _check_harvested(
+    mechanism: Mean, where: str, width: int | None, model: Any, address: Any
+) -> None:
+    """A harvested mean is written on the model and at the place it was taken at."""
+    assert mechanism.harvested is not None
+    checkpoint, place, harvested_width = mechanism.harvested
+    here = place_key(address)
+    if model is not None and checkpoint != checkpoint_of(model):
+        raise MechanismRefused(
+            f"{where}: this Mean was harvested on {checkpoint!r}, and the model is "
+            f"{checkpoint_of(model)!r}: harvest it on this model "
+            "(harvest_means(model, [address], texts))"
+        )
+    if place != here or (width is not None and harvested_width != width):
+        raise MechanismRefused(
+            f"{where}: this Mean was harvested at {place} ({harvested_width} wide), not "
+            f"here ({here}, {width} wide): harvest it at this address "
+            "(harvest_means(model, [address], texts))"
+        )
 
 
 # ---------------------------------------------------------------------- means
@@ -477,5 +486,4 @@ __all__ = [
     "Zero",
     "check",
     "harvest_means",
-    "lowered_value",
 ]

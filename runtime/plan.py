@@ -166,8 +166,6 @@ class Plan:
 
         check_engine(engine, bool(remote.get("remote") or remote.get("backend") is not None))
         inputs, indices = _resolved(self, model, inputs, frame)
-        from .featurizers import featurized  # a featurized read returns features
-
         if engine == "hooks":
             from .hooks import run_plan as run_hooks
 
@@ -220,6 +218,16 @@ class Plan:
         )
 
 
+def featurized(values: dict[Any, Any]) -> dict[Any, Any]:
+    """A plan's reads with each featurized address's tensor in its features
+    (``causalab_mini.featurizers``; a ragged read, a list of tensors, each)."""
+    out = {}
+    for a, v in values.items():
+        f = a.featurizer
+        out[a] = v if f is None else [f.read(t) for t in v] if isinstance(v, list) else f.read(v)
+    return out
+
+
 def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:
     """The inputs the trace runs and, per position spec of the plan's steps, its (batch,
     n) token index on that batch (none where no step names positions: the inputs go to
@@ -232,4 +240,4 @@ def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dic
     return trace_inputs(model, encoded), indices
 
 
-__all__ = ["Plan", "Step", "check_write", "layout_mismatch", "read", "write"]
+__all__ = ["Plan", "Step", "check_write", "featurized", "layout_mismatch", "read", "write"]
