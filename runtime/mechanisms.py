@@ -88,6 +88,12 @@ class Mechanism:
         check(self, str(address), address.width, model_dtype(model), model=model, address=address)
         return self.lowered()
 
+    def applied(self, where: str, current: Any) -> Any:
+        """What the tensor ``current`` at ``where`` becomes, checked first against its
+        width and dtype (a hand-written trace: ``model.layers_mid[1] = Add(v)``)."""
+        check(self, where, int(current.shape[-1]), current.dtype)
+        return self.apply(current)
+
     def tensors(self) -> dict[str, Any]:
         """The mechanism's tensor values by field (what ``check`` looks at)."""
         import torch

@@ -284,3 +284,19 @@ def test_steering_in_generation(tiny_model: Callable[..., Any]) -> None:
     for step_plain, step_steered in zip(plain.steps, steered.steps, strict=True):
         # the read after the write at each step holds the steering vector added
         assert not torch.equal(step_plain[at], step_steered[at])
+
+
+def test_a_mechanism_through_a_places_setter(tiny_model: Callable[..., Any]) -> None:
+    model = tiny_model("tiny:llama")
+    v = _vector(model.hidden_size, 9)
+    mid, logits = locate(model, "block_mid", 1), locate(model, "logits")
+    planned = Plan.of(reads=[logits], writes=[(mid, Add(v))]).run(model, TEXTS)[logits]
+    with model.trace(TEXTS):
+        before = model.layers_input[1].save()
+        model.layers_mid[1] = Add(v)
+        out = model.logits.save()
+    clean = Plan.of(reads=[locate(model, "block_input", 1)]).run(model, TEXTS)
+    assert torch.equal(before, clean[locate(model, "block_input", 1)])
+    assert torch.equal(out, planned)
+    with pytest.raises(MechanismRefused, match="NaN or inf"), model.trace(TEXTS):
+        model.layers_mid[1] = Add(torch.full_like(v, float("nan")))
