@@ -220,7 +220,13 @@ def generate(
         )
     sequences = getattr(result[0], "value", result[0])
     steps_out = tuple(
-        {a: getattr(t, "value", t) for a, t in zip(addresses, values, strict=True)}
+        {
+            # a featurized read returns features (causalab_mini.featurizers)
+            a: v if a.featurizer is None else a.featurizer.read(v)
+            for a, v in (
+                (a, getattr(t, "value", t)) for a, t in zip(addresses, values, strict=True)
+            )
+        }
         for values in saved
     )
     return Generation(steps=steps_out, tokens=sequences[:, ids.shape[1] :], sequences=sequences)
