@@ -37,6 +37,8 @@ from causalab_mini.mechanisms import (
 from causalab_mini.plain import edited
 from causalab_mini.plan import Plan
 
+from .test_remote import workers  # noqa: F401 - the stand-in NDIF servers, a fixture
+
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
 FAMILIES = ["tiny:llama", "tiny:gpt2", "tiny:gpt_neox", "tiny:gemma2"]
@@ -300,3 +302,42 @@ def test_a_mechanism_through_a_places_setter(tiny_model: Callable[..., Any]) -> 
     assert torch.equal(out, planned)
     with pytest.raises(MechanismRefused, match="NaN or inf"), model.trace(TEXTS):
         model.layers_mid[1] = Add(torch.full_like(v, float("nan")))
+
+
+def test_mechanisms_run_remotely_as_plain_edits(workers: dict[str, Any]) -> None:  # noqa: F811
+    """On a stock server (no causalab_mini there), a plan's mechanisms travel as plain
+    edits and give what they give locally; a featurized read comes back as features,
+    and a featurized write (the featurizer's own code) is refused before sending."""
+    from causalab_mini import compat
+    from causalab_mini.errors import RemoteRefused
+    from causalab_mini.featurizers import Subspace
+
+    from .conftest import load_model
+    from .test_remote import loopback, remote_llama
+
+    local, client = load_model("tiny:llama"), remote_llama()
+    v = _vector(local.hidden_size, 10)
+
+    def plan(model: Any) -> Plan:
+        position = {"index": -1} if compat.is_08() else None
+        at = locate(model, "block_mid", 0, position=position)
+        reads = [locate(model, "block_input", 0), locate(model, "block_output", 1)]
+        reads.append(locate(model, "logits"))
+        head = locate(model, "attention_z", 1, head=1)
+        writes = [(at, Renormalize(v)), (head, Clamp(-0.01, 0.01))]
+        return Plan.of(reads, [*writes, (locate(model, "block_output", 1), Lerp(v, 0.3))])
+
+    want = plan(local).run(local, TEXTS)
+    with loopback(workers["stock"]).installed():
+        got = plan(client).run(client, TEXTS, remote=True)
+    for (a, value), w in zip(got.items(), want.values(), strict=True):
+        assert torch.equal(value, w), a
+    sub = Subspace(4, seed=2)
+    featurized = locate(client, "block_output", 1, featurizer=sub)
+    with loopback(workers["stock"]).installed():
+        features = Plan.of([featurized]).run(client, TEXTS, remote=True)[featurized]
+        with pytest.raises(RemoteRefused, match="featurized write"):
+            Plan.of(writes=[(featurized, Scale(0.5))]).run(client, TEXTS, remote=True)
+    whole = locate(local, "block_output", 1)
+    expected = Plan.of([whole]).run(local, TEXTS)[whole] @ sub.matrix.T
+    assert torch.equal(features, expected)
