@@ -596,7 +596,9 @@ class SAE(Featurizer):
     d x m), ``decode(f) = f @ decoder + decoder_bias`` (decoder m x d); ``activation``
     "relu", "topk" (keeping the ``topk`` largest) or "jumprelu" (zero below
     ``threshold``, per feature). A write keeps the error term:
-    ``decode(f_new) + (x - decode(encode(x)))``."""
+    ``decode(f_new) + (x - decode(encode(x)))``, computed as
+    ``x + (decode(f_new) - decode(encode(x)))`` (``Featurizer.write``): the same sum,
+    whose rounding touches only the edit (no edit gives x back exactly)."""
 
     kind = "sae"
     ACTIVATIONS = ("relu", "topk", "jumprelu")
@@ -664,11 +666,6 @@ class SAE(Featurizer):
         return f @ self.decoder + self.decoder_bias
 
     decode = inverse
-
-    def write(self, x: torch.Tensor, f_new: torch.Tensor) -> torch.Tensor:
-        xs = x.to(self.dtype)
-        error = xs - self.decode(self.encode(xs))
-        return (self.decode(f_new.to(self.dtype)) + error).to(x.dtype)
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "activation": self.activation, "topk": self.topk}
