@@ -94,7 +94,8 @@ def mechanism_identities(ctx: Any) -> Iterator[Outcome]:
         clean = Plan.of(reads).run(model, inputs, engine=engine)
 
         def run(value: Any, engine: str = engine) -> dict[Any, Any]:
-            return Plan.of(reads, [(at, value)]).run(model, inputs, engine=engine)
+            out: dict[Any, Any] = Plan.of(reads, [(at, value)]).run(model, inputs, engine=engine)
+            return out
 
         x = clean[at]
         v = _vector(int(x.shape[-1]), 4, x)
