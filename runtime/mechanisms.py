@@ -390,6 +390,14 @@ def _check_arguments(mechanism: Mechanism, where: str, width: int | None) -> Non
     """What each kind needs of its arguments: a bound, a direction, rows."""
     if isinstance(mechanism, Clamp) and mechanism.low is None and mechanism.high is None:
         raise MechanismRefused(f"{where}: Clamp() bounds nothing: give low=, high= or both")
+    if isinstance(mechanism, Clamp) and all(
+        isinstance(b, (int, float)) for b in (mechanism.low, mechanism.high)
+    ):
+        if mechanism.low > mechanism.high:
+            raise MechanismRefused(
+                f"{where}: Clamp({mechanism.low}, {mechanism.high}) has low above high: give "
+                "low <= high"
+            )
     if isinstance(mechanism, ProjectOut):
         if mechanism.direction.dim() != 1 or not bool(mechanism.direction.norm() > 0):
             raise MechanismRefused(

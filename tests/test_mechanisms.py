@@ -341,3 +341,20 @@ def test_mechanisms_run_remotely_as_plain_edits(workers: dict[str, Any]) -> None
     whole = locate(local, "block_output", 1)
     expected = Plan.of([whole]).run(local, TEXTS)[whole] @ sub.matrix.T
     assert torch.equal(features, expected)
+
+
+def test_values_that_do_not_broadcast_are_refused(tiny_model: Callable[..., Any]) -> None:
+    model = tiny_model("tiny:llama")
+    at = locate(model, "block_output", 0, position={"index": -1})
+    d = at.width
+    bad = [
+        (Add(torch.zeros(3, d)), "does not broadcast"),
+        (Resample((0, 1, 0)), "give one row index per row"),
+        (Resample((0, 1), torch.zeros(2, 4, d)), "give one row index per row"),
+        (Clamp(1.0, -1.0), "low above high"),
+    ]
+    for mechanism, says in bad:
+        with pytest.raises(WriteRefused, match=says):
+            _run(model, [locate(model, "logits")], [(at, mechanism)], "nnsight")
+    x = torch.zeros(2, 1, d)
+    assert _run(model, [at], [(at, Resample((1, 0), x))], "hooks")[at].abs().sum() == 0
