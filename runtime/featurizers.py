@@ -150,9 +150,10 @@ class Featurizer(torch.nn.Module):
                 )
         return self
 
-    def lowered_write(self, model: Any, address: Any, value: Any) -> tuple[str, Any]:
+    def lowered_write(self, model: Any, address: Any, value: Any) -> Any:
         """A write of ``value`` (features, or a mechanism on them) at ``address``, bound
-        to this featurizer, as the edit a local run applies; checked first."""
+        to this featurizer, as the step's ``edit`` a local run applies (a function of
+        the place's tensor as a read hands it on); checked first."""
         return _lowered_write(model, address, value)
 
     # -- data -----------------------------------------------------------------
@@ -824,7 +825,7 @@ class _FeaturizedWrite:
         return f.write(current, new)
 
 
-def _lowered_write(model: Any, address: Any, value: Any) -> tuple[str, Any]:
+def _lowered_write(model: Any, address: Any, value: Any) -> _FeaturizedWrite:
     """A write at a featurized ``address`` as a plain edit, its value checked first:
     features (exactly the shape a featurized read returns) or a mechanism on them."""
     from .mechanisms import Mechanism, check, model_dtype
@@ -853,7 +854,7 @@ def _lowered_write(model: Any, address: Any, value: Any) -> tuple[str, Any]:
             f"{where}: a featurized write takes a tensor of features or a mechanism, not a "
             f"{type(value).__name__}"
         )
-    return ("call", _FeaturizedWrite(f, value))
+    return _FeaturizedWrite(f, value)
 
 
 __all__ = [
