@@ -63,7 +63,7 @@ def mechanisms_of(clean: Any) -> list[Any]:
 
 def _engines(model: Any, inputs: Any, reads: list[Any]) -> list[str]:
     """The engines that serve ``reads`` (nnsight always; hooks where it does)."""
-    from causalab_mini.hooks import HooksRefused
+    from causalab_mini.errors import HooksRefused
     from causalab_mini.plan import Plan
 
     try:
