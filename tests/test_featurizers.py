@@ -288,3 +288,24 @@ def test_featurizers_that_do_not_fit_are_refused(tiny_model: Callable[..., Any])
         with pytest.raises(CausalabError, match=says) as caught:
             case()
         assert "\n" not in str(caught.value)
+
+
+def test_a_featurized_read_and_write_in_generation(tiny_model: Callable[..., Any]) -> None:
+    from causalab_mini import compat
+
+    if not compat.is_08():
+        pytest.skip("Plan.generate needs nnsight 0.8")
+    model = tiny_model("tiny:llama")
+    model.tokenizer.padding_side = "left"
+    sub = Subspace(4, seed=7)
+    at = locate(model, "block_output", 1, position={"index": -1}, featurizer=sub)
+    plain_at = locate(model, "block_output", 1, position={"index": -1})
+    run = Plan.of(reads=[at, plain_at]).generate(model, TEXTS, max_new_tokens=3, do_sample=False)
+    for step in run.steps:
+        assert step[at].shape == (len(TEXTS), 1, 4)
+        torch.testing.assert_close(step[at], step[plain_at] @ sub.matrix.T, rtol=0, atol=0)
+    zeroed = Plan.of(reads=[at], writes=[(at, Zero())]).generate(
+        model, TEXTS, max_new_tokens=3, do_sample=False
+    )
+    for step in zeroed.steps:  # the read after the write: its features are zero
+        torch.testing.assert_close(step[at], torch.zeros_like(step[at]), rtol=0, atol=1e-5)
