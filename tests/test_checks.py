@@ -140,8 +140,8 @@ def test_the_intervention_checks_hold_and_notice_a_wrong_edit(
         assert len(clean) >= 5 and all(o.ok for o in clean), [o for o in clean if not o.ok]
     right = plain.edited
 
-    def off(edit: Any, current: Any, move: bool = False) -> Any:  # Scale(1) is not x
-        out = right(edit, current, move)
+    def off(edit: Any, current: Any, *rest: Any) -> Any:  # Scale(1) is not x
+        out = right(edit, current, *rest)
         return out + 1e-3 if edit[0] == "scale" else out
 
     monkeypatch.setattr(plain, "edited", off)
