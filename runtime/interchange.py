@@ -377,4 +377,13 @@ def _per_group(full: Any, groups: list[range], indices: list[Any], axis: int | N
     return out
 
 
-__all__ = ["InterchangeResult", "Patch", "handed_axis", "interchange"]
+def grid(*args: Any, **kwargs: Any) -> Any:
+    """A (layer x position) patching grid at the cost of its forwards:
+    ``causalab_mini.patching.grid`` (each source run once, a layer's cells as rows of
+    as few forwards as ``batch_size`` allows)."""
+    from .patching import grid as run
+
+    return run(*args, **kwargs)
+
+
+__all__ = ["InterchangeResult", "Patch", "grid", "handed_axis", "interchange"]

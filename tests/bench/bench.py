@@ -1104,6 +1104,108 @@ def bench_seam(repeats: int) -> dict[str, Any]:
     return out
 
 
+def bench_grid(repeats: int) -> dict[str, Any]:
+    """Patching grids (issue 37): ``interchange.grid`` against the bare-forward bound of
+    the same batches (the source forward and each chunk of patched rows, run as a pure
+    transformers forward of the same checkpoint), and against one ``interchange`` per
+    cell; interleaved, gc on. Grids: tiny Llama 3 layers x 12 positions x 8 pairs, and
+    the 4-layer Llama of the engines part at 4 pairs x 128 tokens (8 positions)."""
+    out: dict[str, Any] = {}
+    cases = {
+        "tiny llama 3 layers, 12 positions, 8 pairs": ({"num_hidden_layers": 3}, 8, 12, 12),
+        "4-layer llama, 128 tokens, 4 pairs, 8 positions": (READS_MODEL, 4, 128, 8),
+    }
+    for label, (overrides, pairs, seq, n_pos) in cases.items():
+        out[label] = _grid_case(label, overrides, pairs, seq, n_pos, repeats)
+    return out
+
+
+def _grid_case(
+    label: str, overrides: dict[str, Any], pairs: int, seq: int, n_pos: int, repeats: int
+) -> dict[str, Any]:
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import locate
+    from causalab_mini.interchange import grid, interchange
+    from causalab_mini.positions import encode, trace_inputs
+    from causalab_mini.tools.tiny import build_tiny
+
+    log(f"grid: {label}")
+    path = build_tiny("llama", overrides=overrides)
+    model = StandardizedTransformer(str(path))
+    floor = TorchHooks(path)
+    words = [f" w{i}" for i in range(seq)]
+    bases = ["".join(words[: seq - 1 - (i % 3)]) for i in range(pairs)]
+    sources = ["".join(reversed(words[: seq - 1 - (i % 3)])) for i in range(pairs)]
+    layers = list(range(model.internals.num_layers))
+    specs = [{"index": -1 - j} for j in range(n_pos)]
+    batch = 64
+    cells = len(layers) * n_pos * pairs
+    inputs = trace_inputs(model, encode(model, [*bases, *sources]))
+    rows_per_chunk = [min(batch, n_pos * pairs - s) for s in range(0, n_pos * pairs, batch)]
+
+    def bound(inputs: Any = inputs, rows_per_chunk: list[int] = rows_per_chunk) -> None:
+        with torch.no_grad():
+            floor.forward(inputs)  # the sources' (and bases') one forward
+            for _ in layers:
+                for rows in rows_per_chunk:
+                    idx = torch.arange(rows) % pairs
+                    floor.forward({k: v[idx] for k, v in inputs.items()})
+
+    def run(engine: str, bases: Any = bases, sources: Any = sources) -> Any:
+        with torch.no_grad():
+            return grid(
+                model,
+                "block_input",
+                layers,
+                specs,
+                bases,
+                sources,
+                engine=engine,
+                batch_size=batch,
+            )
+
+    def per_cell(bases: Any = bases, sources: Any = sources) -> Any:
+        with torch.no_grad():
+            return [
+                interchange(
+                    model,
+                    [locate(model, "block_input", layer, position=p)],
+                    bases,
+                    sources,
+                    engine="hooks",
+                ).logits
+                for layer in layers
+                for p in specs
+            ]
+
+    a, b = run("hooks"), run("nnsight")
+    cells_equal = torch.equal(a.logits, b.logits)
+    one = torch.stack(per_cell()).reshape(a.logits.shape)
+    worst = float((one - a.logits).abs().max())
+    times = interleaved_gc_on(
+        {
+            "bound": bound,
+            "grid_hooks": lambda: run("hooks"),
+            "grid_nnsight": lambda: run("nnsight"),
+            "per_cell_hooks": per_cell,
+        },
+        max(3, repeats // 4),
+        warmup=1,
+    )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
+    return {
+        "cells": cells,
+        "checks": {"engines equal": cells_equal, "max |grid - per-cell interchange|": worst},
+        "median_ms": {k: 1e3 * v for k, v in med.items()},
+        "patches_per_s": {k: cells / v for k, v in med.items() if k != "bound"},
+        "bound / grid (wall)": {k: med["bound"] / med[k] for k in med if k != "bound"},
+        "bound / grid (cpu)": {k: cpu["bound"] / cpu[k] for k in cpu if k != "bound"},
+    }
+
+
 def _lens_grid(
     path: Path, model: Any, cells: list[Any], bases: list[str], sources: list[str]
 ) -> Callable[[], list[Any]] | str:
@@ -1725,7 +1827,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="tracing,engines,resolve,tooling",
-        help="comma-separated parts: tracing, engines, seam, resolve, tooling",
+        help="comma-separated parts: tracing, engines, seam, grid, resolve, tooling",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -1759,6 +1861,8 @@ def main(argv: list[str] | None = None) -> int:
         result["engines"] = bench_engines(args.repeats)
     if "seam" in parts:
         result["seam"] = bench_seam(args.repeats)
+    if "grid" in parts:
+        result["grid"] = bench_grid(args.repeats)
     if "resolve" in parts:
         with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
             result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))
