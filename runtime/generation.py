@@ -184,7 +184,13 @@ def generate(
             "stopped early, min_new_tokens being lower): leave min_new_tokens unset, or "
             "ask for as many new tokens as it runs"
         )
-    steps_out = tuple(dict(zip(program0.reads, values, strict=True)) for values in saved)
+    steps_out = tuple(
+        {  # a featurized read returns features (causalab_mini.featurizers)
+            a: v if a.featurizer is None else a.featurizer.read(v)
+            for a, v in zip(program0.reads, values, strict=True)
+        }
+        for values in saved
+    )
     return Generation(steps=steps_out, tokens=sequences[:, ids.shape[1] :], sequences=sequences)
 
 

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 from .engines import Engine, engine_for
 from .geometry import ComponentError
 from .locator import ComponentAddress, locate
-from .plan import Plan, Step
+from .plan import Plan, Step, featurized
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 
 
@@ -158,7 +158,11 @@ def interchange(
                 runner,
             )
         )
-    return _joined(chunks, len(slot_texts) if return_sources else 0)
+    out = _joined(chunks, len(slot_texts) if return_sources else 0)
+    if any(a.featurizer is not None for a in out.reads):
+        for result in (out, *out.sources):  # a featurized read returns features
+            result.reads = featurized(result.reads)
+    return out
 
 
 def _joined(chunks: list[InterchangeResult], slots: int) -> InterchangeResult:
@@ -250,9 +254,10 @@ class _Chunk(NamedTuple):
     encoded: Any
 
 
-def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
+def _patched(full: Any, pairs: list[Any], axis: int, featurizer: Any = None) -> Any:
     """``full`` (every row, as read hands it on) with each base row's tokens at the
-    patch's positions taken from its source row; the source rows as they were."""
+    patch's positions taken from its source row (with a ``featurizer``, its selected
+    features: ``featurizer.swap``); the source rows as they were."""
     patched = full.clone()
     rows = [i for i, (at, _, _) in enumerate(pairs) for _ in at]
     source_rows = [row for at, row, _ in pairs for _ in at]
@@ -260,7 +265,10 @@ def _patched(full: Any, pairs: list[Any], axis: int) -> Any:
     source_tokens = [t for _, _, source_at in pairs for t in source_at]
     # one indexed copy on views with the sequence second: writing the view writes patched
     seq = axis + 1
-    patched.movedim(seq, 1)[rows, tokens] = full.movedim(seq, 1)[source_rows, source_tokens]
+    moved = full.movedim(seq, 1)[source_rows, source_tokens]
+    if featurizer is not None:
+        moved = featurizer.swap(full.movedim(seq, 1)[rows, tokens], moved)
+    patched.movedim(seq, 1)[rows, tokens] = moved
     return patched
 
 
@@ -326,13 +334,16 @@ def _run_chunk(model: Any, chunk: _Chunk, engine: Engine) -> dict[int, list[Any]
         if what < 0:
             address, pairs = moves[-1 - what]
             axis = handed_axis(address) - 1  # of one row
-            plan_steps.append(Step(replace(address, position=()), True, None))
-            edits.append((lambda full, pairs=pairs, axis=axis: _patched(full, pairs, axis), None))
+            plan_steps.append(Step(replace(address, position=(), featurizer=None), True, None))
+            f = address.featurizer  # a featurized patch swaps its selected features
+            edits.append(
+                (lambda full, pairs=pairs, axis=axis, f=f: _patched(full, pairs, axis, f), None)
+            )
             continue
         if what < len(wanted):
             address, read_at = wanted[what]
             read_axis = handed_axis(address) if address.position else None
-            plan_steps.append(Step(replace(address, position=())))
+            plan_steps.append(Step(replace(address, position=(), featurizer=None)))
             edits.append(
                 (None, lambda full, at=read_at, ax=read_axis: _per_group(full, groups, at, ax))
             )

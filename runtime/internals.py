@@ -203,6 +203,9 @@ class Place:
             from .edits import plain as unwrapped
 
             value = unwrapped(value)
+        if hasattr(value, "applied"):  # a mechanism (causalab_mini.mechanisms): of the tensor here
+            model = self._internals.model
+            value = value.applied(step["where"], plain.whole_value(model, step, self._internals))
         plain.put(self._internals.model, step, value, self._internals)
 
     def __getitem__(self, key: Any) -> Any:

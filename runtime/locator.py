@@ -76,6 +76,9 @@ class ComponentAddress:
     # the tokens of each row a read returns and a write replaces (``positions.parse``
     # of a spec; empty: every position), resolved on the batch a plan runs
     position: tuple[Position, ...] = ()
+    # the basis a read returns and a write takes (``causalab_mini.featurizers``), bound
+    # to this place's width; None: the place's own coordinates
+    featurizer: Any = None
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
@@ -86,6 +89,8 @@ class ComponentAddress:
         if self.position:
             specs = [p.spec() for p in self.position]
             where += f" at {specs[0] if len(specs) == 1 else specs}"
+        if self.featurizer is not None:
+            where += f" in {self.featurizer!r}"
         detail = self.module or ("layer" if self.layer is not None else "model")
         if self.op:
             detail += f" op={self.op}"
@@ -100,14 +105,28 @@ def locate(
     *,
     stream: int | None = None,
     position: Any = None,
+    featurizer: Any = None,
 ) -> ComponentAddress:
     """Compile ``component`` at ``layer`` (and ``head``, or ``stream`` where the place
     carries several residual streams) on ``model`` into an address, or refuse with the
     reason the model gives. ``position`` (a spec ``causalab_mini.positions`` reads:
     ``{"index": -1}``, ``{"span": "fox"}``, ``"all"``, a list) restricts the address to
     those tokens of each row: a read returns (batch, n_positions, ...), a write
-    replaces them only. It is resolved on the batch a ``Plan`` runs."""
+    replaces them only. It is resolved on the batch a ``Plan`` runs. ``featurizer`` (a
+    ``causalab_mini.featurizers`` one) binds the address to a basis, sized by the
+    component table's width here: a read returns features, a write takes them."""
     address = _located(model, component, layer, head, stream)
+    if featurizer is not None:
+        bind = getattr(featurizer, "bind", None)
+        if not callable(bind):
+            raise refuse(
+                component,
+                f"featurizer={featurizer!r} is no featurizer: give one of "
+                "causalab_mini.featurizers (Identity(), Subspace(k), Linear(m), PCA.fit(x, k), "
+                "SAE(...), Gate(f))",
+            )
+        # sized by the component table's width here, or refused with both widths
+        address = replace(address, featurizer=bind(address.width, str(address)))
     if position is None:
         return address
     parsed = parse_position(position)

@@ -199,6 +199,18 @@ def lower_step(
     if write and index is not None and not compat.is_08():
         raise _positions_refused(address)
     step = _placed_step(model, address, write, target)
+    if write and address.featurizer is not None:
+        # features (or a mechanism on them) at a featurized address: made of the place's
+        # tensor where the step runs, with the featurizer's own code (never sent)
+        if target is Target.REMOTE:
+            raise RemoteRefused(
+                f"{address}: a featurized write runs the featurizer's code, which a plan "
+                "sent as plain steps does not carry: run it locally, or write the tensor "
+                "featurizer.write(x, features) makes"
+            )
+        step["edit"], value = address.featurizer.lowered_write(model, address, value), None
+    elif write and hasattr(value, "lowered_at"):  # a mechanism: its plain edit, checked
+        value = value.lowered_at(model, address)
     step["write"] = write
     step["value"] = value
     step["held"] = held

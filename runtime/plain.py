@@ -636,7 +636,9 @@ def write(model: Any, step: Step, env: Env | None = None) -> None:
         where = f"stream {step['stream'][0]} of {where}"
         want = part[stream_slice(step, part, env)]
     value = step["value"]
-    if env is None:
+    if isinstance(value, tuple):  # a mechanism's edit (causalab_mini.mechanisms)
+        value = edited(value, want, env is None, where, env and env.write_error)
+    elif env is None:
         # the value crossed the wire on the CPU; the server's model may sit elsewhere
         value = value.to(want.device) if hasattr(value, "to") else value
     check_value(where, value, want, env and env.write_error)
@@ -653,6 +655,64 @@ def write(model: Any, step: Step, env: Env | None = None) -> None:
         # Japanese's _attn views the query it is given)
         value = value.contiguous()
     _put_raw(step, target, whole, raw, value, env)
+
+
+def edited(
+    edit: tuple[Any, ...], current: Any, move: bool = False, where: str = "", error: Any = None
+) -> Any:
+    """What the tensor ``current`` (as a read hands it on) becomes under a mechanism's
+    plain edit (``causalab_mini.mechanisms``: each mechanism's ``lowered()``, its
+    ``apply`` said in plain data); ``move``: tensors that crossed the wire go to
+    ``current``'s device. A value broadcasts where the mechanism says (a vector of the
+    last axis's width, one row's shape), else is refused (``error``); the write's checks
+    then hold for the result."""
+    kind = edit[0]
+    args = [a.to(current.device) if move and hasattr(a, "to") else a for a in edit[1:]]
+    fits = (tuple(current.shape[-1:]), tuple(current.shape[1:]), tuple(current.shape))
+    for a in args if kind != "resample" else ():
+        shape = tuple(getattr(a, "shape", ()))
+        if shape and shape not in fits:
+            raise (error or _server_write_error)(
+                f"a {kind} value of shape {shape} does not broadcast to {where}, which is "
+                f"{tuple(current.shape)} here: give a vector of width {current.shape[-1]}, one "
+                f"row's shape {tuple(current.shape[1:])}, or the exact shape"
+            )
+    if kind == "resample":
+        rows, reference = args
+        shape = tuple(getattr(reference, "shape", current.shape))
+        if len(rows) != int(current.shape[0]) or shape[1:] != tuple(current.shape[1:]):
+            raise (error or _server_write_error)(
+                f"Resample gives {len(rows)} rows of {shape[1:]} and {where} holds "
+                f"{tuple(current.shape)} here: give one row index per row of the batch, from "
+                "a reference read at the same address"
+            )
+    if kind == "add":
+        return current + args[0]
+    if kind == "scale":
+        return current * args[0]
+    if kind == "lerp":
+        value = args[0]
+        value = value.expand(current.shape) if value.shape != current.shape else value
+        return current.lerp(value, args[1])
+    if kind == "zero":
+        return current.new_zeros(current.shape)
+    if kind == "fill":
+        value = args[0]
+        return (value.expand(current.shape) if value.shape != current.shape else value).clone()
+    if kind == "resample":
+        rows, reference = args
+        source = current if reference is None else reference
+        index = [int(r) for r in rows]
+        return source[index]
+    if kind == "clamp":
+        return current.clamp(min=args[0], max=args[1])
+    if kind == "project_out":
+        unit = args[0]
+        return current - (current @ unit).unsqueeze(-1) * unit
+    if kind == "renormalize":
+        moved = current + args[0]
+        return moved * (current.norm(dim=-1, keepdim=True) / moved.norm(dim=-1, keepdim=True))
+    raise ValueError(f"causalab_mini: unknown edit {kind!r} in a write step")
 
 
 def _open_sources(step: Step, env: Env | None) -> None:

@@ -59,7 +59,8 @@ def read(model: Any, address: ComponentAddress, index: Any = None) -> Any:
     step = lower_step(
         model, address, write=False, value=None, held=False, index=index, target=Target.TRACE
     )
-    return plain.read(model, step, model.internals)
+    value = plain.read(model, step, model.internals)
+    return value if address.featurizer is None else address.featurizer.read(value)
 
 
 def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
@@ -88,12 +89,16 @@ def write(model: Any, address: ComponentAddress, value: Any, index: Any = None) 
     step = lower_step(
         model, address, write=True, value=value, held=False, index=index, target=Target.TRACE
     )
+    edit = step.get("edit")
+    if edit is not None:  # made of the place's tensor (a featurized write)
+        step["value"] = edit(plain.read(model, step, model.internals))
     plain.write(model, step, model.internals)
 
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    """One read or write of a plan; ``value`` is the tensor a write puts."""
+    """One read or write of a plan; ``value`` is what a write puts: a tensor (exactly
+    the place's shape) or a mechanism (``causalab_mini.mechanisms``)."""
 
     address: ComponentAddress
     write: bool = False
@@ -108,7 +113,9 @@ class Step:
             return self.value is other.value
         import torch
 
-        return bool(torch.equal(self.value, other.value))
+        if isinstance(self.value, torch.Tensor) and isinstance(other.value, torch.Tensor):
+            return bool(torch.equal(self.value, other.value))
+        return bool(self.value == other.value)  # mechanisms compare as data
 
     def __hash__(self) -> int:
         return hash((self.address, self.write))
@@ -160,7 +167,8 @@ class Plan:
             raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
         runner = engine_for(engine, **remote)
         inputs, indices = _resolved(self, model, inputs, frame)
-        return runner.reads(model, runner.lower(self, model, held, indices), inputs)
+        # a featurized read returns features (causalab_mini.featurizers)
+        return featurized(runner.reads(model, runner.lower(self, model, held, indices), inputs))
 
     def generate(
         self,
@@ -189,6 +197,16 @@ class Plan:
         )
 
 
+def featurized(values: dict[Any, Any]) -> dict[Any, Any]:
+    """A plan's reads with each featurized address's tensor in its features
+    (``causalab_mini.featurizers``; a ragged read, a list of tensors, each)."""
+    out = {}
+    for a, v in values.items():
+        f = a.featurizer
+        out[a] = v if f is None else [f.read(t) for t in v] if isinstance(v, list) else f.read(v)
+    return out
+
+
 def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:
     """The inputs the trace runs and, per position spec of the plan's steps, its (batch,
     n) token index on that batch (none where no step names positions: the inputs go to
@@ -201,4 +219,4 @@ def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dic
     return trace_inputs(model, encoded), indices
 
 
-__all__ = ["Plan", "Step", "check_write", "layout_mismatch", "read", "write"]
+__all__ = ["Plan", "Step", "check_write", "featurized", "layout_mismatch", "read", "write"]
