@@ -20,7 +20,8 @@ for a seed (the order of pairs per epoch; a featurizer's start is its own seed's
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,13 +141,7 @@ def train(
     ``patience``, stops early after that many epochs without improving."""
     import torch
 
-    if objective not in ("cross_entropy", "kl"):
-        raise TrainingRefused(f"objective is 'cross_entropy' or 'kl', not {objective!r}")
-    if len(bases) != len(sources) or not bases:
-        raise TrainingRefused("bases and sources are lists of texts, one source per base")
-    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
-        if type(value) is not int or value < 1:
-            raise TrainingRefused(f"{name} is a positive int, not {value!r}")
+    _check(objective, bases, sources, epochs, batch_size)
     params = _parameters(patches)
     target = _labels(model, labels, len(bases), objective)
     held = (
@@ -154,61 +149,127 @@ def train(
         if eval is None
         else (eval[0], eval[1], _labels(model, eval[2], len(eval[0]), objective))
     )
-    dispatched(model)  # the real weights, before they are held to staying as they are
-    weights = [p.detach().clone() for p in getattr(model, "_model", model).parameters()]
-    optimizer = torch.optim.Adam(params, lr=lr)
-    order = torch.Generator().manual_seed(seed)
+    run = _Run(
+        model,
+        patches,
+        bases,
+        sources,
+        target,
+        objective,
+        engine,
+        frame,
+        batch_size,
+        torch.optim.Adam(params, lr=lr),
+        torch.Generator().manual_seed(seed),
+    )
     result = TrainResult([a.featurizer for a in patches])
-    best, best_state, stale = float("inf"), None, 0
-    with frozen(model), torch.enable_grad():
+    keep = _Best(result)
+    with _weights_kept(model), frozen(model), torch.enable_grad():
         for epoch in range(epochs):
-            losses, hits = [], []
-            for chunk in torch.split(torch.randperm(len(bases), generator=order), batch_size):
-                rows = chunk.tolist()
-                logits = interchange(
-                    model,
-                    patches,
-                    [bases[i] for i in rows],
-                    [sources[i] for i in rows],
-                    engine=engine,
-                    frame=frame,
-                ).logits
-                loss = _loss(logits, target[chunk], objective)
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                losses.append(float(loss.detach()) * len(rows))
-                hits.append(_hits(logits.detach(), target[chunk], objective))
-            entry = {
-                "epoch": float(epoch),
-                "loss": sum(losses) / len(bases),
-                "iia": float(torch.cat(hits).mean()),
-            }
+            entry = run.epoch(epoch)
             if held is not None:
                 entry["eval_loss"], entry["eval_iia"] = _evaluate(
                     model, patches, held, objective, engine, frame
                 )
             result.history.append(entry)
-            score = entry.get("eval_loss", entry["loss"])
-            if score < best:
-                best, stale, result.best_epoch = score, 0, epoch
-                best_state = [
-                    {k: v.detach().clone() for k, v in f.state_dict().items()}
-                    for f in result.featurizers
-                ]
-            else:
-                stale += 1
-                if patience is not None and stale >= patience:
-                    break
-    if best_state is not None:
-        for f, state in zip(result.featurizers, best_state, strict=True):
-            f.load_state_dict(state)
+            if keep.stale(epoch, entry.get("eval_loss", entry["loss"]), patience):
+                break
+    keep.restore()
     if held is not None:
         result.iia = _evaluate(model, patches, held, objective, engine, frame)[1]
-    after = list(getattr(model, "_model", model).parameters())
+    return result
+
+
+@contextlib.contextmanager
+def _weights_kept(model: Any) -> Iterator[None]:
+    """Hold the model's weights to staying bit for bit what they were (refused if not)."""
+    import torch
+
+    dispatched(model)  # the real weights, before they are held to staying as they are
+    module = getattr(model, "_model", model)
+    weights = [p.detach().clone() for p in module.parameters()]
+    yield
+    after = list(module.parameters())
     if any(not torch.equal(a, b) for a, b in zip(after, weights, strict=True)):
         raise TrainingRefused("a weight of the model changed during training: it must not")
-    return result
+
+
+class _Best:
+    """The featurizers' state at the best epoch (the lowest eval loss, or training
+    loss), and whether training has gone ``patience`` epochs without improving."""
+
+    def __init__(self, result: TrainResult) -> None:
+        self.result, self.best, self.count = result, float("inf"), 0
+        self.state: list[dict[str, Any]] = []
+
+    def stale(self, epoch: int, score: float, patience: int | None) -> bool:
+        if score < self.best:
+            self.best, self.count, self.result.best_epoch = score, 0, epoch
+            self.state = [
+                {k: v.detach().clone() for k, v in f.state_dict().items()}
+                for f in self.result.featurizers
+            ]
+            return False
+        self.count += 1
+        return patience is not None and self.count >= patience
+
+    def restore(self) -> None:
+        for f, state in zip(self.result.featurizers, self.state, strict=False):
+            f.load_state_dict(state)
+
+
+def _check(
+    objective: str, bases: Sequence[str], sources: Sequence[str], epochs: int, batch_size: int
+) -> None:
+    if objective not in ("cross_entropy", "kl"):
+        raise TrainingRefused(f"objective is 'cross_entropy' or 'kl', not {objective!r}")
+    if len(bases) != len(sources) or not bases:
+        raise TrainingRefused("bases and sources are lists of texts, one source per base")
+    for name, value in (("epochs", epochs), ("batch_size", batch_size)):
+        if type(value) is not int or value < 1:
+            raise TrainingRefused(f"{name} is a positive int, not {value!r}")
+
+
+@dataclass
+class _Run:
+    """One training run's fixed parts; ``epoch`` runs one pass over the pairs."""
+
+    model: Any
+    patches: Sequence[ComponentAddress]
+    bases: Sequence[str]
+    sources: Sequence[str]
+    target: Any
+    objective: str
+    engine: str | Engine
+    frame: str
+    batch_size: int
+    optimizer: Any
+    order: Any
+
+    def epoch(self, epoch: int) -> dict[str, float]:
+        import torch
+
+        losses, hits = [], []
+        for chunk in torch.split(
+            torch.randperm(len(self.bases), generator=self.order), self.batch_size
+        ):
+            rows = chunk.tolist()
+            logits = interchange(
+                self.model,
+                self.patches,
+                [self.bases[i] for i in rows],
+                [self.sources[i] for i in rows],
+                engine=self.engine,
+                frame=self.frame,
+            ).logits
+            loss = _loss(logits, self.target[chunk], self.objective)
+            self.optimizer.zero_grad()
+            loss.backward()
+            self.optimizer.step()
+            losses.append(float(loss.detach()) * len(rows))
+            hits.append(_hits(logits.detach(), self.target[chunk], self.objective))
+        mean_hits = float(torch.cat(hits).mean())
+        return {"epoch": float(epoch), "loss": sum(losses) / len(self.bases), "iia": mean_hits}
 
 
 __all__ = ["TrainResult", "TrainingRefused", "train"]
