@@ -795,11 +795,20 @@ def _materialize(
     built = built if model_type in _BUILD_FROM else config
     moves: dict[str, Any] = {}
     if build == "moved":
-        model, built, moves = _moved_model(model_type, saver or auto, built, tokenizer, seed)
+        attempts = _Attempts(model_type, saver or auto, built, tokenizer, seed)
+        model, built, moves = _moved_model(attempts)
         config = built if model_type not in _BUILD_FROM else config
+        try:
+            _save_and_reload(model_type, auto, model, tokenizer, config, out)
+        except TinyBuildError:  # a moved field the checkpoint does not keep: each
+            # field is tried through a save and load of its own, and kept if it survives
+            attempts.reload_with = (auto, None if model_type not in _BUILD_FROM else config)
+            model, built, moves = _moved_model(attempts, every_field_alone=True)
+            config = built if model_type not in _BUILD_FROM else config
+            _save_and_reload(model_type, auto, model, tokenizer, config, out)
     else:
         model = _instantiate(model_type, saver or auto, built, seed)
-    _save_and_reload(model_type, auto, model, tokenizer, config, out)
+        _save_and_reload(model_type, auto, model, tokenizer, config, out)
     manifest = {
         "model_type": model_type,
         "model_class": type(model).__name__,
@@ -964,6 +973,9 @@ class _Attempts:
         self.model_type, self.cls, self.built = model_type, cls, built
         self.tokenizer, self.seed = tokenizer, seed
         self.unscaled: str | None = None
+        # (loading class, the composite config a sub-config's checkpoint holds): set,
+        # an attempt with moved fields must also survive a save and load
+        self.reload_with: tuple[Any, Any] | None = None
 
     def __call__(self, moves: list[Move]) -> tuple[Any, Any, Any, int]:
         """(model, config, smoke logits, norm parameters drawn) with ``moves`` set;
@@ -991,7 +1003,21 @@ class _Attempts:
             scale_weights(model)
         drawn = draw_norms(model)
         part = _traced(self.model_type, _loaded_part(self.model_type, model))
-        return model, config, _smoke_logits(self.model_type, part, self.tokenizer), drawn
+        logits = _smoke_logits(self.model_type, part, self.tokenizer)
+        if moves and self.reload_with is not None:
+            auto, composite = self.reload_with
+            scratch = Path(tempfile.mkdtemp(prefix="tiny-moved-"))
+            try:
+                _save_and_reload(
+                    self.model_type, auto, model, self.tokenizer, composite or config, scratch
+                )
+            except TinyBuildError as exc:
+                raise TinyBuildError(
+                    f"the checkpoint does not keep it: {_first_line(exc)}"
+                ) from exc
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return model, config, logits, drawn
 
     def kept(self, candidates: list[Move], skipped: dict[str, str]) -> list[Move]:
         """The candidates the config and the forward take, alone and together (the
@@ -1023,18 +1049,20 @@ class _Attempts:
 
 
 def _moved_model(
-    model_type: str, cls: Any, built: Any, tokenizer: Any, seed: int
+    attempt: _Attempts, every_field_alone: bool = False
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """The moved build of ``built`` (the config the class is built from): the model,
-    its config, and what the manifest records (moved: path -> [tiny value, moved
-    value]; skipped: path -> why; no_effect: the moved fields whose value changes none
-    of the smoke batch's logits; norms_drawn; weights_scaled: true, or why not)."""
+    """The moved build of the attempts' config (the one the class is built from): the
+    model, its config, and what the manifest records (moved: path -> [tiny value,
+    moved value]; skipped: path -> why; no_effect: the moved fields whose value
+    changes none of the smoke batch's logits; norms_drawn; weights_scaled: true, or
+    why not). All fields are tried at once first, unless ``every_field_alone``."""
     import torch
 
-    attempt = _Attempts(model_type, cls, built, tokenizer, seed)
-    candidates = moved_fields(built.get_text_config())
+    candidates = moved_fields(attempt.built.get_text_config())
     skipped: dict[str, str] = {}
     try:
+        if every_field_alone:
+            raise TinyBuildError("each field alone")
         kept = list(candidates)
         model, config, logits, drawn = attempt(kept)
     except TinyBuildError:
