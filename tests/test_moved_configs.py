@@ -200,6 +200,9 @@ def test_a_family_states_its_head_size(model_type: str, tiny_model: Callable[...
         ("gemma3_text", "attn_logit_softcapping", ["attention_query", "attention_key"]),
         # the MLP's down projection times its multiplier
         pytest.param("falcon_h1", "mlp_multipliers", ["mlp_neuron_output"], marks=pytest.mark.wide),
+        # the hybrid layers read the word embeddings beside the stream: interchange at
+        # block_input[0] is refused with that reason (at init scale it seemed to hold)
+        pytest.param("zamba", "attention_head_dim", ["block_input"], marks=pytest.mark.wide),
         # q·kᵀ times attn_config.softmax_scale
         pytest.param(
             "mpt",
