@@ -805,7 +805,16 @@ def _materialize(
             attempts.reload_with = (auto, None if model_type not in _BUILD_FROM else config)
             model, built, moves = _moved_model(attempts, every_field_alone=True)
             config = built if model_type not in _BUILD_FROM else config
-            _save_and_reload(model_type, auto, model, tokenizer, config, out)
+            try:
+                _save_and_reload(model_type, auto, model, tokenizer, config, out)
+            except TinyBuildError as exc:  # a weight the load makes anew (a sinusoidal
+                # table, Marian's) loses its scale: the weights stay as built
+                attempts.unscaled = (
+                    f"the checkpoint does not keep the scaled weights: {_first_line(exc)}"
+                )
+                model, built, moves = _moved_model(attempts, every_field_alone=True)
+                config = built if model_type not in _BUILD_FROM else config
+                _save_and_reload(model_type, auto, model, tokenizer, config, out)
     else:
         model = _instantiate(model_type, saver or auto, built, seed)
         _save_and_reload(model_type, auto, model, tokenizer, config, out)
