@@ -159,18 +159,24 @@ def test_xmod_lens_is_the_head_alone_once_norms_are_not_identity(
 
 @pytest.mark.parametrize(
     "model_type",
-    ["cpmant", pytest.param("reformer", marks=pytest.mark.wide)],
+    [
+        "cpmant",
+        pytest.param("reformer", marks=pytest.mark.wide),
+        pytest.param("switch_transformers", marks=pytest.mark.wide),
+    ],
 )
 def test_a_family_states_its_head_size(model_type: str, tiny_model: Callable[..., Any]) -> None:
-    """CPM-Ant (dim_head) and Reformer (attention_head_size) state a head size apart
+    """CPM-Ant (dim_head), Reformer (attention_head_size) and Switch Transformers (d_kv)
+    state a head size apart
     from hidden / heads: attention_premix is heads x that wide, a head is that wide,
     and writing one head changes the output projection by that head's columns only
     (read before, write, read after)."""
     model = tiny_model(f"tiny:{model_type}{MOVED}")
     moved = _manifest(f"tiny:{model_type}{MOVED}")["moved"]
-    size = next(v[1] for k, v in moved.items() if k.endswith(("dim_head", "attention_head_size")))
+    keys = ("dim_head", "attention_head_size", "d_kv")
+    size = next(v[1] for k, v in moved.items() if k.endswith(keys))
     whole, one = locate(model, "attention_premix", 0), locate(model, "attention_premix", 0, head=1)
-    heads = model._model.config.num_attention_heads
+    heads = whole.heads
     assert whole.width == heads * size != model.hidden_size and one.width == size
     out = locate(model, "attention_output", 0)
     inputs = cert.sample_inputs(model)
