@@ -130,7 +130,7 @@ def test_an_unknown_build_is_refused_with_the_spelling() -> None:
 
 def _lens_and_logits(model: Any) -> tuple[Any, Any, Any]:
     last = model.internals.num_layers - 1
-    with model.trace("The quick brown fox jumps over"):
+    with model.trace(cert.sample_inputs(model)):  # side inputs where a forward needs them
         hidden = model.layers_output[last].save()
         lens = model.lens(hidden).save()
         logits = model.logits.save()
@@ -154,6 +154,31 @@ def test_xmod_lens_is_the_head_alone_once_norms_are_not_identity(
     assert errors[0] < 1e-4 < 0.01 < errors[1], errors
 
 
+@pytest.mark.parametrize(
+    ("model_type", "field"),
+    [
+        pytest.param("t5gemma2", "final_logit_softcapping", marks=pytest.mark.wide),
+        pytest.param("hyperclovax_vision_v2", "logits_scaling", marks=pytest.mark.wide),
+        pytest.param("cohere_compass", "logit_scale", marks=pytest.mark.wide),
+    ],
+)
+def test_the_lens_applies_the_factor_the_head_applies(
+    model_type: str, field: str, tiny_model: Callable[..., Any]
+) -> None:
+    """A head that soft-caps or scales its logits by a config field left at its default
+    (None, 1) on the default build: the lens rows apply it, so lens == logits on the
+    moved build too, where the field moves (and the head without it is off)."""
+    spec = f"tiny:{model_type}{MOVED}"
+    assert field in _manifest(spec)["moved"]
+    model = tiny_model(spec)
+    hidden, lens, logits = _lens_and_logits(model)
+    ok, detail = cert.close(lens, logits)
+    assert ok, detail
+    with torch.no_grad():
+        bare = model.lm_head._module(model.ln_final._module(hidden))
+    assert not cert.close(bare, logits)[0]
+
+
 # ---------------------------------------------------------------- head sizes
 
 
@@ -163,6 +188,7 @@ def test_xmod_lens_is_the_head_alone_once_norms_are_not_identity(
         "cpmant",
         pytest.param("reformer", marks=pytest.mark.wide),
         pytest.param("switch_transformers", marks=pytest.mark.wide),
+        pytest.param("udop", marks=pytest.mark.wide),
     ],
 )
 def test_a_family_states_its_head_size(model_type: str, tiny_model: Callable[..., Any]) -> None:
