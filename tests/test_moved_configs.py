@@ -309,3 +309,25 @@ def test_a_place_is_ok_only_where_it_holds_on_both_builds() -> None:
     )
     assert both.build["outcomes"] == {"default": "certified", "moved": "certified"}
     assert both.build["moved"] == {"head_dim": [16, 24]}
+
+
+def test_the_readme_figures_of_both_builds_are_the_reports() -> None:
+    """README's "N of M hold on both builds" per group are docs/coverage.json joined
+    with docs/coverage-moved.json (the moved build's sweep)."""
+    import re
+
+    from causalab_mini.tools.builds import holds
+    from causalab_mini.tools.sweep import group_name, joined_with_moved
+
+    repo = Path(__file__).resolve().parents[1]
+    report = json.loads((repo / "docs" / "coverage.json").read_text())
+    moved = json.loads((repo / "docs" / "coverage-moved.json").read_text())
+    joined = [r for r in joined_with_moved(report, moved)["results"] if r.get("build")]
+    found = re.findall(
+        r"\*\*([a-z0-9_]+)\*\*\s+(\d+)\s+of\s+(\d+)\s+hold\s+on\s+both\s+builds",
+        (repo / "README.md").read_text(),
+    )
+    assert len(found) == 4, found
+    for group, held, swept in found:
+        mine = [r for r in joined if group_name(r) == group]
+        assert (int(held), int(swept)) == (sum(map(holds, mine)), len(mine)), group
