@@ -76,6 +76,9 @@ class ComponentAddress:
     # the tokens of each row a read returns and a write replaces (``positions.parse``
     # of a spec; empty: every position), resolved on the batch a plan runs
     position: tuple[Position, ...] = ()
+    # the basis a read returns and a write takes (``causalab_mini.featurizers``), bound
+    # to this place's width; None: the place's own coordinates
+    featurizer: Any = None
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
@@ -86,6 +89,8 @@ class ComponentAddress:
         if self.position:
             specs = [p.spec() for p in self.position]
             where += f" at {specs[0] if len(specs) == 1 else specs}"
+        if self.featurizer is not None:
+            where += f" in {self.featurizer!r}"
         detail = self.module or ("layer" if self.layer is not None else "model")
         if self.op:
             detail += f" op={self.op}"
@@ -100,14 +105,28 @@ def locate(
     *,
     stream: int | None = None,
     position: Any = None,
+    featurizer: Any = None,
 ) -> ComponentAddress:
     """Compile ``component`` at ``layer`` (and ``head``, or ``stream`` where the place
     carries several residual streams) on ``model`` into an address, or refuse with the
     reason the model gives. ``position`` (a spec ``causalab_mini.positions`` reads:
     ``{"index": -1}``, ``{"span": "fox"}``, ``"all"``, a list) restricts the address to
     those tokens of each row: a read returns (batch, n_positions, ...), a write
-    replaces them only. It is resolved on the batch a ``Plan`` runs."""
+    replaces them only. It is resolved on the batch a ``Plan`` runs. ``featurizer`` (a
+    ``causalab_mini.featurizers`` one) binds the address to a basis, sized by the
+    component table's width here: a read returns features, a write takes them."""
     address = _located(model, component, layer, head, stream)
+    if featurizer is not None:
+        bind = getattr(featurizer, "bind", None)
+        if not callable(bind):
+            raise refuse(
+                component,
+                f"featurizer={featurizer!r} is no featurizer: give one of "
+                "causalab_mini.featurizers (Identity(), Subspace(k), Linear(m), PCA.fit(x, k), "
+                "SAE(...), Gate(f))",
+            )
+        # sized by the component table's width here, or refused with both widths
+        address = replace(address, featurizer=bind(address.width, str(address)))
     if position is None:
         return address
     parsed = parse_position(position)
@@ -118,7 +137,7 @@ def locate(
             if known
             else "it is a place of your own, whose sequence axis the component table does not state"
         )
-        raise _refuse(
+        raise refuse(
             component,
             f"position {position!r} cannot apply: {why}. Address it without a position "
             "(and select the tokens from what it returns)",
@@ -216,7 +235,7 @@ def _check_head(
         return count, head_size(model, layer, HEAD_KINDS[spec.width]), None
     except HeadSizeUnknown as exc:
         if head is not None:
-            raise _refuse(spec.name, f"one head cannot be sliced out: {exc}") from None
+            raise refuse(spec.name, f"one head cannot be sliced out: {exc}") from None
         return count, None, str(exc)
 
 
@@ -237,7 +256,7 @@ def _widths(
     return width_of(model, spec.width, layer)
 
 
-def _refuse(component: str, reason: str) -> ComponentError:
+def refuse(component: str, reason: str) -> ComponentError:
     return ComponentError(f"component {component!r}: {reason}")
 
 
@@ -273,7 +292,7 @@ def _streams(
         return {"width": width}
     count = getattr(model.text_config, address.streams.count, None)
     if not isinstance(count, int) or count < 1:
-        raise _refuse(
+        raise refuse(
             spec.name,
             f"its row carries several streams counted by config attribute "
             f"{address.streams.count!r}, which this model's config does not give",
@@ -308,7 +327,7 @@ def _boundary(
     at = _check_layer(model, spec.name, spec.per_layer, layer)
     reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
     if reason is not None:
-        raise _refuse(spec.name, reason)
+        raise refuse(spec.name, reason)
     heads, hd, unknown = _check_head(model, spec, head, at)
     address = place.address_at(at)
     op = None
@@ -323,7 +342,7 @@ def _boundary(
                 model_class=internals.model_class,
             )
         except OperationNotFound as exc:
-            raise _refuse(spec.name, str(exc)) from None
+            raise refuse(spec.name, str(exc)) from None
     width = _widths(model, spec, at, head, heads, hd)
     policy = _policy(spec, heads, hd, width, unknown)
     policy.update(_streams(model, spec, address, stream, width))
@@ -384,7 +403,7 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
         base = internals.row_base(within_row, at)
     envoy = None if base is None else child(base, module)
     if envoy is None:
-        raise _refuse(
+        raise refuse(
             spec.name,
             f"its attention's forward is in {module!r}, which layer {at} does not have",
         )
@@ -397,7 +416,7 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
             model_class=internals.model_class,
         )
     except OperationNotFound as exc:
-        raise _refuse(spec.name, str(exc)) from None
+        raise refuse(spec.name, str(exc)) from None
     return module, op
 
 
@@ -408,7 +427,7 @@ def _interior(
     assert at is not None
     reason = _interior_refusal(model, spec, interior, at)
     if reason is not None:
-        raise _refuse(spec.name, reason)
+        raise refuse(spec.name, reason)
     module, op = _interior_op(model, spec, interior, at)
     heads, hd, unknown = _check_head(model, spec, head, at)
     take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
@@ -445,7 +464,7 @@ def _user_row(model: Any, name: str, layer: int | None, head: int | None) -> Com
     at = _check_layer(model, name, place.per_layer, layer)
     reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
     if reason is not None:
-        raise _refuse(name, reason)
+        raise refuse(name, reason)
     address = place.address_at(at)
     return ComponentAddress(
         rank=internals.rank(name, at),
@@ -497,4 +516,4 @@ def component_status(
     return out
 
 
-__all__ = ["ComponentAddress", "component_status", "interior_of", "locate", "operands_of"]
+__all__ = ["ComponentAddress", "component_status", "interior_of", "locate", "operands_of", "refuse"]

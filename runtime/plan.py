@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import plain
-from .geometry import ComponentError
-from .internals import PlaceUnavailable, WriteRefused, check_value
-from .locator import ComponentAddress, _refuse
-from .lower import _prepare_sources, component_fields, lower, lower_step
-from .ops import OperationNotFound
+from .engines import Engine, engine_for
+from .internals import WriteRefused, check_value
+from .locator import ComponentAddress, refuse
+from .lower import Target, geometry, lower_step
 from .positions import Encoded, encode, resolve, stacked, trace_inputs
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | Non
     it is handed on flat) does not have the heads and head size the address states
     (None where it does, or where the place is not per head): ``plain.layout_mismatch``
     on the address's geometry."""
-    return plain.layout_mismatch(component_fields(address), held)
+    return plain.layout_mismatch(geometry(address), held)
 
 
 def _positions_due(address: ComponentAddress, index: Any) -> Any:
@@ -41,7 +40,7 @@ def _positions_due(address: ComponentAddress, index: Any) -> Any:
     if not address.position:
         return None
     if index is None:
-        raise _refuse(
+        raise refuse(
             address.component,
             f"{address} names positions, which are resolved on the batch the trace runs: "
             "run it in a Plan (Plan.of(...).run(model, texts)), or pass index= "
@@ -58,9 +57,10 @@ def read(model: Any, address: ComponentAddress, index: Any = None) -> Any:
     ``positions.resolve``), along the component's sequence axis."""
     index = _positions_due(address, index)
     step = lower_step(
-        model, address, write=False, value=None, held=False, index=index, remote=False
+        model, address, write=False, value=None, held=False, index=index, target=Target.TRACE
     )
-    return plain.read(model, step, model.internals)
+    value = plain.read(model, step, model.internals)
+    return value if address.featurizer is None else address.featurizer.read(value)
 
 
 def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
@@ -69,14 +69,14 @@ def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
     the place's tensor as handed on (all heads)."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    step = component_fields(address)
+    step = geometry(address)
     where = step["where"]
     if address.head is not None:
         where = f"head {address.head} of {where}"
-        current = current[plain._head_slice(step)]
+        current = current[plain.head_slice(step)]
     if address.stream is not None:
         where = f"stream {address.stream} of {where}"
-        current = current[plain._stream_slice(step, current, None)]
+        current = current[plain.stream_slice(step, current, None)]
     check_value(where, value, current)
 
 
@@ -87,14 +87,18 @@ def write(model: Any, address: ComponentAddress, value: Any, index: Any = None) 
     the model computed it."""
     index = _positions_due(address, index)
     step = lower_step(
-        model, address, write=True, value=value, held=False, index=index, remote=False
+        model, address, write=True, value=value, held=False, index=index, target=Target.TRACE
     )
+    edit = step.get("edit")
+    if edit is not None:  # made of the place's tensor (a featurized write)
+        step["value"] = edit(plain.read(model, step, model.internals))
     plain.write(model, step, model.internals)
 
 
 @dataclass(frozen=True, eq=False)
 class Step:
-    """One read or write of a plan; ``value`` is the tensor a write puts."""
+    """One read or write of a plan; ``value`` is what a write puts: a tensor (exactly
+    the place's shape) or a mechanism (``causalab_mini.mechanisms``)."""
 
     address: ComponentAddress
     write: bool = False
@@ -109,7 +113,9 @@ class Step:
             return self.value is other.value
         import torch
 
-        return bool(torch.equal(self.value, other.value))
+        if isinstance(self.value, torch.Tensor) and isinstance(other.value, torch.Tensor):
+            return bool(torch.equal(self.value, other.value))
+        return bool(self.value == other.value)  # mechanisms compare as data
 
     def __hash__(self) -> int:
         return hash((self.address, self.write))
@@ -137,7 +143,7 @@ class Plan:
         held: bool = False,
         *,
         frame: str = "plain",
-        engine: str = "nnsight",
+        engine: str | Engine = "nnsight",
         **remote: Any,
     ) -> dict[ComponentAddress, Any]:
         """Run the plan in one trace; return what was read, by address. With ``held``,
@@ -155,35 +161,14 @@ class Plan:
 
         ``engine="hooks"`` runs it locally with plain torch forward hooks
         (``causalab_mini.hooks``: the same tensors, no trace; it refuses what needs a
-        forward's source); nnsight's trace is the default and the only remote engine."""
+        forward's source); nnsight's trace is the default and the only remote engine.
+        ``engine`` may also be a ``causalab_mini.engines.Engine``."""
         if set(remote) - {"remote", "backend", "blocking"}:
             raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
-        from .hooks import check_engine
-
-        check_engine(engine, bool(remote.get("remote") or remote.get("backend") is not None))
+        runner = engine_for(engine, **remote)
         inputs, indices = _resolved(self, model, inputs, frame)
-        if engine == "hooks":
-            from .hooks import run_plan as run_hooks
-
-            return run_hooks(self, model, inputs, held, indices)
-        if remote.get("remote") or remote.get("backend") is not None:
-            from .remote import run_plan
-
-            return run_plan(self, model, inputs, held=held, indices=indices, **remote)
-        _prepare_sources(model, [s.address for s in self.steps])
-        program, addresses = lower(self, model, held, indices, remote=False)
-        saved: list[Any] = []  # bound before the trace
-        try:
-            with model.trace(inputs):
-                saved.extend(v.save() for v in plain.run(model, program, None, model.internals))
-        except (OperationNotFound, PlaceUnavailable, WriteRefused, ComponentError) as exc:
-            # nnsight wraps what a trace body raises in its own traceback text; hand the
-            # caller our message as it was written
-            original = getattr(exc, "original", None)
-            if isinstance(original, Exception) and original is not exc:
-                raise original from None
-            raise
-        return {a: getattr(t, "value", t) for a, t in zip(addresses, saved, strict=True)}
+        # a featurized read returns features (causalab_mini.featurizers)
+        return featurized(runner.reads(model, runner.lower(self, model, held, indices), inputs))
 
     def generate(
         self,
@@ -212,6 +197,16 @@ class Plan:
         )
 
 
+def featurized(values: dict[Any, Any]) -> dict[Any, Any]:
+    """A plan's reads with each featurized address's tensor in its features
+    (``causalab_mini.featurizers``; a ragged read, a list of tensors, each)."""
+    out = {}
+    for a, v in values.items():
+        f = a.featurizer
+        out[a] = v if f is None else [f.read(t) for t in v] if isinstance(v, list) else f.read(v)
+    return out
+
+
 def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:
     """The inputs the trace runs and, per position spec of the plan's steps, its (batch,
     n) token index on that batch (none where no step names positions: the inputs go to
@@ -224,4 +219,4 @@ def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dic
     return trace_inputs(model, encoded), indices
 
 
-__all__ = ["Plan", "Step", "check_write", "layout_mismatch", "read", "write"]
+__all__ = ["Plan", "Step", "check_write", "featurized", "layout_mismatch", "read", "write"]

@@ -74,6 +74,8 @@ def test_every_check_has_a_unit_test() -> None:
     # the attention's norm (the residual then carries the base's tokens on)
     writes |= {"position_reads_and_writes", "interchange_identities"}
     writes.add("hooks_engine")  # tests/test_hooks_engine.py, with a tampered engine
+    # below: the mechanisms' and featurizers' identities, with a wrong edit or swap
+    writes |= {"mechanism_identities", "featurizer_interchange"}
     assert {check.__name__ for check in k.CHECKS} == set(TAMPER) | writes
 
 
@@ -100,7 +102,7 @@ def test_a_write_that_stops_at_the_norm_does_not_reach_the_stream() -> None:
 def test_a_read_that_is_not_a_copy_is_changed_by_a_later_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from causalab_mini import lower
+    from causalab_mini import steps as lower
 
     ctx = _bare(StandardizedTransformer("tiny:llama"))
     clean = list(k.write_keeps_earlier_reads(ctx))
@@ -125,3 +127,24 @@ def test_a_write_to_attention_shifts_the_mid_stream_by_its_delta() -> None:
     clean = list(k.attention_write_shifts_mid(_bare(model)))
     assert clean and all(o.ok for o in clean)
     assert not any(o.ok for o in k.attention_write_shifts_mid(_bare(wrong)))
+
+
+def test_the_intervention_checks_hold_and_notice_a_wrong_edit(
+    llama: k.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from causalab_mini import plain
+    from causalab_mini.featurizers import Identity
+
+    for check in (k.interventions.mechanism_identities, k.interventions.featurizer_interchange):
+        clean = list(check(llama))
+        assert len(clean) >= 5 and all(o.ok for o in clean), [o for o in clean if not o.ok]
+    right = plain.edited
+
+    def off(edit: Any, current: Any, *rest: Any) -> Any:  # Scale(1) is not x
+        out = right(edit, current, *rest)
+        return out + 1e-3 if edit[0] == "scale" else out
+
+    monkeypatch.setattr(plain, "edited", off)
+    assert any(not o.ok for o in k.interventions.mechanism_identities(llama))
+    monkeypatch.setattr(Identity, "swap", lambda self, base, source: source + 1e-6)
+    assert any(not o.ok for o in k.interventions.featurizer_interchange(llama))

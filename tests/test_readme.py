@@ -1,5 +1,6 @@
-"""Every Python block of README.md, CONTRIBUTING.md and docs/positions.md runs on its own, in a fresh
-interpreter, and prints what the text block right after it says it prints."""
+"""Every Python block of README.md, CONTRIBUTING.md, docs/positions.md,
+docs/attribution.md and docs/interventions.md runs on its own, in a fresh interpreter,
+and prints what the text block right after it says it prints."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ BLOCK = re.compile(
 
 def blocks() -> list[tuple[str, str, str | None]]:
     found = []
-    for name in ("README.md", "CONTRIBUTING.md", "docs/positions.md"):
+    docs = ("docs/positions.md", "docs/attribution.md", "docs/interventions.md")
+    for name in ("README.md", "CONTRIBUTING.md", *docs):
         text = (REPO / name).read_text(encoding="utf-8")
         for i, match in enumerate(BLOCK.finditer(text)):
             found.append((f"{name}#{i + 1}", match["code"], match["out"]))

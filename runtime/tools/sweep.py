@@ -35,7 +35,7 @@ from causalab_mini.generated import COMPONENTS
 from causalab_mini.internals import NO_STRUCTURE_RULE
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.checks import CHECKS, Context, row_components
-from causalab_mini.tools.checks.recompute import _raw_outputs
+from causalab_mini.tools.checks.recompute import raw_outputs_of
 from causalab_mini.tools.verdicts import LOADED, ArchitectureOutcome, ComponentState
 
 GENERIC = ("not found", "unknown error", "failed")
@@ -208,7 +208,7 @@ def _context(
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
         attn_inputs = cert.read_places(model, inputs, ["attentions_input"])
-    raw = _raw_outputs(model, inputs, addresses)
+    raw = raw_outputs_of(model, inputs, addresses)
     return Context(model, inputs, addresses, v, raw, hf, places, attn_inputs, unordered)
 
 
@@ -550,14 +550,14 @@ def summarize(results: list[Result]) -> dict[str, Any]:
 def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
-    from causalab_mini.internals import _installed
     from causalab_mini.tools.tiny import group_model_types
+    from causalab_mini.versions import installed_version
 
     every = group_model_types()
     data = {
         "transformers": transformers.__version__,
-        "nnsight": _installed("nnsight"),
-        "nnterp": _installed("nnterp"),
+        "nnsight": installed_version("nnsight"),
+        "nnterp": installed_version("nnterp"),
         "seconds": round(seconds, 1),
         "summary": summarize(results),
         "groups": {

@@ -153,7 +153,7 @@ def _overrides(model_type: str) -> dict[str, Any]:
     return _thaw(found) if found is not None else {}
 
 
-class TinyBuildError(CausalabError):
+class TinyBuildError(CausalabError):  # type: ignore[misc]  # Any to mypy
     """A family cannot be built tiny here; the message says why."""
 
 

@@ -15,7 +15,7 @@ from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks.base import Outcome
 
 
-def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
+def final_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
     """``last_hidden_state`` of the causal LM's base model (None where it has none)."""
     import torch
 
@@ -43,7 +43,7 @@ def _row_module(model: Any, layer: int, row: str) -> Any:
     return child(model.internals.row_base(address, layer), address.module)
 
 
-def _raw_outputs(
+def raw_outputs_of(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
     """The attention and MLP modules' own outputs, the scaling, values and mask the
@@ -77,7 +77,7 @@ def _raw_outputs(
 def _wanted_modules(
     model: Any, addresses: dict[tuple[str, int | None], Any]
 ) -> tuple[list[tuple[str, int, Any]], dict[int, str]]:
-    """What ``_raw_outputs`` reads, in forward order, as (kind, layer, what): each
+    """What ``raw_outputs_of`` reads, in forward order, as (kind, layer, what): each
     layer's attention operands, output gate, attention and MLP modules, then the
     unembedding's inputs; and the gate's kind by layer."""
     internals = model.internals
@@ -329,7 +329,7 @@ def _rebuilt(value: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
     return type(value)(items)
 
 
-def _consistency_checks(
+def consistency_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
@@ -429,7 +429,7 @@ def _mlp_refed(
             yield Outcome.of(["mlp_input"], name, ok, d)
 
 
-def _interior_checks(
+def interior_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
@@ -626,7 +626,7 @@ def gated(z: Any, gate: Any) -> Any:
     return gate
 
 
-def _mlp_checks(
+def mlp_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
