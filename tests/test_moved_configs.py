@@ -254,7 +254,6 @@ def test_the_certifier_recomputes_with_the_operands_the_forward_uses(
     assert result.outcome == "certified", result.reason
     for name in components:
         assert states[name][0] == "ok", (name, states[name])
-    assert not [k for k, (s, _) in states.items() if s == "broken"], states
 
 
 # ------------------------------------------------------------ attention sinks
