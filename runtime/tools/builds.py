@@ -16,7 +16,7 @@ from typing import Any
 
 from causalab_mini.tools.verdicts import LOADED, ArchitectureOutcome, ComponentState
 
-__all__ = ["both_markdown", "build_of", "combined", "manifest_of", "spec_for"]
+__all__ = ["both_markdown", "build_of", "combined", "holds", "manifest_of", "spec_for"]
 
 MOVED = "moved"
 
@@ -107,6 +107,12 @@ def combined(default: Any, moved: Any) -> Any:
     elif default.outcome in LOADED:
         out.components = {n: _component(item, None) for n, item in default.components.items()}
     return out
+
+
+def holds(result: dict[str, Any]) -> bool:
+    """Whether an architecture's result (as a report holds it) is certified with
+    nothing broken."""
+    return _holds(result)
 
 
 def _holds(result: dict[str, Any]) -> bool:

@@ -795,11 +795,29 @@ def _materialize(
     built = built if model_type in _BUILD_FROM else config
     moves: dict[str, Any] = {}
     if build == "moved":
-        model, built, moves = _moved_model(model_type, saver or auto, built, tokenizer, seed)
+        attempts = _Attempts(model_type, saver or auto, built, tokenizer, seed)
+        model, built, moves = _moved_model(attempts)
         config = built if model_type not in _BUILD_FROM else config
+        try:
+            _save_and_reload(model_type, auto, model, tokenizer, config, out)
+        except TinyBuildError:  # a moved field the checkpoint does not keep: each
+            # field is tried through a save and load of its own, and kept if it survives
+            attempts.reload_with = (auto, None if model_type not in _BUILD_FROM else config)
+            model, built, moves = _moved_model(attempts, every_field_alone=True)
+            config = built if model_type not in _BUILD_FROM else config
+            try:
+                _save_and_reload(model_type, auto, model, tokenizer, config, out)
+            except TinyBuildError as exc:  # a weight the load makes anew (a sinusoidal
+                # table, Marian's) loses its scale: the weights stay as built
+                attempts.unscaled = (
+                    f"the checkpoint does not keep the scaled weights: {_first_line(exc)}"
+                )
+                model, built, moves = _moved_model(attempts, every_field_alone=True)
+                config = built if model_type not in _BUILD_FROM else config
+                _save_and_reload(model_type, auto, model, tokenizer, config, out)
     else:
         model = _instantiate(model_type, saver or auto, built, seed)
-    _save_and_reload(model_type, auto, model, tokenizer, config, out)
+        _save_and_reload(model_type, auto, model, tokenizer, config, out)
     manifest = {
         "model_type": model_type,
         "model_class": type(model).__name__,
@@ -955,22 +973,25 @@ def scale_weights(model: Any, table: Mapping[str, Any] | None = None) -> int:
     return scaled
 
 
-def _moved_model(
-    model_type: str, cls: Any, built: Any, tokenizer: Any, seed: int
-) -> tuple[Any, Any, dict[str, Any]]:
-    """The moved build of ``built`` (the config the class is built from): the model,
-    its config, and what the manifest records (moved: path -> [tiny value, moved
-    value]; skipped: path -> why; no_effect: the moved fields whose value changes none
-    of the smoke batch's logits; norms_drawn)."""
-    import copy
+class _Attempts:
+    """Builds of one config with some of its moved fields set: each instantiated,
+    its weights scaled (unless the forward cannot run so: ``unscaled`` says why), its
+    norms drawn, and its smoke logits taken."""
 
-    import torch
+    def __init__(self, model_type: str, cls: Any, built: Any, tokenizer: Any, seed: int):
+        self.model_type, self.cls, self.built = model_type, cls, built
+        self.tokenizer, self.seed = tokenizer, seed
+        self.unscaled: str | None = None
+        # (loading class, the composite config a sub-config's checkpoint holds): set,
+        # an attempt with moved fields must also survive a save and load
+        self.reload_with: tuple[Any, Any] | None = None
 
-    candidates = moved_fields(built.get_text_config())
-    scaled: list[str | None] = [None]  # why the weights are not scaled (None: they are)
+    def __call__(self, moves: list[Move]) -> tuple[Any, Any, Any, int]:
+        """(model, config, smoke logits, norm parameters drawn) with ``moves`` set;
+        TinyBuildError where the config refuses them or the forward cannot run."""
+        import copy
 
-    def attempt(moves: list[Move]) -> tuple[Any, Any, Any, int]:
-        config = copy.deepcopy(built)
+        config = copy.deepcopy(self.built)
         text = config.get_text_config()
         for move in moves:
             try:
@@ -986,42 +1007,76 @@ def _moved_model(
                 raise TinyBuildError(
                     f"the config, read back, refuses it: {type(exc).__name__}: {_first_line(exc)}"
                 ) from exc
-        model = _instantiate(model_type, cls, config, seed)
-        if scaled[0] is None:
+        model = _instantiate(self.model_type, self.cls, config, self.seed)
+        if self.unscaled is None:
             scale_weights(model)
         drawn = draw_norms(model)
-        part = _traced(model_type, _loaded_part(model_type, model))
-        return model, config, _smoke_logits(model_type, part, tokenizer), drawn
-
-    skipped: dict[str, str] = {}
-    kept = list(candidates)
-    try:
-        model, config, logits, drawn = attempt(kept)
-    except TinyBuildError:
-        try:
-            attempt([])
-        except TinyBuildError as exc:  # the forward cannot run at scaled weights
-            scaled[0] = f"the forward fails with the weights scaled: {_first_line(exc)}"
-        kept = []
-        for move in candidates:  # alone, each field the config and forward take
+        part = _traced(self.model_type, _loaded_part(self.model_type, model))
+        logits = _smoke_logits(self.model_type, part, self.tokenizer)
+        if moves and self.reload_with is not None:
+            auto, composite = self.reload_with
+            scratch = Path(tempfile.mkdtemp(prefix="tiny-moved-"))
             try:
-                attempt([move])
+                _save_and_reload(
+                    self.model_type, auto, model, self.tokenizer, composite or config, scratch
+                )
+            except TinyBuildError as exc:
+                raise TinyBuildError(
+                    f"the checkpoint does not keep it: {_first_line(exc)}"
+                ) from exc
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+        return model, config, logits, drawn
+
+    def kept(self, candidates: list[Move], skipped: dict[str, str]) -> list[Move]:
+        """The candidates the config and the forward take, alone and together (the
+        others into ``skipped`` with the reason); where even none runs at scaled
+        weights, the weights stay as built (``unscaled``)."""
+        try:
+            self([])
+        except TinyBuildError as exc:
+            self.unscaled = f"the forward fails with the weights scaled: {_first_line(exc)}"
+        kept = []
+        for move in candidates:
+            try:
+                self([move])
             except TinyBuildError as exc:
                 skipped[move.path] = f"{move.path}={move.new!r}: {_first_line(exc)}"
                 continue
             kept.append(move)
-        while True:  # together: drop the last field until they run
+        while kept:  # together: drop the last field until they run
             try:
-                model, config, logits, drawn = attempt(kept)
+                self(kept)
                 break
             except TinyBuildError as exc:
-                if not kept:
-                    raise
                 last = kept.pop()
                 skipped[last.path] = (
                     f"{last.path}={last.new!r}: runs alone but not with the other moved "
                     f"fields: {_first_line(exc)}"
                 )
+        return kept
+
+
+def _moved_model(
+    attempt: _Attempts, every_field_alone: bool = False
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The moved build of the attempts' config (the one the class is built from): the
+    model, its config, and what the manifest records (moved: path -> [tiny value,
+    moved value]; skipped: path -> why; no_effect: the moved fields whose value
+    changes none of the smoke batch's logits; norms_drawn; weights_scaled: true, or
+    why not). All fields are tried at once first, unless ``every_field_alone``."""
+    import torch
+
+    candidates = moved_fields(attempt.built.get_text_config())
+    skipped: dict[str, str] = {}
+    try:
+        if every_field_alone:
+            raise TinyBuildError("each field alone")
+        kept = list(candidates)
+        model, config, logits, drawn = attempt(kept)
+    except TinyBuildError:
+        kept = attempt.kept(candidates, skipped)
+        model, config, logits, drawn = attempt(kept)
     no_effect = []
     for move in kept:  # a field whose value changes nothing of the forward's logits
         try:
@@ -1038,7 +1093,7 @@ def _moved_model(
             "skipped": skipped,
             "no_effect": no_effect,
             "norms_drawn": drawn,
-            "weights_scaled": scaled[0] or True,
+            "weights_scaled": attempt.unscaled or True,
         },
     )
 
