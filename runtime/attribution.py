@@ -138,7 +138,16 @@ def _grads(value: Any, probes: list[_Probe]) -> list[Any]:
             "the metric's value does not depend on any place asked for (no gradient flows "
             "to it): a metric of the logits, and places before the logits"
         )
-    grads = torch.autograd.grad(value, [p.zero for p in probes], allow_unused=True)
+    try:
+        grads = torch.autograd.grad(value, [p.zero for p in probes], allow_unused=True)
+    except RuntimeError as exc:
+        if "inplace" not in str(exc):
+            raise
+        raise AttributionRefused(
+            f"{probes[0].address}: autograd cannot differentiate this family's forward: it "
+            "edits in place a tensor its own backward needs (RWKV's state); the place's "
+            "value is read as usual, its gradient is not available"
+        ) from None
     out = []
     for probe, grad in zip(probes, grads, strict=True):
         if grad is None:

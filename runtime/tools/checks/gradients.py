@@ -85,8 +85,11 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
         return
     for key, address in sorted(outputs.items(), key=lambda kv: kv[0][1] or 0):
         try:
-            got = grads_of(model, [address], encoded, _metric)[address]
             want = _oracle(model, inputs, int(key[1]), last)
+        except RuntimeError:
+            return  # autograd cannot run this forward at all (in-place edits): no gradient
+        try:
+            got = grads_of(model, [address], encoded, _metric)[address]
         except CausalabError as exc:
             yield Outcome(("block_output",), ORACLE, False, f"[{key[1]}] {exc}")
             continue
