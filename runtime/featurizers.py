@@ -447,11 +447,15 @@ class Subspace(LinearBasis):
         if self.n == 0:
             self.register_buffer("empty", torch.zeros(0, width))
             return
-        linear = torch.nn.Linear(width, self.n, bias=False, dtype=start.dtype)
-        mapping = self.PARAMETRIZATIONS[self.parametrization]
-        self.map = orthogonal(linear, orthogonal_map=mapping)
-        with torch.no_grad():
-            self.map.weight = start.to(linear.weight.dtype)
+        # the Linear's own init and the parametrization's internal state draw from the
+        # global generator: under this featurizer's seed, so that a seed is one fit
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            linear = torch.nn.Linear(width, self.n, bias=False, dtype=start.dtype)
+            mapping = self.PARAMETRIZATIONS[self.parametrization]
+            self.map = orthogonal(linear, orthogonal_map=mapping)
+            with torch.no_grad():
+                self.map.weight = start.to(linear.weight.dtype)
 
     def matrix_(self) -> torch.Tensor:
         if self.width is None:

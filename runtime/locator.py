@@ -372,7 +372,7 @@ def _interior_refusal(model: Any, spec: Component, interior: Interior, at: int) 
         if family.interiors_unavailable is not None:
             return str(family.interiors_unavailable).replace("{place}", spec.name)
     if interior.unavailable is not None:  # this interior alone (a family's row)
-        return interior.unavailable.replace("{place}", spec.name)
+        return str(interior.unavailable).replace("{place}", spec.name)
     outside = outside_versions(interior.versions)
     if outside is not None:
         package, rng, installed = outside

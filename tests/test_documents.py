@@ -57,6 +57,13 @@ def _cells(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["key"]: c for c in results["cells"]}
 
 
+def test_the_two_families_differ_by_their_bos() -> None:
+    from causalab_mini.generated.tiny import TINY_TOKENIZER_KINDS, TINY_TOKENIZERS
+
+    kinds = [TINY_TOKENIZER_KINDS[TINY_TOKENIZERS[s[5:]]["adds"]]["bos"] for s in FAMILIES]
+    assert kinds == [True, False]
+
+
 def test_the_library_has_the_documents_the_tests_run() -> None:
     assert set(DOCUMENTS) >= {
         "activation_patching",
@@ -64,6 +71,9 @@ def test_the_library_has_the_documents_the_tests_run() -> None:
         "ablation",
         "logit_lens",
         "attention_knockout",
+        "attention_pattern_patching",
+        "neuron_patching",
+        "attribution_patching",
     }
 
 
@@ -71,6 +81,15 @@ def test_the_library_has_the_documents_the_tests_run() -> None:
 def test_each_document_is_valid_without_a_model(name: str) -> None:
     issues, rows = static_issues(load(DOCS / f"{name}.yaml"))
     assert issues == [] and rows is not None and rows.rows
+
+
+@pytest.mark.parametrize("path", sorted(DOCS.rglob("*.yaml")), ids=lambda p: p.stem)
+def test_each_document_names_its_schema_for_editors(path: Path) -> None:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    schema = (path.parent / first.split("$schema=", 1)[1]).resolve()
+    assert schema == (REPO / "schema" / "document.schema.json").resolve()
+    assert static_issues(load(path))[0] == []
 
 
 @pytest.mark.parametrize("name", DOCUMENTS)
@@ -196,6 +215,110 @@ def test_logit_lens_at_the_last_layer_is_the_model(spec: str, tmp_path: Path) ->
     assert last["logprob"] == pytest.approx(clean["logprob"], abs=1e-4)
     assert all(c["metrics"]["kl"] > 1e-5 for c in cells[:-1])
     _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_attention_pattern_patching_is_a_layer_by_head_grid(spec: str, tmp_path: Path) -> None:
+    from causalab_mini.geometry import num_heads
+
+    exp, results, count = _run("attention_pattern_patching", spec, tmp_path)
+    heads, layers = num_heads(exp.model, 0), exp.model.internals.num_layers
+    cells = results["cells"]
+    assert [(c["layer"], c["head"]) for c in cells] == [
+        (layer, head) for layer in range(layers) for head in range(heads)
+    ]
+    assert all(c["status"] == "ok" for c in cells) and count == forwards(exp)
+    base = results["clean"]["base"]["metrics"]["logit_diff"]
+    assert all(c["metrics"]["logit_diff"] != base for c in cells)  # every write moves it
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_neuron_patching_is_a_layer_by_unit_grid_and_all_units_is_the_place(
+    spec: str, tmp_path: Path
+) -> None:
+    exp, results, count = _run("neuron_patching", spec, tmp_path)
+    layers = exp.model.internals.num_layers
+    cells = results["cells"]
+    assert [(c["layer"], c["unit"]) for c in cells] == [
+        (layer, unit) for layer in range(layers) for unit in range(16)
+    ]
+    assert all(c["status"] == "ok" for c in cells) and count == forwards(exp)
+    base = results["clean"]["base"]["per_row"]["logit_diff"]
+    assert any(c["per_row"]["logit_diff"] != base for c in cells)
+    _files_ok(tmp_path, results)
+    # every unit patched from the source (a plan: the source read, the base written) is
+    # the whole place patched by an interchange
+    text = (
+        (DOCS / "neuron_patching.yaml")
+        .read_text()
+        .replace("axes: [layers, units]", "axes: [layers]")
+    )
+    whole = run(
+        _doc(tmp_path, text.replace("units: {start: 0, stop: 16}", "units: all"), "all.yaml"),
+        tmp_path / "all",
+        model=exp.model,
+        spec=spec,
+    )
+    place = run(
+        _doc(tmp_path, text.replace("    units: {start: 0, stop: 16}\n", ""), "place.yaml"),
+        tmp_path / "place",
+        model=exp.model,
+        spec=spec,
+    )
+    for a, b in zip(whole["cells"], place["cells"], strict=True):
+        assert a["per_row"]["logit_diff"] == pytest.approx(b["per_row"]["logit_diff"], abs=1e-5)
+        assert a["per_row"]["logit_diff"] != base
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_attribution_patching_estimates_the_patches_beside_it(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("attribution_patching", spec, tmp_path)
+    assert all(c["status"] == "ok" for c in results["cells"]) and count == forwards(exp)
+    layers = exp.model.internals.num_layers
+    assert results["backwards"] == layers * 4  # one per cell (one batch each)
+    base = results["clean"]["base"]["metrics"]["logit_diff"]
+    cells = _cells(results)
+
+    def pair(layer: int, index: int) -> tuple[float, float]:
+        at = f"layer={layer}|position={json.dumps({'index': index})}"
+        patched = cells[f"patched|{at}"]["metrics"]["logit_diff"] - base
+        return patched, cells[f"estimated|{at}"]["metrics"]["atp[logit_diff]"]
+
+    # the same token at the same place of both prompts: nothing to patch, nothing to score
+    assert pair(0, -1) == (0.0, 0.0)
+    # one block before the logits, the first-order estimate is close to the patch
+    patched, estimated = pair(layers - 1, -1)
+    assert patched != 0 and estimated == pytest.approx(patched, rel=0.1)
+    assert sorted(p.name for p in (tmp_path / "plots").glob("*.png")) == [
+        "estimated_atp_logit_diff.png",
+        "patched_logit_diff.png",
+    ]
+
+
+def test_an_attribution_is_checked(tmp_path: Path) -> None:
+    text = (DOCS / "attribution_patching.yaml").read_text()
+    issues, _ = static_issues(
+        _doc(tmp_path, text.replace("metric: logit_diff, method", "metric: logprob, method"))
+    )
+    assert [i.code for i in issues] == ["D012"] and "logprob" in issues[0].message
+    both = text.replace(
+        "{attribute: {site: stream,", "{writes: [from_source], attribute: {site: stream,"
+    )
+    issues, _ = static_issues(_doc(tmp_path, both))
+    assert [i.code for i in issues] == ["D016"]
+
+
+def test_units_need_a_width_and_stay_inside_it(tmp_path: Path) -> None:
+    text = (DOCS / "neuron_patching.yaml").read_text()
+    issues = _issues(tmp_path, text.replace("units: {start: 0, stop: 16}", "units: [0, 100000]"))
+    assert [i.code for i in issues] == ["D044"] and "units [100000] beyond" in issues[0].message
+    probs = text.replace("component: mlp_activation", "component: attention_probs")
+    issues, _ = static_issues(_doc(tmp_path, probs))
+    assert issues == []  # the width is the model's to say: checked with it
+    with pytest.raises(DocumentError) as caught:
+        build(_doc(tmp_path, probs), model=load_model("tiny:llama", True))
+    assert [i.code for i in caught.value.issues] == ["D018"]
 
 
 @pytest.mark.parametrize("spec", FAMILIES)
@@ -352,6 +475,22 @@ def test_a_data_file_is_read_as_the_same_rows(tmp_path: Path) -> None:
     assert exp.rows.origin == "rows.csv" and exp.rows.digest.startswith("sha256:")
 
 
+def test_a_json_data_file_and_a_layer_range(tmp_path: Path) -> None:
+    rows = [
+        {"base": "The dog ran from the door to", "answer": " the"},
+        {"base": "Mary ran", "answer": " to"},
+    ]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    text = GOOD.split("data:")[0] + "data:\n  file: rows.json\nsites:" + GOOD.split("sites:")[1]
+    text = text.replace("layers: all", "layers: {start: 1, stop: 3}")
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    assert [c["layer"] for c in results["cells"]] == [1, 2]
+    assert len(results["clean"]["base"]["per_row"]["logprob"]) == 2
+    (tmp_path / "rows.json").write_text(json.dumps({"base": "not a list"}))
+    issues, _ = static_issues(_doc(tmp_path, text))
+    assert [i.code for i in issues] == ["D031"] and "a list of rows" in issues[0].message
+
+
 def test_an_out_folder_of_another_document_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "out"
     model = load_model("tiny:llama")
@@ -410,10 +549,45 @@ def test_an_interrupted_run_keeps_its_cells_and_resumes(tmp_path: Path) -> None:
     counted.close()
     cells = _cells(results)
     assert all(cells[c["key"]] == c for c in kept)  # kept as they were (their timings too)
-    assert len(cells) == 18 and results["forwards"] - count[0] == 2  # two cells not rerun
+    # the forwards of the cells still to run, as counted
+    assert len(cells) == 18 and results["forwards"] == count[0]
     fresh = run(source, tmp_path / "fresh", model=model)
     for key, cell in _cells(fresh).items():
         assert cell["metrics"] == cells[key]["metrics"]
+
+
+def test_a_mean_over_identical_rows_and_tokens_changes_nothing(tmp_path: Path) -> None:
+    # every row the same text of one repeated token: the mean over rows and tokens of
+    # the first layer's input is each token's own value, so the write is the identity
+    text = (DOCS / "ablation.yaml").read_text()
+    start, stop = text.index("  rows:"), text.index("sites:")
+    rows = '  rows:\n    - {base: " the the the", answer: " the"}\n' * 1
+    rows += '    - {base: " the the the", answer: " the"}\n'
+    text = text[:start] + rows + text[stop:]
+    text = text.replace("component: mlp_output", "component: block_input")
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    clean = results["clean"]["base"]["metrics"]
+    first = _cells(results)["mean_ablated|layer=0"]["metrics"]
+    # (the mean of equal floats can round in its last bit: KL of order 1e-8, where a
+    # zero write gives 1e-4)
+    assert first["kl"] < 1e-6 and first["logprob"] == pytest.approx(clean["logprob"], abs=1e-5)
+    # later layers' inputs differ by token (attention mixes them in): the mean moves them
+    assert _cells(results)["mean_ablated|layer=1"]["metrics"]["kl"] > 0
+    assert _cells(results)["zero_ablated|layer=0"]["metrics"]["kl"] > 1e-5
+
+
+def test_nonfinite_logits_are_said_not_averaged(tmp_path: Path) -> None:
+    import torch
+
+    from causalab_mini.documents.execute import measure
+
+    exp = _built("logit_lens", "tiny:llama")
+    logits = torch.zeros(2, exp.model.config.vocab_size)
+    logits[1, 3] = float("nan")
+    out = measure(exp, logits, {"base": torch.zeros_like(logits)})
+    assert out["nonfinite"] == [1] and out["metrics"]["logprob"] is None
+    assert out["per_row"]["logprob"][0] is not None and out["per_row"]["logprob"][1] is None
+    json.dumps(out, allow_nan=False)
 
 
 def test_the_receipt_records_versions_and_digests_and_no_secret(
@@ -464,3 +638,157 @@ def test_tokens_is_positions_under_its_new_name() -> None:
     new = cli("tokens", "tiny:llama", "The fox")
     old = cli("positions", "tiny:llama", "The fox")
     assert new.exit_code == 0 and new.output == old.output and "anchor bos" in new.output
+
+
+# ------------------------------------------------------------------ pieces
+
+
+def test_metrics_per_row_against_their_definitions() -> None:
+    import torch
+
+    from causalab_mini.documents.metrics import Metric, per_row
+
+    torch.manual_seed(0)
+    logits, reference = torch.randn(3, 11), torch.randn(3, 11)
+    tokens = {"answer": torch.tensor([1, 4, 7]), "contrast": torch.tensor([2, 2, 2])}
+    logprobs = torch.log_softmax(logits, -1)
+    rows = torch.arange(3)
+    got = {m: per_row(Metric(m), logits, tokens, reference) for m in ("logit_diff", "logprob")}
+    assert torch.equal(got["logit_diff"], logits[rows, [1, 4, 7]] - logits[rows, 2])
+    assert torch.equal(got["logprob"], logprobs[rows, [1, 4, 7]])
+    cross = per_row(Metric("cross_entropy"), logits, tokens, reference)
+    assert torch.allclose(
+        cross, torch.nn.functional.cross_entropy(logits, tokens["answer"], reduction="none")
+    )
+    kl = per_row(Metric("kl"), logits, tokens, reference)
+    expected = torch.nn.functional.kl_div(
+        logprobs, torch.log_softmax(reference, -1), log_target=True, reduction="none"
+    ).sum(-1)
+    assert torch.allclose(kl, expected) and (kl > 0).all()
+    assert torch.equal(per_row(Metric("kl"), logits, tokens, logits), torch.zeros(3))
+    top = logits.argmax(-1)
+    accuracy = per_row(Metric("accuracy"), logits, {"answer": top}, reference)
+    assert torch.equal(accuracy, torch.ones(3))
+    assert torch.equal(
+        per_row(Metric("iia"), logits, tokens, reference), (top == tokens["answer"]).float()
+    )
+
+
+def test_a_json_document_is_read_with_its_places(tmp_path: Path) -> None:
+    from ruamel.yaml import YAML
+
+    data = YAML(typ="safe").load(GOOD)
+    data["sites"]["stream"]["component"] = "block_ouput"
+    path = tmp_path / "doc.json"
+    path.write_text(json.dumps(data, indent=2))
+    issues, _ = static_issues(load(path))
+    assert [i.code for i in issues] == ["D010"]
+    assert issues[0].line == _line_of(path.read_text(), '"block_ouput"')
+
+
+def test_the_second_source_of_a_row_is_patched_from(tmp_path: Path) -> None:
+    text = (DOCS / "activation_patching.yaml").read_text()
+    swap = text.replace("{site: stream, value: source}", "{site: stream, value: source, source: 1}")
+    # rows of one source cannot give a second
+    issues, _ = static_issues(_doc(tmp_path, swap, "one.yaml"))
+    assert [i.code for i in issues] == ["D033"] and "rows [0, 1]" in issues[0].message
+    # every source of a row must have the positions (an interchange resolves each)
+    short = swap.replace('source: "When', 'source: ["The dog", "When').replace(
+        'to", answer', 'to"], answer'
+    )
+    with pytest.raises(DocumentError) as caught:
+        build(_doc(tmp_path, short, "short.yaml"), model=load_model("tiny:llama"))
+    assert {i.code for i in caught.value.issues} == {"D042"} and "'The dog'" in str(caught.value)
+    for old in (
+        "When John and Mary went, Mary gave it to",
+        "When Mary and John went, John gave it to",
+    ):
+        assert swap.count(f'source: "{old}"') == 1
+        swap = swap.replace(
+            f'source: "{old}"',
+            f'source: ["The dog ran from his door to the capital of the model", "{old}"]',
+        )
+    model = load_model("tiny:llama")
+    second = run(_doc(tmp_path, swap, "second.yaml"), tmp_path / "a", model=model)
+    first = run(_doc(tmp_path, text, "first.yaml"), tmp_path / "b", model=model)
+    assert all(c["status"] == "ok" for c in second["cells"])
+    full = 'patched|layer=0|position="all"'
+    for label in ("logit_diff", "logprob"):  # kl[source] is against source 0, another text
+        assert _cells(second)[full]["per_row"][label] == _cells(first)[full]["per_row"][label]
+
+
+def test_a_split_runs_its_rows_and_per_row_is_saved(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        "sites:", "  splits: {first: [0, 1], rest: [1, 2]}\n  split: rest\nsites:", 1
+    )
+    text = text.replace("sweep:", "save: {per_row: true}\nsweep:")
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert all(len(c["per_row"]["logprob"]) == 1 for c in saved["cells"])
+    assert saved["cells"] == results["cells"]
+    issues, _ = static_issues(_doc(tmp_path, text.replace("split: rest", "split: last")))
+    assert [i.code for i in issues] == ["D032"] and "'last'" in issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "code"),
+    [
+        ("readout: lens}", "readout: lense}", "D012"),
+        ("{site: stream, lens: true}", "{site: stream2, lens: true}", "D012"),
+        ("  engine: hooks", "  engine: hooks\n  remote: true", "D022"),
+        ("component: block_output", "component: logits", "D003"),
+    ],
+)
+def test_references_and_switches_are_checked(tmp_path: Path, old: str, new: str, code: str) -> None:
+    assert GOOD.count(old) == 1
+    issues, _ = static_issues(_doc(tmp_path, GOOD.replace(old, new)))
+    assert code in [i.code for i in issues], [str(i) for i in issues]
+
+
+def test_a_lens_read_of_several_layers_needs_a_sweep(tmp_path: Path) -> None:
+    issues = _issues(tmp_path, GOOD.replace("  axes: [layers]", "  axes: [positions]"))
+    assert [i.code for i in issues] == ["D016"] and "several layers" in issues[0].message
+
+
+def test_a_write_at_a_read_only_component_is_refused(tmp_path: Path) -> None:
+    text = MID.replace("component: block_mid", "component: input_ids")
+    issues, _ = static_issues(_doc(tmp_path, text))
+    assert "D017" in [i.code for i in issues]
+
+
+def test_the_explain_output_in_the_docs_is_what_explain_prints() -> None:
+    page = (REPO / "docs" / "documents.md").read_text()
+    command = "$ causalab-mini explain documents/logit_lens.yaml --model tiny:gpt2 --rows 1\n"
+    shown = page.split(command, 1)[1].split("```", 1)[0].rstrip("\n")
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        done = cli("explain", "documents/logit_lens.yaml", "--model", "tiny:gpt2", "--rows", "1")
+    finally:
+        os.chdir(cwd)
+    assert done.exit_code == 0 and done.output.rstrip("\n") == shown
+
+
+def test_integrated_gradients_count_their_steps(tmp_path: Path) -> None:
+    text = (DOCS / "attribution_patching.yaml").read_text()
+    text = text.replace("method: atp}", "method: ig, steps: 2}")
+    source = _doc(tmp_path, text)
+    model = load_model("tiny:llama")
+    counted = _counted(model)
+    count = next(counted)
+    results = run(source, tmp_path / "out", model=model)
+    counted.close()
+    layers = model.internals.num_layers
+    assert count[0] == results["forwards"] and results["backwards"] == layers * 4 * 3
+    cells = _cells(results)
+    assert cells['estimated|layer=0|position={"index": -1}']["metrics"]["ig[logit_diff]"] == 0.0
+
+
+def test_a_model_that_cannot_load_is_a_document_error(tmp_path: Path) -> None:
+    done = cli("validate", str(DOCS / "logit_lens.yaml"))
+    assert done.exit_code == 0
+    bad = _doc(tmp_path, GOOD.replace("checkpoint: tiny:llama", "checkpoint: tiny:llamaa"))
+    with pytest.raises(DocumentError) as caught:
+        build(bad)
+    assert [i.code for i in caught.value.issues] == ["D045"]
+    assert caught.value.issues[0].line == _line_of(GOOD, "checkpoint:")

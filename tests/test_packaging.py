@@ -78,6 +78,8 @@ def test_wheel_install(tmp_path: Path) -> None:
         "causalab_mini/generated/places.py",
         "causalab_mini/codegen/lint.py",
         "causalab_mini/codegen/rules/places.py",
+        "causalab_mini/documents/run.py",
+        "causalab_mini/schema/document.schema.json",
         "causalab_mini/codegen/templates/places.py.j2",
         "causalab_mini/registry/places.yaml",
         "causalab_mini/registry/tiny.yaml",

@@ -13,12 +13,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import CausalabError
 from .data import Rows
 from .metrics import Metric, MetricError, token_ids
 from .source import DocumentError, Issue, Source
 from .validate import static_issues
 
-AXES = {"layers": "layer", "positions": "position", "heads": "head"}
+AXES = {"layers": "layer", "positions": "position", "heads": "head", "units": "unit"}
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Binding:
     layers: tuple[int | None, ...]
     heads: tuple[int | None, ...]
     positions: Any  # as written: one spec, a list of specs, or None (every token)
+    units: tuple[int, ...] | None = None  # of the last axis; None: the whole width
 
 
 @dataclass
@@ -104,7 +106,8 @@ def _bounded(
 
 def _heads_of(model: Any, component: str, layer: int | None) -> int:
     from causalab_mini.generated import COMPONENTS
-    from causalab_mini.geometry import num_heads, num_kv_heads
+
+    from ..geometry import num_heads, num_kv_heads
 
     kind = COMPONENTS[component].per_head
     return int(num_kv_heads(model, layer) if kind == "kv" else num_heads(model, layer))
@@ -132,8 +135,39 @@ def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[
             found = _range(site["heads"], count, "heads")
             issues += _bounded(source, ("sites", name, "heads"), "D041", found, count, "heads")
             heads = list(found)
-        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"))
+        units, found_issues = _units(source, model, name, site, layers)
+        issues += found_issues
+        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"), units)
     return out, issues
+
+
+def _units(
+    source: Source, model: Any, name: str, site: dict[str, Any], layers: list[int | None]
+) -> tuple[tuple[int, ...] | None, list[Issue]]:
+    """A site's units of its last axis, checked against the place's width (D018: a
+    place with no width; D044: a unit beyond it)."""
+    from ..geometry import ComponentError
+    from ..locator import locate
+
+    if site.get("units") is None:
+        return None, []
+    path = ("sites", name, "units")
+    width = None
+    for layer in layers:
+        try:
+            width = locate(model, site["component"], layer).width
+            break
+        except ComponentError:
+            continue  # a layer the model refuses: its cells say so
+    if width is None:
+        why = f"component {site['component']!r} has no width on this model (its last axis"
+        return None, [
+            source.issue(
+                path, "D018", f"{why} is not a feature axis), so it has no units to select"
+            )
+        ]
+    found = _range(site["units"], width, "units")
+    return tuple(found), _bounded(source, path, "D044", found, width, "units")
 
 
 def _uses(doc: dict[str, Any], intervention: str) -> list[str]:
@@ -144,6 +178,8 @@ def _uses(doc: dict[str, Any], intervention: str) -> list[str]:
     readout = item.get("readout", "logits")
     if readout != "logits":
         sites.append(reads[readout]["site"])
+    if "attribute" in item:
+        sites.append(item["attribute"]["site"])
     return list(dict.fromkeys(sites))
 
 
@@ -152,6 +188,8 @@ def _sweep_values(binding: Binding, axis: str) -> list[Any]:
         return list(binding.layers)
     if axis == "heads":
         return list(binding.heads)
+    if axis == "units":
+        return list(binding.units or ())
     spec = binding.positions
     return list(spec) if isinstance(spec, list) else [spec]
 
@@ -174,6 +212,7 @@ def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell
                 (coords["layer"],) if "layer" in coords else swept.layers,
                 (coords["head"],) if "head" in coords else swept.heads,
                 coords["position"] if "position" in coords else swept.positions,
+                (coords["unit"],) if "unit" in coords else swept.units,
             )
             cells.append(Cell(name, coords, {**bindings, sweep["site"]: one}))
     return cells
@@ -181,8 +220,8 @@ def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell
 
 def locate_cells(model: Any, cells: list[Cell]) -> None:
     """Each cell's addresses, or the model's reason for refusing it."""
-    from causalab_mini.geometry import ComponentError
-    from causalab_mini.locator import locate
+    from ..geometry import ComponentError
+    from ..locator import locate
 
     for cell in cells:
         for site, b in cell.bindings.items():
@@ -197,7 +236,7 @@ def locate_cells(model: Any, cells: list[Cell]) -> None:
                 break
 
 
-def _texts(rows: Rows, role: str, slot: int = 0) -> list[str]:
+def texts_of(rows: Rows, role: str, slot: int = 0) -> list[str]:
     out = []
     for row in rows.rows:
         value = row[role]
@@ -210,7 +249,7 @@ def _position_issues(
 ) -> list[Issue]:
     """D042: a site's position that a row lacks (in the base, or the source a patch
     takes it from; a patch names as many tokens in both; a lens read one token)."""
-    from causalab_mini.positions import PositionError, encode, resolve
+    from ..positions import PositionError, encode, resolve
 
     doc = source.data
     patched = {
@@ -218,11 +257,15 @@ def _position_issues(
         for w in (doc.get("writes") or {}).values()
         if w.get("value") == "source"
     }
+    for item in doc["interventions"].values():
+        if "attribute" in item:  # scores base and source tokens pairwise
+            patched.setdefault(item["attribute"]["site"], 0)
     lensed = {r["site"] for r in (doc.get("reads") or {}).values() if r.get("lens")}
     issues: list[Issue] = []
-    texts = {"base": _texts(rows, "base")}
-    for slot in set(patched.values()):
-        texts[f"source {slot}"] = _texts(rows, "source", slot)
+    texts = {"base": texts_of(rows, "base")}
+    slots = max(patched.values(), default=-1) + 1  # an interchange resolves every source
+    for slot in range(slots):
+        texts[f"source {slot}"] = texts_of(rows, "source", slot)
     encoded = {k: encode(model, v, frame) for k, v in texts.items()}
     for name, b in sites.items():
         specs = b.positions if isinstance(b.positions, list) else [b.positions]
@@ -243,12 +286,14 @@ def _position_issues(
                 found = {
                     k: resolve(model, e, spec)
                     for k, e in encoded.items()
-                    if k == "base" or k == f"source {patched.get(name)}"
+                    if k == "base" or name in patched
                 }
             except PositionError as exc:
                 issues.append(source.issue(path, "D042", f"site {name!r}: {exc}"))
                 continue
-            issues += _counts(source, path, name, spec, found, texts, lensed)
+            # a patch moves as many tokens as it takes from its own source
+            mine = {k: v for k, v in found.items() if k in ("base", f"source {patched.get(name)}")}
+            issues += _counts(source, path, name, spec, mine, texts, lensed)
     return issues
 
 
@@ -293,6 +338,35 @@ def _counts(
     return []
 
 
+def _lens_issues(source: Source, sites: dict[str, Binding]) -> list[Issue]:
+    """D016: a lens read gives one row of logits per input row, so each of its cells
+    names one layer, one head and one position spec (the sweep runs over the rest)."""
+    doc = source.data
+    sweep = doc.get("sweep") or {}
+    issues = []
+    for name, read in (doc.get("reads") or {}).items():
+        site = read["site"]
+        swept = set(sweep.get("axes") or ()) if sweep.get("site") == site else set()
+        b = sites[site]
+        many = {
+            "layers": len(b.layers) > 1,
+            "heads": len(b.heads) > 1,
+            "positions": isinstance(b.positions, list) and len(b.positions) > 1,
+        }
+        for axis, several in many.items():
+            if several and axis not in swept:
+                issues.append(
+                    source.issue(
+                        ("reads", name),
+                        "D016",
+                        f"lens read {name!r} reads site {site!r}, which names several "
+                        f"{axis}, and a lens gives one set of logits per row: sweep the "
+                        f"{axis} (sweep: {{site: {site}, axes: [..., {axis}]}}) or name one",
+                    )
+                )
+    return issues
+
+
 def _token_issues(
     source: Source, model: Any, rows: Rows, metrics: list[Metric]
 ) -> tuple[dict[str, list[int]], list[Issue]]:
@@ -319,7 +393,7 @@ def load_model(source: Source, spec: str | None = None, trust_remote_code: bool 
     """The document's model (or ``spec``'s), built on the meta device where its family
     allows: nothing runs until the first forward. ``trust_remote_code`` is only ever
     the command line's."""
-    from causalab_mini.model import StandardizedTransformer
+    from ..model import StandardizedTransformer
 
     block = source.data["model"]
     checkpoint = spec or block["checkpoint"]
@@ -353,7 +427,13 @@ def build(
         raise DocumentError(issues)
     doc = source.data
     if model is None:
-        model = load_model(source, spec, trust_remote_code)
+        try:
+            model = load_model(source, spec, trust_remote_code)
+        except CausalabError as exc:  # a spec that names nothing loadable, a refused load
+            where = "--model" if spec is not None else "its checkpoint"
+            raise DocumentError(
+                [source.issue(("model", "checkpoint"), "D045", f"{where}: {exc}")]
+            ) from None
     frame = (doc.get("data") or {}).get("frame", "plain")
     sites, issues = resolve_sites(source, model)
     metrics = [Metric.of(m) for m in doc["metrics"]]
@@ -361,6 +441,7 @@ def build(
     issues += found
     if not issues:
         issues += _position_issues(source, model, rows, sites, frame)
+        issues += _lens_issues(source, sites)
     if issues:
         raise DocumentError(issues)
     cells = enumerate_cells(doc, sites)
@@ -381,4 +462,4 @@ def build(
     )
 
 
-__all__ = ["Binding", "Cell", "Experiment", "build", "load_model"]
+__all__ = ["Binding", "Cell", "Experiment", "build", "load_model", "texts_of"]

@@ -9,25 +9,38 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .execute import forwards
-from .experiment import Experiment, _texts
+from .execute import backwards, forwards
+from .experiment import Experiment, texts_of
 from .plots import position_label
 
 
 def _places(exp: Experiment, name: str) -> dict[int | None, str]:
     """A site's address per layer on the model (its text), or the model's refusal."""
-    from causalab_mini.geometry import ComponentError
-    from causalab_mini.locator import locate
+    from ..geometry import ComponentError
+    from ..locator import locate
 
     bound = exp.sites[name]
     layers: list[int | None] = [x for x in bound.layers if x is not None]
     out: dict[int | None, str] = {}
     for layer in layers or [None]:
         try:
-            out[layer] = str(locate(exp.model, bound.component, layer))
+            address = locate(exp.model, bound.component, layer)
+            internals = exp.model.internals
+            known = address.accessor and address.accessor in internals
+            place = internals[address.accessor] if known else None
+            row = f" = {address.accessor}: {place.row.describe()}" if place is not None else ""
+            out[layer] = f"{address}{row}"
         except ComponentError as exc:
             out[layer] = f"refused: {exc}"
     return out
+
+
+def _short(values: tuple[int, ...] | None) -> str:
+    """A list of ints written short where it is a run: 0..15."""
+    found = list(values or ())
+    if len(found) > 3 and found == list(range(found[0], found[-1] + 1)):
+        return f"{found[0]}..{found[-1]}"
+    return str(found)
 
 
 def _site_lines(exp: Experiment) -> list[str]:
@@ -38,6 +51,7 @@ def _site_lines(exp: Experiment) -> list[str]:
         lines.append(
             f"  {name}: {site['component']}"
             + (f", heads {heads}" if heads else "")
+            + (f", units {_short(exp.sites[name].units)}" if exp.sites[name].units else "")
             + (f", positions {json.dumps(written)}" if written is not None else "")
         )
         lines += [f"    layer {layer}: {text}" for layer, text in _places(exp, name).items()]
@@ -45,7 +59,7 @@ def _site_lines(exp: Experiment) -> list[str]:
 
 
 def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
-    from causalab_mini.positions import PositionError, encode, resolve
+    from ..positions import PositionError, encode, resolve
 
     encoded = encode(exp.model, texts, exp.frame)
     marks: list[dict[int, list[str]]] = [{} for _ in texts]
@@ -61,6 +75,7 @@ def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
                 for i in indices:
                     marks[row].setdefault(i, []).append(f"{name} {position_label(spec)}")
     lines = []
+    outside = "template" if exp.frame == "chat" else "special"
     for row, frame in enumerate(encoded.frames):
         lines.append(f"  row {row} {role}: {frame.text!r}")
         content = {t: n for n, t in enumerate(frame.content)}
@@ -70,7 +85,7 @@ def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
             where = (
                 f"index {content[i]:>3}"
                 if i in content
-                else next((f"anchor {k}" for k, v in frame.anchors.items() if v == i), "special")
+                else next((f"anchor {k}" for k, v in frame.anchors.items() if v == i), outside)
             )
             note = ("  <- " + "; ".join(marks[row][i])) if i in marks[row] else ""
             lines.append(f"    {i:>4}  {token!r:<14} {where}{note}")
@@ -110,9 +125,11 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
     if all("source" in r for r in shown) and any(
         w.get("value") == "source" for w in (exp.doc.get("writes") or {}).values()
     ):
-        lines += _marks(exp, _texts(exp.rows, "source")[:max_rows], "source")
+        lines += _marks(exp, texts_of(exp.rows, "source")[:max_rows], "source")
     lines += _cell_lines(exp)
-    lines.append(f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: 0")
+    lines.append(
+        f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: {backwards(exp)}"
+    )
     return "\n".join(lines)
 
 
@@ -135,6 +152,7 @@ def explained(exp: Experiment) -> dict[str, Any]:
         "sites": sites,
         "cells": [{"key": c.key, "refused": c.refused} for c in exp.cells],
         "forwards": forwards(exp),
+        "backwards": backwards(exp),
     }
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import CausalabError
+from ..metrics import MetricError as LibraryMetricError
 
 
-class MetricError(CausalabError, ValueError):
+class MetricError(LibraryMetricError):
     """A metric that cannot be computed on these rows (a token that is not one token);
     ``row`` is the row at fault."""
 
@@ -79,24 +79,22 @@ def token_ids(tokenizer: Any, texts: list[str], field: str) -> list[int]:
 
 
 def per_row(metric: Metric, logits: Any, tokens: dict[str, Any], reference: Any) -> Any:
-    """The metric of each row (a float tensor (rows,)) on ``logits`` (rows, vocab)."""
-    import torch
+    """The metric of each row (a float tensor (rows,)) on ``logits`` (rows, vocab): the
+    library's metrics (``causalab_mini.metrics``) on the row fields' tokens, and the
+    share of rows whose top token is the target for accuracy and iia."""
+    from .. import metrics as library
 
     logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
     if metric.name == "kl":
-        ref = torch.log_softmax(reference.float(), dim=-1)
-        return (ref.exp() * (ref - logprobs)).sum(-1)
+        return library.kl(reference.float())(logits)
     target = tokens[metric.target]
-    index = target.unsqueeze(-1)
     if metric.name == "logprob":
-        return logprobs.gather(-1, index).squeeze(-1)
+        return library.logprob(target)(logits)
     if metric.name == "cross_entropy":
-        return -logprobs.gather(-1, index).squeeze(-1)
+        return library.cross_entropy(target)(logits)
     if metric.name == "logit_diff":
-        contrast = tokens[metric.contrast].unsqueeze(-1)
-        return (logits.gather(-1, index) - logits.gather(-1, contrast)).squeeze(-1)
-    return (logits.argmax(-1) == target).float()
+        return library.logit_diff(target, tokens[metric.contrast])(logits)
+    return (logits.argmax(-1) == target.to(logits.device)).float()
 
 
 __all__ = ["Metric", "MetricError", "per_row", "token_ids"]

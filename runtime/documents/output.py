@@ -75,6 +75,8 @@ def check_out(source: Source, out: Path, resume: bool) -> tuple[Path, dict[str, 
     refused (D050) where ``--out`` holds another document's results or other files."""
     target = target_folder(source, out)
     manifest = target / MANIFEST
+    if target.exists() and not target.is_dir():
+        raise _out_error(source, f"--out {str(target)!r} is a file: give a folder")
     if not target.exists() or not any(target.iterdir()):
         return target, {}
     if not manifest.is_file():
@@ -217,7 +219,10 @@ def finish(
         records = [{k: v for k, v in r.items() if k != "per_row"} for r in records]
     written = []
     body = {**results, "cells": records}
-    atomic_write(target / "results.json", json.dumps(body, indent=2, sort_keys=True).encode())
+    atomic_write(
+        target / "results.json",
+        json.dumps(body, indent=2, sort_keys=True, allow_nan=False).encode(),
+    )
     written.append(target / "results.json")
     for label, text in metric_csvs(records, labels).items():
         path = target / "metrics" / f"{_safe(label)}.csv"

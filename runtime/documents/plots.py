@@ -93,7 +93,7 @@ def plot_all(
         axes = [a for a in ("layer", "position", "head") if any(a in r for r in mine)]
         if not axes or len(axes) > 2:
             continue
-        for label in labels:
+        for label in [x for x in labels if any(x in r.get("metrics", {}) for r in mine)]:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             if len(axes) == 2:
                 _heatmap(ax, fig, mine, axes, label)

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .execute import forwards, run_cells
+from .execute import attribution_label, backwards, forwards, run_cells
 from .experiment import Experiment, build
 from .output import append_cell, check_out, finish, receipt, start
 from .source import Source
@@ -17,6 +17,15 @@ from .source import Source
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def labels(exp: Experiment) -> list[str]:
+    """The columns of the results: each metric's, then each attribution's."""
+    found = [m.label for m in exp.metrics]
+    for item in exp.doc["interventions"].values():
+        if "attribute" in item and attribution_label(item, exp) not in found:
+            found.append(attribution_label(item, exp))
+    return found
 
 
 def prepare(
@@ -88,10 +97,11 @@ def run(
         "name": exp.doc["name"],
         "digest": source.digest,
         "checkpoint": exp.checkpoint,
-        "metrics": [m.label for m in exp.metrics],
+        "metrics": labels(exp),
         "clean": clean,
         "cells": records,
         "forwards": forwards(exp),
+        "backwards": backwards(exp),
     }
     save = exp.doc.get("save") or {}
     flags = {

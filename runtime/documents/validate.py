@@ -15,6 +15,7 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D015 a position that is not well written
     D016 an intervention whose writes or readout do not fit together
     D017 a write at a read-only component
+    D018 units on a place with no width
     D020 a save path that leaves --out
     D021 a code-loading switch (trust_remote_code, ...), which only the command line gives
     D022 remote runs
@@ -26,6 +27,8 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D041 a head beyond the model
     D042 a position a row does not have
     D043 an answer that is not one token on the tokenizer
+    D044 a unit beyond the place's width
+    D045 a model that cannot be loaded (the loader's reason)
     D050 an --out folder holding another document's results
 """
 
@@ -125,7 +128,7 @@ def _components() -> Any:
 
 
 def _site_issues(source: Source) -> list[Issue]:
-    from causalab_mini.positions import PositionError, parse
+    from ..positions import PositionError, parse
 
     out: list[Issue] = []
     table = _components()
@@ -160,6 +163,15 @@ def _site_issues(source: Source) -> list[Issue]:
                         f"{', '.join(n for n, c in table.items() if c.per_head != 'none')})",
                     )
                 )
+        if site.get("units") is not None and site.get("heads") is not None:
+            out.append(
+                source.issue(
+                    ("sites", name, "units"),
+                    "D003",
+                    f"site {name!r} names units and heads: units select the place's last "
+                    "axis, so give one of them (a head's units: not supported)",
+                )
+            )
         if "positions" in site:
             try:
                 parse(site["positions"])
@@ -189,6 +201,9 @@ def _reference_issues(source: Source) -> list[Issue]:
         for name, item in table.items():
             out += _ref(source, (section, name, "site"), item.get("site"), "site", sites)
     for name, item in (doc.get("interventions") or {}).items():
+        if "attribute" in item:
+            where = ("interventions", name, "attribute", "site")
+            out += _ref(source, where, item["attribute"].get("site"), "site", sites)
         for i, w in enumerate(item.get("writes") or []):
             out += _ref(source, ("interventions", name, "writes", i), w, "write", writes)
         readout = item.get("readout", "logits")
@@ -226,6 +241,7 @@ def _intervention_issues(source: Source) -> list[Issue]:
                 )
             )
         readout = item.get("readout", "logits")
+        out += _attribute_issues(source, name, item)
         if "source" in values and readout != "logits":
             out.append(
                 source.issue(
@@ -246,6 +262,46 @@ def _intervention_issues(source: Source) -> list[Issue]:
                     f"{spec.why_read_only}",
                 )
             )
+    return out
+
+
+def _attribute_issues(source: Source, name: str, item: dict[str, Any]) -> list[Issue]:
+    """D016: an attribution runs alone (no writes, no readout), on the base, of a metric
+    the document measures (its target and contrast), at a site without heads."""
+    attribute = item.get("attribute")
+    if not isinstance(attribute, dict):
+        return []
+    where: Path_ = ("interventions", name)
+    out = []
+    if item.get("writes") or "readout" in item or item.get("input", "base") != "base":
+        out.append(
+            source.issue(
+                where,
+                "D016",
+                f"intervention {name!r} attributes: it runs on the base with no writes "
+                "and no readout (give those to another intervention)",
+            )
+        )
+    measured = [m.get("metric") for m in source.data.get("metrics") or []]
+    if attribute.get("metric") not in measured:
+        out.append(
+            source.issue(
+                (*where, "attribute", "metric"),
+                "D012",
+                f"attribution of {attribute.get('metric')!r}, which the document's metrics "
+                f"do not name ({', '.join(map(str, measured))}): add it there (its target "
+                "and contrast are read from it)",
+            )
+        )
+    site = (source.data.get("sites") or {}).get(attribute.get("site"))
+    if isinstance(site, dict) and site.get("heads") is not None:
+        out.append(
+            source.issue(
+                (*where, "attribute", "site"),
+                "D016",
+                "an attribution scores a place per (row, position): its site names no heads",
+            )
+        )
     return out
 
 
@@ -273,6 +329,15 @@ def _sweep_issues(source: Source) -> list[Issue]:
     site = sites[sweep["site"]]
     out = []
     for i, axis in enumerate(sweep.get("axes") or []):
+        if axis == "units" and site.get("units") is None:
+            out.append(
+                source.issue(
+                    ("sweep", "axes", i),
+                    "D003",
+                    f"the sweep runs over units and site {sweep['site']!r} names none: give "
+                    "it units (a list, a range or all)",
+                )
+            )
         if axis == "heads" and site.get("heads") is None:
             out.append(
                 source.issue(
@@ -386,9 +451,9 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
         if item.get("value") == "source":
             needs.setdefault("source", ("writes", name))
     for name, item in (doc.get("interventions") or {}).items():
-        if item.get("input") == "source":
+        if item.get("input") == "source" or "attribute" in item:
             needs.setdefault("source", ("interventions", name))
-    out = []
+    out = _source_counts(source, rows)
     for field, path in needs.items():
         lacking = [n for n, row in enumerate(rows.rows) if field not in row]
         if lacking:
@@ -398,6 +463,31 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
                     "D033",
                     f"this needs the field {field!r} of every row, and rows {lacking[:10]} "
                     f"have none (their fields: {sorted(rows.rows[lacking[0]])})",
+                )
+            )
+    return out
+
+
+def _source_counts(source: Source, rows: Rows) -> list[Issue]:
+    """D033: a write from source k needs k + 1 sources in every row."""
+    out = []
+    for name, item in (source.data.get("writes") or {}).items():
+        if item.get("value") != "source":
+            continue
+        slot = int(item.get("source", 0))
+        short = [
+            n
+            for n, row in enumerate(rows.rows)
+            if "source" in row
+            and (len(row["source"]) if isinstance(row["source"], list) else 1) <= slot
+        ]
+        if short:
+            out.append(
+                source.issue(
+                    ("writes", name, "source"),
+                    "D033",
+                    f"write {name!r} takes source {slot} of each row, and rows {short[:10]} "
+                    f"have fewer than {slot + 1} sources: give every row a list of sources",
                 )
             )
     return out
@@ -420,6 +510,8 @@ def static_issues(source: Source) -> tuple[list[Issue], Rows | None]:
         try:
             issues += check(source)
         except (AttributeError, TypeError, KeyError):
+            if not issues:  # not a section the schema refused: a fault of the check
+                raise
             continue  # a section the schema already refused: its issue is said
     rows, found = rows_of(source)
     issues += found

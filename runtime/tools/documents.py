@@ -191,11 +191,14 @@ def run_command(
         return
     cells = results["cells"]
     refused = sum(c["status"] == "refused" for c in cells)
+    nonfinite = sum(c["status"] == "nonfinite" for c in cells)
     if as_json:
         summary = {"out": str(out), "cells": len(cells), "refused": refused}
+        summary["nonfinite"] = nonfinite
         click.echo(json.dumps({**summary, "written": results["written"]}, indent=2))
         return
-    click.echo(f"{len(cells)} cells ({refused} refused) -> {out}")
+    bad = f", {nonfinite} with non-finite logits" if nonfinite else ""
+    click.echo(f"{len(cells)} cells ({refused} refused{bad}) -> {out}")
     for path in results["written"]:
         click.echo(f"  {path}")
 

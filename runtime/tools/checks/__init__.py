@@ -17,7 +17,7 @@ from typing import Any
 
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.checks import engines, interventions, recompute
+from causalab_mini.tools.checks import engines, gradients, interventions, recompute
 from causalab_mini.tools.checks import positions as position_checks
 from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
 from causalab_mini.tools.verdicts import ComponentState
@@ -411,6 +411,7 @@ CHECKS: tuple[Check, ...] = (
     engines.hooks_engine,
     interventions.mechanism_identities,
     interventions.featurizer_interchange,
+    gradients.gradients,
 )
 
 __all__ = ["CHECKS", "LENS_IDENTITY", "Check", "Context", "Outcome", "row_components"]

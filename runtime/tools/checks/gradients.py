@@ -1,0 +1,117 @@
+"""Gradients at places (``causalab_mini.attribution.gradients``), certified like values:
+the gradient at each layer's block output equals autograd on the model's own torch
+module through a zero added by a plain forward hook on the raw decoder layer (no
+causalab_mini code on that side), and the hooks engine's gradient at every place it
+serves equals the nnsight engine's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from causalab_mini.tools.checks.base import Outcome
+
+ORACLE = "gradient at block_output == autograd through a zero hooked on the raw layer"
+ENGINES = "engine='hooks' gradient == engine='nnsight' gradient (torch.equal)"
+TOKEN = 1  # the metric: the log-probability of this token at each row's last token
+RTOL = 1e-5
+
+
+def _metric(logits: Any) -> Any:
+    import torch
+
+    return torch.log_softmax(logits.float(), -1)[:, TOKEN]
+
+
+def _oracle(model: Any, inputs: dict[str, Any], layer: int, last: Any) -> Any:
+    """d metric / d (layer ``layer``'s output) by autograd on the model's torch module
+    called as a trace calls it (the arguments nnsight's batching makes of ``inputs``:
+    on a left-padded batch without position ids they are not the batch as given), a
+    zero added to the raw layer's output by a forward hook."""
+    import torch
+
+    from causalab_mini.attribution import frozen
+    from causalab_mini.hooks import forward_inputs
+
+    call, args, kwargs = forward_inputs(model, inputs)
+
+    zero: dict[str, Any] = {}
+
+    def hook(_m: Any, _args: Any, out: Any) -> Any:
+        hidden = out[0] if isinstance(out, (tuple, list)) else out
+        zero["z"] = torch.zeros_like(hidden, requires_grad=True)
+        moved = hidden + zero["z"]
+        return (moved, *out[1:]) if isinstance(out, tuple) else moved
+
+    handle = model.layers[layer]._module.register_forward_hook(hook)
+    try:
+        with frozen(model), torch.enable_grad():
+            logits = call(*args, **kwargs).logits
+            value = _metric(logits[torch.arange(logits.shape[0]), last]).sum()
+            (grad,) = torch.autograd.grad(value, [zero["z"]])
+    finally:
+        handle.remove()
+    return grad
+
+
+def _relative(a: Any, b: Any) -> float:
+    scale = float(b.abs().max()) or 1.0
+    return float((a - b).abs().max()) / scale
+
+
+def gradients(ctx: Any) -> Iterator[Outcome]:
+    """The two gradient checks on the context's inputs (token ids, no media)."""
+    import torch
+
+    from causalab_mini.attribution import gradients as grads_of
+    from causalab_mini.errors import CausalabError
+    from causalab_mini.positions import encode, trace_inputs
+
+    model = ctx.model
+    if set(ctx.inputs) - {"input_ids", "attention_mask", "position_ids"}:
+        return  # media and encoder inputs: the oracle's forward needs more than ids
+    try:
+        encoded = encode(model, {k: v for k, v in ctx.inputs.items()})
+    except CausalabError:
+        return
+    inputs = trace_inputs(model, encoded)
+    last = torch.tensor([f.content[-1] for f in encoded.frames])
+    outputs = {
+        key: a
+        for key, a in ctx.addresses.items()
+        if key[0] == "block_output" and a not in ctx.unordered and a.writable
+    }
+    if not outputs:
+        return
+    for key, address in sorted(outputs.items(), key=lambda kv: kv[0][1] or 0):
+        try:
+            got = grads_of(model, [address], encoded, _metric)[address]
+            want = _oracle(model, inputs, int(key[1]), last)
+        except CausalabError as exc:
+            yield Outcome(("block_output",), ORACLE, False, f"[{key[1]}] {exc}")
+            continue
+        error = _relative(got, want)
+        ok = got.shape == want.shape and error <= RTOL and float(want.abs().max()) > 0
+        yield Outcome(("block_output",), ORACLE, ok, f"[{key[1]}] max relative error {error:.2g}")
+    served = [
+        a
+        for a in ctx.addresses.values()
+        if a not in ctx.unordered
+        and a.writable
+        and a.kind == "boundary"
+        and a.layer in (None, min(1, ctx.n - 1))
+    ]
+    for address in served:
+        try:
+            want = grads_of(model, [address], encoded, _metric)[address]
+        except CausalabError:
+            continue  # nnsight refuses: nothing to compare
+        try:
+            got = grads_of(model, [address], encoded, _metric, engine="hooks")[address]
+        except CausalabError:
+            continue  # the hooks engine does not serve it (said by the engines check)
+        ok = bool(torch.equal(got, want))
+        yield Outcome((address.component,), ENGINES, ok, "" if ok else f"{address} differs")
+
+
+__all__ = ["ENGINES", "ORACLE", "gradients"]
