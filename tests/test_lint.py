@@ -945,12 +945,12 @@ def test_a_familys_release_range_decides_whether_it_matches(
 
     match = FamilyMatch(model_types=("falcon",), versions=(("transformers", "<5.25"),))
     for installed, expected in (("5.24.0", True), ("5.25.0", False), ("5.26.1", False)):
-        monkeypatch.setattr(versions, "_installed", lambda package, v=installed: v)
+        monkeypatch.setattr(versions, "installed_version", lambda package, v=installed: v)
         assert match.matches(("FalconForCausalLM",), "falcon", object()) is expected, installed
     # the other parts still decide first
     assert not match.matches(("LlamaForCausalLM",), "llama", object())
     # a package that is not installed is not held against the family
-    monkeypatch.setattr(versions, "_installed", lambda package: None)
+    monkeypatch.setattr(versions, "installed_version", lambda package: None)
     assert match.matches(("FalconForCausalLM",), "falcon", object())
 
 
