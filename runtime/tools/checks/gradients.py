@@ -95,13 +95,9 @@ def _relative(a: Any, b: Any) -> float:
 
 def gradients(ctx: Any) -> Iterator[Outcome]:
     """The two gradient checks on the context's inputs (token ids, no media)."""
-    import torch
-
-    from causalab_mini.attribution import gradients as grads_of
     from causalab_mini.errors import CausalabError
     from causalab_mini.hooks import dispatched
-    from causalab_mini.plan import Plan
-    from causalab_mini.positions import encode, trace_inputs
+    from causalab_mini.positions import encode
 
     model = ctx.model
     if set(ctx.inputs) - {"input_ids", "attention_mask", "position_ids"}:
@@ -111,6 +107,20 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
         encoded = encode(model, {k: v for k, v in ctx.inputs.items()})
     except CausalabError:
         return
+    yield from _oracle_outcomes(ctx, encoded)
+    yield from _engine_outcomes(ctx, encoded)
+
+
+def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+    """block_output's gradient at each layer against the raw layer's autograd."""
+    import torch
+
+    from causalab_mini.attribution import gradients as grads_of
+    from causalab_mini.errors import CausalabError
+    from causalab_mini.plan import Plan
+    from causalab_mini.positions import trace_inputs
+
+    model = ctx.model
     inputs = trace_inputs(model, encoded)
     # where each row predicts its next token, as the metrics read the logits
     last = torch.tensor([f.content[-1] for f in encoded.frames])
@@ -122,8 +132,6 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
         and a.writable
         and _the_layer_output(model, key[1])
     }
-    if not outputs:
-        return
     for key, address in sorted(outputs.items(), key=lambda kv: kv[0][1] or 0):
         try:
             want = _oracle(model, inputs, int(key[1]), last)
@@ -141,13 +149,22 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
             yield Outcome(("block_output",), ORACLE, False, f"[{key[1]}] {exc}")
             continue
         # at the real tokens: a family may change padding positions in place after the
-        # layer (XLM zeroes them), where the two sides then differ in what is left
+        # layer, where the two sides then differ in what is left
         real = inputs["attention_mask"].bool() if "attention_mask" in inputs else None
         if real is not None and got.shape == want.shape and got.shape[:2] == real.shape:
             got, want = got[real], want[real]
         error = _relative(got, want)
         ok = got.shape == want.shape and error <= RTOL and float(want.abs().max()) > 0
         yield Outcome(("block_output",), ORACLE, ok, f"[{key[1]}] max relative error {error:.2g}")
+
+
+def _engine_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+    """The hooks engine's gradient against the nnsight engine's at every served
+    boundary place of the probe layer and the whole model."""
+    from causalab_mini.attribution import gradients as grads_of
+    from causalab_mini.errors import CausalabError
+
+    model = ctx.model
     served = [
         a
         for a in ctx.addresses.values()
