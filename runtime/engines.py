@@ -50,7 +50,12 @@ class Engine(ABC):
         edits: Sequence[tuple[Any, Any]] | None = None,
     ) -> Program:
         """``plan`` lowered for this engine (``causalab_mini.lower.lower``)."""
+        self.prepare(model)
         return lower(plan, model, held, indices, target=self.target, edits=edits)
+
+    def prepare(self, model: Any) -> None:
+        """What the engine needs of the model before lowering (nothing by default)."""
+        return None
 
     @abstractmethod
     def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
@@ -153,16 +158,8 @@ class HooksEngine(Engine):
     name = "hooks"
     target = Target.HOOKS
 
-    def lower(
-        self,
-        plan: Any,
-        model: Any,
-        held: bool = False,
-        indices: Mapping[Any, Any] | None = None,
-        edits: Sequence[tuple[Any, Any]] | None = None,
-    ) -> Program:
-        hooks.dispatched(model)
-        return super().lower(plan, model, held, indices, edits)
+    def prepare(self, model: Any) -> None:
+        hooks.dispatched(model)  # a hook on a meta module would never fire
 
     def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
         return hooks.run(model, program.steps, inputs)
