@@ -38,9 +38,12 @@ from .versions import outside_versions
 class ComponentAddress:
     """Where one component is on one model, as data.
 
-    Two addresses are equal when they name the same component, layer, head, resolved
-    operation and rank; the family's spelling of the child module (``module``) is
-    resolution detail and takes no part in equality or ordering.
+    Two addresses are equal (and hash equal) when they name the same component, layer,
+    head, resolved operation and rank on models whose tensor there is the same kind of
+    tensor: the number of heads, the head size, the width, the streams and the model's
+    families (``family``) take part, so results keyed by address never mix models. The
+    family's spelling of the child module (``module``) is resolution detail and takes
+    no part in equality or ordering.
     """
 
     rank: tuple[int, int | float]
@@ -58,9 +61,9 @@ class ComponentAddress:
     layout: str | None = field(default=None, compare=False)
     # the call holds it (batch*heads, ...): read and written through (batch, heads, ...)
     merged_heads: bool = field(default=False, compare=False)
-    head_dim: int | None = field(default=None, compare=False)
-    heads: int | None = field(default=None, compare=False)
-    width: int | None = field(default=None, compare=False)
+    head_dim: int | None = None
+    heads: int | None = None
+    width: int | None = None
     sequence_axis: int | None = field(default=None, compare=False)
     keys_axis: int | None = field(default=None, compare=False)
     writable: bool = field(default=True, compare=False)
@@ -71,11 +74,14 @@ class ComponentAddress:
     # a place that carries several residual streams (hyper-connections, AltUp): one
     # stream (``stream``) or all, handed on flat like heads, (batch, seq, n x hidden)
     stream: int | None = None
-    streams: int | None = field(default=None, compare=False)
+    streams: int | None = None
     stream_layout: str | None = field(default=None, compare=False)
     # the tokens of each row a read returns and a write replaces (``positions.parse``
     # of a spec; empty: every position), resolved on the batch a plan runs
     position: tuple[Position, ...] = ()
+    # the model's families (``model.families``, the class name where it has none): an
+    # address on another family names another tensor even where the sizes agree
+    family: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
@@ -107,7 +113,7 @@ def locate(
     ``{"index": -1}``, ``{"span": "fox"}``, ``"all"``, a list) restricts the address to
     those tokens of each row: a read returns (batch, n_positions, ...), a write
     replaces them only. It is resolved on the batch a ``Plan`` runs."""
-    address = _located(model, component, layer, head, stream)
+    address = replace(_located(model, component, layer, head, stream), family=_family(model))
     if position is None:
         return address
     parsed = parse_position(position)
@@ -124,6 +130,16 @@ def locate(
             "(and select the tokens from what it returns)",
         )
     return replace(address, position=parsed)
+
+
+def _family(model: Any) -> tuple[str, ...]:
+    """What an address records of the model it was located on: its families, or its
+    class name where it matched none."""
+    families = tuple(getattr(model, "families", ()) or ())
+    if families:
+        return families
+    inner = getattr(model, "_model", model)
+    return (type(inner).__name__,)
 
 
 def _located(
