@@ -10,6 +10,12 @@ names a token of such a step, so any other spec is refused before anything runs.
 An address without positions reads each step's whole tensor: the prompt's at step 0,
 (batch, 1, ...) after.
 
+It stops where transformers' ``generate`` stops with the same arguments: at EOS (every
+row finished) or a stopping criterion, before ``max_new_tokens`` if it comes first, so
+``steps`` and ``tokens`` hold the steps it ran. Nothing is added to what the caller
+passes but ``logits_to_keep=0`` (step 0's logits cover the prompt, as in a trace);
+``min_new_tokens=max_new_tokens`` runs every step whatever is generated.
+
 ``generate`` is handed ``input_ids`` and ``attention_mask`` only: transformers'
 ``generate`` counts ``position_ids`` from the attention mask itself (each left-padded
 row from its first real token) and extends them step by step, so the ones
@@ -17,6 +23,7 @@ row from its first real token) and extends them step by step, so the ones
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,8 +55,9 @@ class GenerationRefused(CausalabError, ValueError):
 @dataclass(frozen=True, eq=False)
 class Generation:
     """What ``Plan.generate`` returns: ``steps``, one {address: tensor} per generation
-    step in order (step 0 ran the prompt); ``tokens``, the generated ids (batch,
-    max_new_tokens); ``sequences``, the prompt batch (padding included) followed by
+    step in order (step 0 ran the prompt), as many as generate ran (it stops at EOS as
+    transformers' generate does, at most max_new_tokens); ``tokens``, the generated ids
+    (batch, new tokens); ``sequences``, the prompt batch (padding included) followed by
     them, as ``generate`` returns it."""
 
     steps: tuple[dict[Any, Any], ...]
@@ -153,13 +161,23 @@ def _run_steps(
     saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
     result: list[Any] = []
     try:
-        with model.generate(batch, max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
-            for step in tracer.iter[:max_new_tokens]:
-                if step and specs:
-                    last.fill_(_width(model, step) - 1)  # the token being generated
-                steps = program if step else program0
-                saved.append([v.save() for v in plain.run(model, steps, None, model.internals)])
-            result.append(tracer.result.save())
+        with warnings.catch_warnings():
+            # a run that stops before max_new_tokens (EOS, a stopping criterion) ends the
+            # step loop early; nnsight warns of the steps it did not reach, which is
+            # what a generation that stops means here
+            warnings.filterwarnings("ignore", message=".*was never reached.*")
+            with model.generate(max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
+                with tracer.invoke(batch):
+                    for step in tracer.iter[:max_new_tokens]:
+                        if step and specs:
+                            last.fill_(_width(model, step) - 1)  # the token being generated
+                        steps = program if step else program0
+                        saved.append(
+                            [v.save() for v in plain.run(model, steps, None, model.internals)]
+                        )
+                # in an invoke of its own: it runs however many steps the loop above made
+                with tracer.invoke():
+                    result.append(tracer.result.save())
     except (
         OperationNotFound,
         PlaceUnavailable,
@@ -203,8 +221,6 @@ def generate(
     program0, addresses = lower(plan, model, False, first, remote=False)
     program, _ = lower(plan, model, False, dict.fromkeys(specs, last), remote=False)
     batch = {"input_ids": ids, "attention_mask": encoded.inputs["attention_mask"]}
-    # an EOS does not end the run early (the steps and tokens are max_new_tokens long)
-    generate_kwargs.setdefault("min_new_tokens", max_new_tokens)
     if _keeps_logits(model):
         # generate computes step 0's logits at the last column only (logits_to_keep=1);
         # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
@@ -212,11 +228,10 @@ def generate(
     saved, result = _run_steps(
         model, batch, (program0, program), last, specs, max_new_tokens, generate_kwargs
     )
-    if not result or len(saved) != max_new_tokens:
+    if not result:
         raise GenerationRefused(
-            f"generate ran {len(saved)} of max_new_tokens={max_new_tokens} steps (it "
-            "stopped early, min_new_tokens being lower): leave min_new_tokens unset, or "
-            "ask for as many new tokens as it runs"
+            f"generate ran {len(saved)} steps and returned no sequences: nnsight did not "
+            "hand back generate's result; run Plan.run on the prompt instead"
         )
     sequences = getattr(result[0], "value", result[0])
     steps_out = tuple(

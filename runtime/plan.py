@@ -204,7 +204,9 @@ class Plan:
         the token being generated: ``{"index": -1}`` there is that token, and any other
         position is refused before anything runs. A write at ``{"index": -1}`` is made
         at every step (it steers generation); an address without positions reads each
-        step's whole tensor. Local nnsight>=0.8 only (``causalab_mini.generation``)."""
+        step's whole tensor. It stops where transformers' generate stops (EOS, a stopping
+        criterion; ``min_new_tokens=max_new_tokens`` runs every step). Local nnsight>=0.8
+        only (``causalab_mini.generation``)."""
         from .generation import generate
 
         return generate(
