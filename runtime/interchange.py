@@ -96,8 +96,35 @@ def _patches(model: Any, patches: Sequence[Any], slots: int) -> list[Patch]:
     return out
 
 
+_MEDIA_KEYS = ("pixel_values", "input_features", "input_values", "pixel_values_videos")
+
+
+def _refuse_media(given: Any, what: str) -> None:
+    """Refuse a batch of token ids (a processor's output: media placeholders among the
+    text's tokens, pixel or audio values beside them) given as ``what``: interchange
+    tokenizes bases and sources together into one batch of text rows, and a media batch
+    cannot be joined row by row with its media values."""
+    from collections.abc import Mapping
+
+    if isinstance(given, Mapping) or hasattr(given, "keys"):
+        media = [k for k in _MEDIA_KEYS if k in given]
+        held = f" with {', '.join(media)}" if media else ""
+        raise PositionError(
+            f"interchange was given a batch of token ids{held} as {what}: it pairs texts, "
+            "tokenized together into one batch, and does not join media inputs (image "
+            "or audio placeholders and their pixel or audio values) row by row. Patch a "
+            "media input in a trace of its own: read the source with "
+            "Plan.of([address]).run(model, source_batch) and write that value with "
+            "Plan.of([], [(address, value)]).run(model, base_batch) (positions resolve on "
+            "the ids, media tokens outside the content), or give interchange the texts"
+        )
+
+
 def _pairs(bases: Sequence[str], sources: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
     """The bases, and per source slot its texts (one per base)."""
+    _refuse_media(bases, "bases")
+    for source in sources if isinstance(sources, (list, tuple)) else [sources]:
+        _refuse_media(source, "sources")
     if isinstance(bases, str) or isinstance(sources, str):
         raise PositionError("bases and sources are lists of texts, one source (or tuple) per base")
     if len(bases) != len(sources):
