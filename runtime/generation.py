@@ -39,13 +39,16 @@ from .positions import (
     PositionError,
     _spec_of,
     _text,
+    check_frame,
     encode,
     parse,
     resolve,
     stacked,
 )
 
-LAST = (Position(index=-1),)  # the one position a step after the first has
+# the one token a step after the first has, in either spelling: the last content token
+# ({"index": -1}) and the last token of the input ({"anchor": "last"}) are both it
+LAST = ((Position(index=-1),), (Position(anchor="last"),))
 
 
 class GenerationRefused(CausalabError, ValueError):
@@ -70,14 +73,14 @@ def _refuse_positions(plan: Any) -> None:
     ``{"index": -1}``, before anything runs."""
     for s in plan.steps:
         spec = s.address.position
-        if spec and parse(spec) != LAST:
+        if spec and parse(spec) not in LAST:
             spec = _spec_of(parse(spec))
             raise PositionError(
                 f"{s.address} in generate: {_text(spec)} names tokens of the prompt, and at "
                 "step 1 and after each step's forward runs one new token per row (the token "
-                'being generated), which only {"index": -1} names: read it at step 0, on '
-                "the prompt (Plan.of(...).run(model, texts) runs that forward), or address "
-                '{"index": -1}'
+                'being generated), which only {"index": -1} and {"anchor": "last"} name: '
+                "read it at step 0, on the prompt (Plan.of(...).run(model, texts) runs that "
+                'forward), or address {"index": -1} or {"anchor": "last"}'
             )
 
 
@@ -115,6 +118,7 @@ def _refuse_setup(kwargs: Mapping[str, Any]) -> None:
 
 
 def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
+    check_frame(inputs, frame)
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
     mask = encoded.inputs["attention_mask"]
     if not bool(mask[:, -1].all()):

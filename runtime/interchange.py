@@ -17,7 +17,8 @@ later patch still reads the clean source. Reads and the logits are the base run'
         bases=["The Eiffel Tower is in Paris"],
         sources=["The Colosseum is in Rome, not Paris"],
     )
-    result.logits          # (pairs, vocab): the base rows' last content token
+    result.logits          # (pairs, vocab): at each base row's last token as the model
+                           # receives it (where it predicts the next token)
     result.reads[address]  # (pairs, ...): what each read address held in the base run
 """
 
@@ -33,6 +34,8 @@ from .lower import _prepare_sources
 from .plan import read, write
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 
+NEXT = {"anchor": "last"}  # the token whose logits give the next token
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -46,7 +49,9 @@ class Patch:
 @dataclass
 class InterchangeResult:
     """What the base runs read, by address, each (pairs, ...) in the order of the pairs;
-    ``logits`` (pairs, vocab) at each base row's last content token; and, where asked,
+    ``logits`` (pairs, vocab) at each base row's last token as the model receives it
+    (``{"anchor": "last"}``: the end of the chat prompt in the chat frame, an EOS the
+    tokenizer adds; where it predicts the next token); and, where asked,
     the same of every source (``sources[k]``: source k's reads and logits)."""
 
     reads: dict[ComponentAddress, Any] = field(default_factory=dict)
@@ -328,8 +333,10 @@ def _chunk(
     encoded = encode(model, [*bases, *(t for texts in slots for t in texts)], frame)
     groups = [range(0, k), *(range(k * (s + 1), k * (s + 2)) for s in range(len(slots)))]
     moves = _moves(model, encoded, plan, groups, bases, slots)
-    # the logits at every row's last content token (the base's, and each source's)
-    last = stacked(resolve(model, encoded, {"index": -1}), {"index": -1})
+    # the logits where each row predicts its next token: the last token of the input as
+    # the model receives it (an EOS the tokenizer adds, the chat template's generation
+    # prompt), in every frame (the base's, and each source's)
+    last = stacked(resolve(model, encoded, NEXT), NEXT)
     wanted = [
         (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
         for a in reads

@@ -20,7 +20,7 @@ from .internals import PlaceUnavailable, WriteRefused, check_value
 from .locator import ComponentAddress, _refuse
 from .lower import _prepare_sources, component_fields, lower, lower_step
 from .ops import OperationNotFound
-from .positions import Encoded, encode, resolve, stacked, trace_inputs
+from .positions import Encoded, check_frame, encode, resolve, stacked, trace_inputs
 
 if TYPE_CHECKING:
     from .generation import Generation
@@ -148,7 +148,9 @@ class Plan:
         or ``positions.encode(model, texts)``): it is tokenized once, each step's
         positions are resolved per row of that batch in the content ``frame`` (plain or
         chat), and the trace runs on the batch with ``position_ids`` counted from each
-        row's first real token.
+        row's first real token. ``frame="chat"`` always runs the chat prompt (the
+        template rendered around each text, generation prompt included), whether or not
+        a step names positions; a frame the inputs cannot take is refused.
 
         ``remote=True`` (or ``backend=...``) runs it on NDIF as plain nnsight module
         accesses (``causalab_mini.remote``): every read comes back, or it raises.
@@ -216,10 +218,13 @@ class Plan:
 
 def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:
     """The inputs the trace runs and, per position spec of the plan's steps, its (batch,
-    n) token index on that batch (none where no step names positions: the inputs go to
-    the trace as given)."""
+    n) token index on that batch (none where no step names positions). A frame other
+    than plain is always the batch the trace runs (the chat prompt, whether or not a
+    step names positions); a frame the inputs cannot take is refused, never replaced by
+    another (``check_frame``)."""
+    check_frame(inputs, frame)
     specs = {s.address.position for s in plan.steps if s.address.position}
-    if not specs:
+    if not specs and frame == "plain":
         return (inputs.inputs if isinstance(inputs, Encoded) else inputs), {}
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
     indices = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}

@@ -8,6 +8,9 @@ A position is pure data, written the way documents write it::
     {"span": "fox", "index": -1}   the last token of that span
     {"anchor": "bos"}              the special token the tokenizer put first
     {"anchor": "eos"}              the special token the tokenizer put last
+    {"anchor": "last"}             the last token of the row as the model receives it
+                                   (an EOS, the chat template's generation prompt
+                                   included): the token whose logits give the next one
     {"anchor": "image"}            every token an image's features fill (its placeholders)
     {"anchor": "audio"}            every token an audio's features fill, likewise
     {"anchor": "video"}            every token a video's features fill, likewise
@@ -45,7 +48,7 @@ from typing import Any
 from . import plain
 from .errors import CausalabError
 
-ANCHORS = ("bos", "eos", "image", "audio", "video")
+ANCHORS = ("bos", "eos", "last", "image", "audio", "video")
 # anchors that name every token of a medium (the placeholders its features fill), not one
 MEDIA_ANCHORS = ("image", "audio", "video")
 FRAMES = ("plain", "chat")
@@ -78,7 +81,7 @@ class Position:
             raise PositionError(
                 f"{self.spec()!r} mixes kinds of position: write one of "
                 '{"index": i}, {"span": "text"} (with an optional "index"), '
-                '{"anchor": "bos"|"eos"|"image"|"audio"|"video"} or "all"'
+                '{"anchor": "bos"|"eos"|"last"|"image"|"audio"|"video"} or "all"'
             )
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise PositionError(
@@ -143,7 +146,7 @@ def parse(spec: Any) -> tuple[Position, ...]:
             return (Position(every=True),)
         raise PositionError(
             f'unknown position {spec!r}: write "all", {{"index": i}}, '
-            '{"span": "text"} or {"anchor": "bos"|"eos"|"image"|"audio"|"video"}'
+            '{"span": "text"} or {"anchor": "bos"|"eos"|"last"|"image"|"audio"|"video"}'
         )
     if isinstance(spec, Mapping):
         extra = set(spec) - _KEYS
@@ -403,6 +406,30 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     return Encoded(inputs=out, frames=tuple(frames), frame=frame)
 
 
+def check_frame(inputs: Any, frame: str) -> None:
+    """Refuse a ``frame`` the inputs cannot be run in: an unknown frame, an encoded
+    batch of another frame, and (outside the plain frame) anything but text."""
+    if frame not in FRAMES:
+        raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
+    if isinstance(inputs, Encoded):
+        if inputs.frame != frame:
+            raise PositionError(
+                f"frame={frame!r} was given with a batch encoded in the {inputs.frame} frame: "
+                f"encode it in that frame (positions.encode(model, texts, frame={frame!r})) "
+                f"or pass frame={inputs.frame!r}"
+            )
+        return
+    if frame != "plain" and not (
+        isinstance(inputs, str)
+        or (isinstance(inputs, (list, tuple)) and all(isinstance(t, str) for t in inputs))
+    ):
+        raise PositionError(
+            f"frame={frame!r} renders text (each string as the user message of the chat "
+            f"template), and the inputs are a {type(inputs).__name__}: give the texts, or "
+            "run the batch as given in the plain frame (frame='plain')"
+        )
+
+
 def _encode_ids(
     tokenizer: Any, inputs: Mapping[str, Any], media: Mapping[str, int], no_media: Mapping[str, str]
 ) -> Encoded:
@@ -557,6 +584,8 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
                 f"{medium} (the processor's batch, placeholders included) or address text"
             )
         return placed
+    if position.anchor == "last":
+        return [frame.real[-1]]  # the last token the attention mask keeps
     if position.anchor is not None:
         at = frame.anchors.get(position.anchor)
         if at is None:
@@ -714,6 +743,7 @@ __all__ = [
     "Frame",
     "Position",
     "PositionError",
+    "check_frame",
     "describe_frame",
     "encode",
     "media_token_id",
