@@ -119,7 +119,11 @@ def _refuse_setup(kwargs: Mapping[str, Any]) -> None:
 
 def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
     check_frame(inputs, frame)
-    encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
+    # generate appends each new token after the batch's last column: the prompt rows are
+    # padded on the left, or refused where the family cannot pad a row exactly there
+    encoded = (
+        inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame, padding_side="left")
+    )
     mask = encoded.inputs["attention_mask"]
     if not bool(mask[:, -1].all()):
         rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]

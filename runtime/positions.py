@@ -347,12 +347,17 @@ def _chat_render(tokenizer: Any, text: str) -> tuple[str, tuple[int, int]]:
     return rendered, (start, end)
 
 
-def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
+def encode(
+    model: Any, inputs: Any, frame: str = "plain", padding_side: str | None = None
+) -> Encoded:
     """Tokenize ``inputs`` (a text or a list of texts) into the batch a trace runs:
     ``input_ids``, ``attention_mask`` and ``position_ids`` (each row counted from its
-    first real token, so padding moves no position), padded on the tokenizer's side;
-    and each row's frame (``plain``: everything the user wrote; ``chat``: the user
-    message inside the tokenizer's chat template)."""
+    first real token, so padding moves no position), padded on the tokenizer's side
+    where that is exact for the model's family, else on the other side
+    (``causalab_mini.padding``: rows of different lengths the family cannot pad exactly
+    are refused); ``padding_side`` demands a side. And each row's frame (``plain``:
+    everything the user wrote; ``chat``: the user message inside the tokenizer's chat
+    template)."""
     if frame not in FRAMES:
         raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
     import torch
@@ -365,6 +370,7 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
                 f"a batch of token ids has no chat template rendering to find: the {frame} "
                 "frame takes text; use the plain frame"
             )
+        _check_padded_ids(model, inputs, padding_side)
         return _encode_ids(tokenizer, inputs, media, no_media)
     texts = _texts(inputs)
     windows: list[tuple[int, int]] = []
@@ -376,14 +382,7 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     else:
         sources = texts
         add_special = True
-    # lists, not tensors: a frame reads them token by token; the trace's two are made below
-    batch = tokenizer(
-        sources,
-        padding=True,
-        add_special_tokens=add_special,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
+    batch = _tokenized(model, tokenizer, sources, add_special, padding_side)
     ids = torch.tensor(batch["input_ids"], dtype=torch.long)
     mask = torch.tensor(batch["attention_mask"], dtype=torch.long)
     specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
@@ -428,6 +427,43 @@ def check_frame(inputs: Any, frame: str) -> None:
             f"template), and the inputs are a {type(inputs).__name__}: give the texts, or "
             "run the batch as given in the plain frame (frame='plain')"
         )
+
+
+def _tokenized(
+    model: Any, tokenizer: Any, sources: list[str], add_special: bool, required: str | None
+) -> Any:
+    """``sources`` tokenized into one batch, as lists (a frame reads them token by token),
+    padded on the side ``padding.side_for`` gives (refused where the family cannot pad
+    rows of different lengths exactly)."""
+    from .padding import side_for
+
+    lengths = [len(r) for r in tokenizer(sources, add_special_tokens=add_special)["input_ids"]]
+    side = side_for(model, str(tokenizer.padding_side), lengths, required)
+    return tokenizer(
+        sources,
+        padding=True,
+        padding_side=side,
+        add_special_tokens=add_special,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+
+
+def _check_padded_ids(model: Any, inputs: Mapping[str, Any], required: str | None) -> None:
+    """Refuse a batch of token ids padded on a side the model's family does not compute
+    a padded row exactly on (``causalab_mini.padding``): the batch is run as given."""
+    import torch
+
+    from .padding import side_for
+
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return
+    mask = torch.as_tensor(mask)
+    if mask.dim() != 2 or bool(mask.all()):
+        return
+    side = "left" if bool((mask[:, 0] == 0).any()) else "right"
+    side_for(model, side, [int(n) for n in mask.sum(-1)], required or side)
 
 
 def _encode_ids(

@@ -190,9 +190,15 @@ def test_what_generate_cannot_run_is_refused_with_the_fix(
         plan.generate(model, TEXTS, max_new_tokens=2, num_beams=2)
     with pytest.raises(GenerationRefused, match="positive int"):
         plan.generate(model, TEXTS, max_new_tokens=0)
-    monkeypatch.setattr(model.tokenizer, "padding_side", "right")
+    # text is padded on the left for generate whatever the tokenizer's side; a batch
+    # encoded on the right is refused
+    from causalab_mini.positions import encode
+
+    right = encode(model, TEXTS, padding_side="right")
     with pytest.raises(GenerationRefused, match=r"right-padded.*rows \[1\].*padding_side"):
-        plan.generate(model, TEXTS, max_new_tokens=2)
+        plan.generate(model, right, max_new_tokens=2)
+    monkeypatch.setattr(model.tokenizer, "padding_side", "right")
+    assert plan.generate(model, TEXTS, max_new_tokens=1).tokens.shape == (2, 1)
     monkeypatch.undo()
     monkeypatch.setattr(compat, "is_08", lambda: False)
     with pytest.raises(GenerationRefused, match=r"install nnsight>=0\.8"):
