@@ -124,8 +124,17 @@ def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
     encoded = (
         inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame, padding_side="left")
     )
-    mask = encoded.inputs["attention_mask"]
-    if not bool(mask[:, -1].all()):
+    decoder = "decoder_input_ids" in encoded.inputs  # an encoder-decoder's batch
+    mask = encoded.inputs["decoder_attention_mask" if decoder else "attention_mask"]
+    if mask is not None and decoder and not bool(mask[:, -1].all()):
+        rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
+        raise GenerationRefused(
+            f"Plan.generate on decoder prefixes of different lengths (rows {rows} end in "
+            "padding): transformers generates each row's next token after the last column, "
+            "which in those rows is padding: give prefixes of as many tokens, or generate "
+            "each row alone"
+        )
+    if mask is not None and not bool(mask[:, -1].all()):
         rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
         raise GenerationRefused(
             f"Plan.generate on a right-padded batch (rows {rows} end in padding): "
@@ -139,7 +148,9 @@ def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
 def _width(model: Any, step: int) -> int:
     """The number of tokens per row the forward of ``step`` (after the first) runs."""
     args, kwargs = model.inputs
-    ids = kwargs.get("input_ids", args[0] if args else None)
+    ids = kwargs.get("decoder_input_ids")  # an encoder-decoder's step: the decoder's
+    if ids is None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is None:
         raise GenerationRefused(
             f"generate step {step}: the forward was given no input_ids, so the token being "
@@ -229,6 +240,11 @@ def generate(
     program0, addresses = lower(plan, model, False, first, remote=False)
     program, _ = lower(plan, model, False, dict.fromkeys(specs, last), remote=False)
     batch = {"input_ids": ids, "attention_mask": encoded.inputs["attention_mask"]}
+    if "decoder_input_ids" in encoded.inputs:  # an encoder-decoder: the decoder's prefix
+        ids = encoded.inputs["decoder_input_ids"]
+        batch["decoder_input_ids"] = ids
+        if encoded.inputs.get("decoder_attention_mask") is not None:
+            batch["decoder_attention_mask"] = encoded.inputs["decoder_attention_mask"]
     if _keeps_logits(model):
         # generate computes step 0's logits at the last column only (logits_to_keep=1);
         # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run

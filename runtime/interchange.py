@@ -125,8 +125,11 @@ def _refuse_media(given: Any, what: str) -> None:
         )
 
 
-def _pairs(bases: Sequence[str], sources: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
-    """The bases, and per source slot its texts (one per base)."""
+def _pairs(
+    bases: Sequence[Any], sources: Sequence[Any], one: Any = lambda s: False
+) -> tuple[list[Any], list[list[Any]]]:
+    """The bases, and per source slot its texts (one per base); ``one(s)`` says a tuple
+    is one input (an encoder-decoder's pair), not several sources."""
     _refuse_media(bases, "bases")
     for source in sources if isinstance(sources, (list, tuple)) else [sources]:
         _refuse_media(source, "sources")
@@ -139,7 +142,9 @@ def _pairs(bases: Sequence[str], sources: Sequence[Any]) -> tuple[list[str], lis
         )
     if not bases:
         raise PositionError("no pairs: give at least one base and its source")
-    rows = [list(s) if isinstance(s, (list, tuple)) else [s] for s in sources]
+    # a source is one text, or one (source, decoder prefix) pair of an encoder-decoder;
+    # a list (or a tuple that is not such a pair) holds several
+    rows = [list(s) if isinstance(s, (list, tuple)) and not one(s) else [s] for s in sources]
     slots = {len(r) for r in rows}
     if len(slots) != 1:
         raise PositionError(
@@ -172,7 +177,9 @@ def interchange(
     check_engine(engine, False)
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size is a positive int, not {batch_size!r}")
-    base_texts, slot_texts = _pairs(bases, sources)
+    from .seq2seq import is_pair
+
+    base_texts, slot_texts = _pairs(bases, sources, lambda s: is_pair(model, s))
     plan = _patches(model, patches, len(slot_texts))
     logits_at = locate(model, "logits")
     chunks: list[InterchangeResult] = []

@@ -10,7 +10,7 @@ without them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -222,10 +222,17 @@ def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dic
     than plain is always the batch the trace runs (the chat prompt, whether or not a
     step names positions); a frame the inputs cannot take is refused, never replaced by
     another (``check_frame``)."""
+    from . import seq2seq
+
     check_frame(inputs, frame)
     specs = {s.address.position for s in plan.steps if s.address.position}
-    if not specs and frame == "plain":
-        return (inputs.inputs if isinstance(inputs, Encoded) else inputs), {}
+    if isinstance(inputs, Encoded) and not specs:
+        return inputs.inputs, {}
+    if not specs and frame == "plain" and not seq2seq.is_encoder_decoder(model):
+        return inputs, {}
+    if not specs and isinstance(inputs, Mapping):
+        seq2seq.check_ids(model, inputs)  # an encoder-decoder's ids need the decoder's
+        return inputs, {}
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
     indices = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}
     return trace_inputs(model, encoded), indices

@@ -215,6 +215,8 @@ class Encoded:
     inputs: Mapping[str, Any]
     frames: tuple[Frame, ...]
     frame: str = "plain"
+    # an encoder-decoder's batch: ``frames`` are the decoder's rows, these the encoder's
+    encoder_frames: tuple[Frame, ...] = ()
 
 
 def _tokenizer_of(model: Any) -> Any:
@@ -364,6 +366,10 @@ def encode(
 
     tokenizer = _tokenizer_of(model)
     media, no_media = media_token_ids(model)
+    from . import seq2seq
+
+    if seq2seq.is_encoder_decoder(model):
+        return _encode_pairs(model, tokenizer, inputs, frame, (media, no_media))
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
         if frame != "plain":
             raise PositionError(
@@ -427,6 +433,64 @@ def check_frame(inputs: Any, frame: str) -> None:
             f"template), and the inputs are a {type(inputs).__name__}: give the texts, or "
             "run the batch as given in the plain frame (frame='plain')"
         )
+
+
+def _encode_pairs(
+    model: Any, tokenizer: Any, inputs: Any, frame: str, media: tuple[Any, Any]
+) -> Encoded:
+    """An encoder-decoder's batch (``causalab_mini.seq2seq``): the encoder's rows and the
+    decoder's, each with its frames (``frames`` the decoder's, ``encoder_frames`` the
+    encoder's), both padded on the right."""
+    import torch
+
+    from . import seq2seq
+
+    found, no_media = media
+    if isinstance(inputs, Mapping) and "input_ids" in inputs:
+        seq2seq.check_ids(model, inputs)
+        encoder = _encode_ids(tokenizer, inputs, found, no_media)
+        mask = inputs.get("decoder_attention_mask")
+        given = {"input_ids": inputs["decoder_input_ids"]}
+        decoder = _encode_ids(
+            tokenizer, given if mask is None else {**given, "attention_mask": mask}, {}, {}
+        )
+        return Encoded(dict(inputs), decoder.frames, "plain", encoder.frames)
+    if frame != "plain":
+        raise PositionError(
+            f"the {frame} frame renders one text, and {type(model._model).__name__} is an "
+            "encoder-decoder fed pairs (source, decoder prefix): use the plain frame"
+        )
+    sources, prefixes = seq2seq.pairs(model, inputs)
+    sources = _texts(sources)
+    batch = _tokenized(model, tokenizer, sources, True, "right")
+    specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+    encoder_frames = tuple(
+        _row_frame(tokenizer, batch, r, (t, t), "plain", [], specials, found, no_media)
+        for r, t in enumerate(sources)
+    )
+    dec = seq2seq.decoder_batch(model, tokenizer, prefixes)
+    frames = []
+    for row, prefix in enumerate(prefixes):
+        real = [i for i, m in enumerate(dec["attention_mask"][row]) if m]
+        frames.append(
+            Frame(
+                text=prefix,
+                tokens=tuple(tokenizer.convert_ids_to_tokens(dec["input_ids"][row])),
+                content=tuple(i for i in real if not dec["special_tokens_mask"][row][i]),
+                offsets=tuple(dec["offset_mapping"][row]),
+                anchors={"bos": 0},  # the decoder start token
+                real=tuple(real),
+                no_media=no_media,
+            )
+        )
+    tensors = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "decoder_input_ids": dec["input_ids"],
+        "decoder_attention_mask": dec["attention_mask"],
+    }
+    out = {k: torch.tensor(v, dtype=torch.long) for k, v in tensors.items()}
+    return Encoded(out, tuple(frames), "plain", encoder_frames)
 
 
 def _tokenized(
@@ -694,17 +758,31 @@ def _span(position: Position, frame: Frame, row: int) -> list[int]:
     return covering
 
 
-def resolve(model: Any, inputs: Any, position: Any, frame: str = "plain") -> list[list[int]]:
+def resolve(
+    model: Any, inputs: Any, position: Any, frame: str = "plain", stack: str = "decoder"
+) -> list[list[int]]:
     """The token indices ``position`` names in each row of the batch a trace runs on
     ``inputs`` (a text, a list of texts, a batch of token ids, or an ``Encoded`` from
     ``encode``): one list
     per row, in the order the position spec gives, in the batch's own coordinates
     (padding counted). Refuses, with the position, the row and what to write, any
-    position a row does not have."""
+    position a row does not have. On an encoder-decoder's batch the positions count in
+    the decoder's input (where every component is), or with ``stack="encoder"`` in the
+    encoder's (its ``encoder_layers_*`` places)."""
     positions = parse(position)
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
+    frames = encoded.frames
+    if stack == "encoder":
+        frames = encoded.encoder_frames
+        if not frames:
+            raise PositionError(
+                "stack='encoder' counts positions in an encoder-decoder's encoder input, and "
+                "this batch has none (the model runs one stack): leave stack unset"
+            )
+    elif stack != "decoder":
+        raise PositionError(f"unknown stack {stack!r}: 'decoder' (the default) or 'encoder'")
     out: list[list[int]] = []
-    for row, fr in enumerate(encoded.frames):
+    for row, fr in enumerate(frames):
         indices: list[int] = []
         for p in positions:
             for i in _one(p, fr, row):
