@@ -972,6 +972,240 @@ def bench_engines(repeats: int) -> dict[str, Any]:
     return out
 
 
+SEAM_SHAPES = ((1, 16), (4, 128))
+
+
+def interleaved_gc_on(
+    variants: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Wall time of each variant ``repeats`` times, rotating their order every round,
+    with the garbage collector left as a user has it (on, never frozen)."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    CPU[id(times)] = cpu
+    return times
+
+
+def bench_seam(repeats: int) -> dict[str, Any]:
+    """The engine seam's cost (issue 31): 24 residual reads on the 4-layer Llama of the
+    engines part, at 1x16 and 4x128 tokens, against a pure transformers forward of the
+    same checkpoint (never wrapped by nnsight) and against raw torch hooks doing the
+    same reads (the mid-stream copied, as the hooks engine must: the block adds to it
+    in place later); per-read overhead in microseconds; gc on."""
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import Plan, locate
+    from causalab_mini.tools.tiny import build_tiny
+
+    path = build_tiny("llama", overrides=READS_MODEL)
+    model = StandardizedTransformer(str(path))
+    floor = TorchHooks(path)
+    n = model.internals.num_layers
+    addresses = [locate(model, c, i) for i in range(n) for c in ENGINE_READS]
+    plan = Plan.of(reads=addresses)
+    per = [ENGINE_ROWS[c] for c in ENGINE_READS]
+    rows = [model.internals[name] for name in per]
+    hand = [HAND_LAYER[name] for name in per]
+
+    def torch_reads(inputs: dict[str, Any]) -> list[Any]:
+        values = floor.reads(inputs, [], per, [])
+        # the mid-stream is the residual the block adds the MLP output to in place
+        return [
+            v.clone() if i % len(per) == per.index("layers_mid") else v
+            for i, v in enumerate(values)
+        ]
+
+    out: dict[str, Any] = {"reads_per_forward": len(addresses), "shapes": {}}
+    for batch, seq in SEAM_SHAPES:
+        log(f"seam: 24 reads, {batch}x{seq}")
+        inputs = _tokens(batch, seq, model._model.config.vocab_size)
+
+        def internals_reads(inputs: Any = inputs) -> list[Any]:
+            saved = []
+            with model.trace(inputs):
+                for i in range(n):
+                    for row in rows:
+                        saved.append(row[i].save())
+            return saved
+
+        def hand_reads(inputs: Any = inputs) -> list[Any]:
+            saved = []
+            with model.trace(inputs):
+                for i in range(n):
+                    layer = model.model.layers[i]
+                    for read in hand:
+                        saved.append(read(layer).save())
+            return saved
+
+        def no_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                with torch.no_grad():
+                    return fn()
+
+            return run
+
+        hooks_values = _values(plan.run(model, inputs, engine="hooks"))
+        checks = {
+            "hooks engine == nnsight engine": _same(hooks_values, _values(plan.run(model, inputs))),
+            "hooks engine == raw torch hooks": _same(
+                hooks_values, torch_reads(inputs)[: len(hooks_values)]
+            ),
+            "internals == hand-written": _same(_values(internals_reads()), _values(hand_reads())),
+        }
+        times = interleaved_gc_on(
+            {
+                "bare": no_grad(lambda inputs=inputs: floor.forward(inputs)),
+                "torch_hooks": no_grad(lambda inputs=inputs: torch_reads(inputs)),
+                "hooks": no_grad(lambda inputs=inputs: plan.run(model, inputs, engine="hooks")),
+                "nnsight": no_grad(lambda inputs=inputs: plan.run(model, inputs)),
+                "internals": no_grad(internals_reads),
+                "nnsight_hand": no_grad(hand_reads),
+            },
+            repeats,
+        )
+        med = {k: statistics.median(v) for k, v in times.items()}
+        cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
+        out["shapes"][f"{batch}x{seq}"] = {
+            "median_cpu_ms": {k: 1e3 * v for k, v in cpu.items()},
+            "cpu_figures": {
+                "hooks engine / bare forward": cpu["hooks"] / cpu["bare"],
+                "hooks engine / raw torch hooks": cpu["hooks"] / cpu["torch_hooks"],
+                "internals / nnsight hand-written": cpu["internals"] / cpu["nnsight_hand"],
+            },
+            "per_read_cpu_us": {
+                k: 1e6 * (cpu[k] - cpu["bare"]) / len(addresses)
+                for k in ("torch_hooks", "hooks", "nnsight", "internals", "nnsight_hand")
+            },
+            "checks": checks,
+            "median_ms": {k: 1e3 * v for k, v in med.items()},
+            "per_read_us": {
+                k: 1e6 * (med[k] - med["bare"]) / len(addresses)
+                for k in ("torch_hooks", "hooks", "nnsight", "internals", "nnsight_hand")
+            },
+            "figures": {
+                "hooks engine / bare forward": med["hooks"] / med["bare"],
+                "hooks engine / raw torch hooks": med["hooks"] / med["torch_hooks"],
+                "raw torch hooks / bare forward": med["torch_hooks"] / med["bare"],
+                "nnsight engine / bare forward": med["nnsight"] / med["bare"],
+                "internals / nnsight hand-written": med["internals"] / med["nnsight_hand"],
+            },
+        }
+    return out
+
+
+def bench_grid(repeats: int) -> dict[str, Any]:
+    """Patching grids (issue 37): ``interchange.grid`` against the bare-forward bound of
+    the same batches (the source forward and each chunk of patched rows, run as a pure
+    transformers forward of the same checkpoint), and against one ``interchange`` per
+    cell; interleaved, gc on. Grids: tiny Llama 3 layers x 12 positions x 8 pairs, and
+    the 4-layer Llama of the engines part at 4 pairs x 128 tokens (8 positions)."""
+    out: dict[str, Any] = {}
+    cases = {
+        "tiny llama 3 layers, 12 positions, 8 pairs": ({"num_hidden_layers": 3}, 8, 12, 12),
+        "4-layer llama, 128 tokens, 4 pairs, 8 positions": (READS_MODEL, 4, 128, 8),
+    }
+    for label, (overrides, pairs, seq, n_pos) in cases.items():
+        out[label] = _grid_case(label, overrides, pairs, seq, n_pos, repeats)
+    return out
+
+
+def _grid_case(
+    label: str, overrides: dict[str, Any], pairs: int, seq: int, n_pos: int, repeats: int
+) -> dict[str, Any]:
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import locate
+    from causalab_mini.interchange import grid, interchange
+    from causalab_mini.positions import encode, trace_inputs
+    from causalab_mini.tools.tiny import build_tiny
+
+    log(f"grid: {label}")
+    path = build_tiny("llama", overrides=overrides)
+    model = StandardizedTransformer(str(path))
+    floor = TorchHooks(path)
+    words = [f" w{i}" for i in range(seq)]
+    bases = ["".join(words[: seq - 1 - (i % 3)]) for i in range(pairs)]
+    sources = ["".join(reversed(words[: seq - 1 - (i % 3)])) for i in range(pairs)]
+    layers = list(range(model.internals.num_layers))
+    specs = [{"index": -1 - j} for j in range(n_pos)]
+    batch = 64
+    cells = len(layers) * n_pos * pairs
+    inputs = trace_inputs(model, encode(model, [*bases, *sources]))
+    rows_per_chunk = [min(batch, n_pos * pairs - s) for s in range(0, n_pos * pairs, batch)]
+
+    def bound(inputs: Any = inputs, rows_per_chunk: list[int] = rows_per_chunk) -> None:
+        with torch.no_grad():
+            floor.forward(inputs)  # the sources' (and bases') one forward
+            for _ in layers:
+                for rows in rows_per_chunk:
+                    idx = torch.arange(rows) % pairs
+                    floor.forward({k: v[idx] for k, v in inputs.items()})
+
+    def run(engine: str, bases: Any = bases, sources: Any = sources) -> Any:
+        with torch.no_grad():
+            return grid(
+                model,
+                "block_input",
+                layers,
+                specs,
+                bases,
+                sources,
+                engine=engine,
+                batch_size=batch,
+            )
+
+    def per_cell(bases: Any = bases, sources: Any = sources) -> Any:
+        with torch.no_grad():
+            return [
+                interchange(
+                    model,
+                    [locate(model, "block_input", layer, position=p)],
+                    bases,
+                    sources,
+                    engine="hooks",
+                ).logits
+                for layer in layers
+                for p in specs
+            ]
+
+    a, b = run("hooks"), run("nnsight")
+    cells_equal = torch.equal(a.logits, b.logits)
+    one = torch.stack(per_cell()).reshape(a.logits.shape)
+    worst = float((one - a.logits).abs().max())
+    times = interleaved_gc_on(
+        {
+            "bound": bound,
+            "grid_hooks": lambda: run("hooks"),
+            "grid_nnsight": lambda: run("nnsight"),
+            "per_cell_hooks": per_cell,
+        },
+        max(3, repeats // 4),
+        warmup=1,
+    )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
+    return {
+        "cells": cells,
+        "checks": {"engines equal": cells_equal, "max |grid - per-cell interchange|": worst},
+        "median_ms": {k: 1e3 * v for k, v in med.items()},
+        "patches_per_s": {k: cells / v for k, v in med.items() if k != "bound"},
+        "bound / grid (wall)": {k: med["bound"] / med[k] for k in med if k != "bound"},
+        "bound / grid (cpu)": {k: cpu["bound"] / cpu[k] for k in cpu if k != "bound"},
+    }
+
+
 def _lens_grid(
     path: Path, model: Any, cells: list[Any], bases: list[str], sources: list[str]
 ) -> Callable[[], list[Any]] | str:
@@ -1593,7 +1827,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="tracing,engines,resolve,tooling",
-        help="comma-separated parts: tracing, engines, resolve, tooling",
+        help="comma-separated parts: tracing, engines, seam, grid, resolve, tooling",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -1625,6 +1859,10 @@ def main(argv: list[str] | None = None) -> int:
         result["tracing"] = bench_tracing(args.repeats, args.small_repeats)
     if "engines" in parts:
         result["engines"] = bench_engines(args.repeats)
+    if "seam" in parts:
+        result["seam"] = bench_seam(args.repeats)
+    if "grid" in parts:
+        result["grid"] = bench_grid(args.repeats)
     if "resolve" in parts:
         with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
             result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))

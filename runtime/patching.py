@@ -1,0 +1,236 @@
+"""Activation-patching grids at the cost of their forwards: ``grid`` (also
+``causalab_mini.interchange.grid``).
+
+A (layer x position) grid patches one component, at one layer and one position of the
+content frame per cell, from each pair's source into its base, and measures the base
+run's last-token logits. Done one ``interchange`` per cell, every cell tokenizes and
+runs every source again. Here the texts are tokenized once (one batch, one padding,
+each row's frame), the sources run once for the whole grid (one forward that reads the
+component at every layer), and the cells of one layer are rows of as few forwards as
+``batch_size`` allows: each row a base, patched at its cell's position with the value
+its source held there.
+
+    result = grid(model, "block_output", layers=range(3), positions="all",
+                  bases=["The Eiffel Tower is in"], sources=["The Colosseum is in"])
+    result.logits[layer, position, pair]   # (vocab,) at the base's last content token
+
+Every cell equals the one-cell ``interchange`` of the same pair (its patch and its
+logits), and every engine that runs the component gives the same grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .engines import Engine, engine_for
+from .errors import CausalabError
+from .geometry import ComponentError
+from .locator import ComponentAddress, locate
+from .plan import Plan, Step
+from .positions import Encoded, PositionError, encode, parse, resolve, text_of, trace_inputs
+
+Metric = Callable[[Any, Any], Any]
+
+
+@dataclass
+class GridResult:
+    """A patching grid: ``logits[l, p, i]`` (vocab,) is pair ``i``'s base run with the
+    component at ``layers[l]`` patched at ``positions[p]`` from its source, at the
+    base's last content token; ``values[l, p, i]`` the metric of those logits (where a
+    metric was given). ``base_logits`` and ``source_logits`` (pairs, vocab) are the
+    clean runs. A layer the family has no such place at is left out of ``layers``,
+    with its reason in ``refused``."""
+
+    component: str
+    layers: tuple[int, ...]
+    positions: tuple[Any, ...]
+    logits: Any
+    values: Any
+    base_logits: Any
+    source_logits: Any
+    refused: dict[int, str] = field(default_factory=dict)
+    forwards: int = 0
+
+
+def _positions(model: Any, encoded: Encoded, positions: Any, k: int) -> list[Any]:
+    """The position specs of the grid: as given, or every content index that each row
+    of the batch has ("all")."""
+    if isinstance(positions, str) and positions == "all":
+        shortest = min(len(f.content) for f in encoded.frames)
+        return [{"index": j} for j in range(shortest)]
+    if isinstance(positions, (str, dict)):
+        raise PositionError(
+            f"positions is a list of position specs (or 'all'), not {positions!r}: write "
+            f"[{positions!r}]"
+        )
+    specs = list(positions)
+    if not specs:
+        raise PositionError("no positions: give at least one position spec, or 'all'")
+    for spec in specs:
+        parse(spec)  # refused here, with the spec, before anything runs
+    return specs
+
+
+def _cells(
+    model: Any, encoded: Encoded, specs: list[Any], k: int, bases: Sequence[str]
+) -> list[tuple[list[int], list[int]]]:
+    """Per position spec, the token indices it names in each base row and in the same
+    pair's source row (as many in both), or refused."""
+    out = []
+    for spec in specs:
+        indices = resolve(model, encoded, spec)
+        base_at: list[int] = []
+        source_at: list[int] = []
+        for i in range(k):
+            here, there = indices[i], indices[k + i]
+            if len(here) != 1 or len(there) != 1:
+                raise PositionError(
+                    f"grid position {text_of(spec)} names {len(here)} token(s) in base "
+                    f"{bases[i]!r} and {len(there)} in its source: a grid cell patches one "
+                    "token; name one (an index, or a span with an index)"
+                )
+            base_at.append(here[0])
+            source_at.append(there[0])
+        out.append((base_at, source_at))
+    return out
+
+
+def _rows(inputs: dict[str, Any], rows: Any) -> dict[str, Any]:
+    """The batch's tensors at ``rows`` (each batch-first), in that order."""
+    return {key: value[rows] if hasattr(value, "shape") else value for key, value in inputs.items()}
+
+
+def _take_last(full: Any, last: Any) -> Any:
+    import torch
+
+    return full[torch.arange(full.shape[0], device=full.device), last.to(full.device)]
+
+
+def grid(
+    model: Any,
+    component: str,
+    layers: Iterable[int],
+    positions: Any,
+    bases: Sequence[str],
+    sources: Sequence[str],
+    *,
+    metric: Metric | None = None,
+    engine: str | Engine = "nnsight",
+    frame: str = "plain",
+    batch_size: int = 64,
+    keep_logits: bool | None = None,
+) -> GridResult:
+    """Patch ``component`` at each layer of ``layers`` and each position of
+    ``positions`` (a list of position specs naming one token per row, or ``"all"``:
+    every content index all rows have) from each pair's source into its base; see the
+    module's text. ``metric(logits, pairs)`` maps the (n, vocab) last-token logits of n
+    patched rows and their pair indices (n,) to one value each; ``keep_logits``
+    (default: where no metric is given) keeps every cell's logits. ``batch_size``
+    patched rows per forward. Runs on any local engine."""
+    import torch
+
+    runner = engine_for(engine)
+    if type(batch_size) is not int or batch_size < 1:
+        raise CausalabError(f"batch_size is a positive int, not {batch_size!r}")
+    if isinstance(bases, str) or isinstance(sources, str) or len(bases) != len(sources):
+        raise PositionError("bases and sources are lists of texts, one source per base")
+    if not bases:
+        raise PositionError("no pairs: give at least one base and its source")
+    keep = metric is None if keep_logits is None else keep_logits
+    k = len(bases)
+    encoded = encode(model, [*bases, *sources], frame)
+    inputs = trace_inputs(model, encoded)
+    specs = _positions(model, encoded, positions, k)
+    cells = _cells(model, encoded, specs, k, bases)
+    last = torch.tensor([f.content[-1] for f in encoded.frames])
+    logits_at = locate(model, "logits")
+
+    addresses: dict[int, ComponentAddress] = {}
+    refused: dict[int, str] = {}
+    for layer in layers:
+        try:
+            addresses[layer] = locate(model, component, layer)
+        except (ComponentError, LookupError) as exc:
+            if not isinstance(exc, CausalabError):
+                raise
+            refused[layer] = str(exc)
+    for address in addresses.values():
+        if address.sequence_axis is None:
+            raise ComponentError(
+                f"{address} has no sequence axis: a grid over positions patches tokens"
+            )
+        if not address.writable:
+            raise ComponentError(f"{address} is read-only: {address.why_read_only}")
+
+    # every source once: one forward reads the component at every layer and the logits
+    clean = Plan.of(reads=[*addresses.values(), logits_at])
+    program = runner.lower(clean, model)
+    read = dict(zip(program.reads, runner.run(model, program, inputs), strict=True))
+    full_logits = _take_last(read[logits_at], last)
+    base_logits, source_logits = full_logits[:k], full_logits[k:]
+    forwards = 1
+
+    n_cells = len(specs) * k
+    pair_of = torch.arange(k).repeat(len(specs))  # cell c = position c // k, pair c % k
+    kept_layers = tuple(addresses)
+    vocab = int(full_logits.shape[-1])
+    logits_out = torch.empty((len(kept_layers), len(specs), k, vocab)) if keep else None
+    values_out: Any = None
+    base_tok = torch.tensor([t for base_at, _ in cells for t in base_at])
+    source_tok = torch.tensor([t for _, source_at in cells for t in source_at])
+    for li, address in enumerate(addresses.values()):
+        values = read[address]
+        seq = address.sequence_axis  # of the handed tensor, batch first
+        assert seq is not None
+        # every cell's source value: the source row's token, as the place hands it on
+        moved = values.movedim(seq, 1)
+        source_vals = moved[k + pair_of, source_tok.to(moved.device)]
+        for start in range(0, n_cells, batch_size):
+            stop = min(start + batch_size, n_cells)
+            pairs = pair_of[start:stop]
+            chunk_inputs = _rows(inputs, pairs)
+            at = base_tok[start:stop]
+            put = source_vals[start:stop]
+            n = stop - start
+
+            def patch(full: Any, at: Any = at, put: Any = put, n: int = n, seq: int = seq) -> Any:
+                patched = full.clone()
+                patched.movedim(seq, 1)[torch.arange(n), at.to(full.device)] = put.to(full.dtype)
+                return patched
+
+            last_rows = last[pairs]
+            plan = Plan((Step(address, True, None), Step(logits_at)))
+            program = runner.lower(
+                plan,
+                model,
+                edits=[(patch, None), (None, lambda full, lr=last_rows: _take_last(full, lr))],
+            )
+            (patched_logits,) = runner.run(model, program, chunk_inputs)
+            forwards += 1
+            cell = torch.arange(start, stop)
+            p_idx, i_idx = cell // k, cell % k
+            if logits_out is not None:
+                logits_out[li, p_idx, i_idx] = patched_logits.to(logits_out.dtype).detach().cpu()
+            if metric is not None:
+                measured = torch.as_tensor(metric(patched_logits, pairs)).detach().cpu()
+                if values_out is None:
+                    values_out = torch.empty(
+                        (len(kept_layers), len(specs), k), dtype=measured.dtype
+                    )
+                values_out[li, p_idx, i_idx] = measured
+    return GridResult(
+        component=component,
+        layers=kept_layers,
+        positions=tuple(specs),
+        logits=logits_out,
+        values=values_out,
+        base_logits=base_logits,
+        source_logits=source_logits,
+        refused=refused,
+        forwards=forwards,
+    )
+
+
+__all__ = ["GridResult", "Metric", "grid"]

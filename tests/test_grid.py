@@ -1,0 +1,92 @@
+"""Patching grids (``causalab_mini.interchange.grid``): every cell equals the one-cell
+interchange of the same pair on ragged pairs (rows of different lengths), both engines
+give the same grid, the sources run once, a cell's patch changes what comes after, a
+layer the family lacks is left out with its reason, and bad positions are refused
+before anything runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from causalab_mini import locate
+from causalab_mini.errors import CausalabError
+from causalab_mini.interchange import grid, interchange
+from causalab_mini.positions import PositionError
+
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
+
+# rows of different lengths, so padding enters every batch
+BASES = ["The cat sat on the mat today", "A dog ran far", "Birds fly south in the winter"]
+SOURCES = ["The dog sat on a rug here", "A cat ran fast", "Fish swim north in summer"]
+SPECS = [{"index": 0}, {"index": 1}, {"index": -1}]
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])  # a BOS, and none
+def test_every_cell_is_the_one_cell_interchange(spec: str, tiny_model: Callable[..., Any]) -> None:
+    model = tiny_model(spec)
+    layers = list(range(model.internals.num_layers))
+    by_engine = {}
+    for engine in ("nnsight", "hooks"):
+        result = grid(
+            model, "block_output", layers, SPECS, BASES, SOURCES, engine=engine, batch_size=4
+        )
+        assert result.logits.shape[:3] == (len(layers), len(SPECS), len(BASES))
+        # one forward for the sources, then ceil(9 cells / 4) per layer
+        assert result.forwards == 1 + len(layers) * 3
+        moved = 0
+        for li, layer in enumerate(result.layers):
+            for pi, position in enumerate(result.positions):
+                address = locate(model, "block_output", layer, position=position)
+                one = interchange(model, [address], BASES, SOURCES, engine=engine)
+                cell = result.logits[li, pi]
+                torch.testing.assert_close(cell, one.logits.detach(), rtol=1e-6, atol=1e-6)
+                moved += int(not torch.allclose(cell, result.base_logits.detach()))
+        assert moved > 0, "no cell changed the base's logits: the patch reached nothing"
+        by_engine[engine] = result.logits
+    assert torch.equal(by_engine["nnsight"], by_engine["hooks"])
+
+
+def test_the_last_layer_at_the_last_token_gives_the_source(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:llama")
+    last = model.internals.num_layers - 1
+    result = grid(model, "block_output", [last], [{"index": -1}], BASES, SOURCES)
+    torch.testing.assert_close(
+        result.logits[0, 0], result.source_logits.detach(), rtol=1e-5, atol=1e-5
+    )
+
+
+def test_a_metric_per_cell_and_a_layer_the_family_lacks(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:gpt_neox")  # parallel blocks: no mid-stream
+    target = torch.tensor([5, 7, 9])
+
+    def logprob(logits: Any, pairs: Any) -> Any:
+        return torch.log_softmax(logits, -1)[torch.arange(len(pairs)), target[pairs]]
+
+    result = grid(model, "block_mid", [0, 1], "all", BASES[:2], SOURCES[:2], metric=logprob)
+    assert result.layers == () and set(result.refused) == {0, 1}
+    assert "parallel" in result.refused[0]
+    result = grid(model, "block_input", [1], "all", BASES[:2], SOURCES[:2], metric=logprob)
+    assert result.logits is None and result.values.shape == (1, len(result.positions), 2)
+    assert torch.isfinite(result.values).all()
+
+
+def test_bad_positions_are_refused_before_anything_runs(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:llama")
+    with pytest.raises(PositionError, match="one token"):
+        grid(model, "block_output", [0], [{"span": "sat on"}], BASES[:1], SOURCES[:1])
+    with pytest.raises(PositionError, match=r"list of position specs"):
+        grid(model, "block_output", [0], {"index": 0}, BASES, SOURCES)
+    with pytest.raises(PositionError, match="one source per base"):
+        grid(model, "block_output", [0], "all", BASES, SOURCES[:1])
+    with pytest.raises(CausalabError, match="batch_size"):
+        grid(model, "block_output", [0], "all", BASES, SOURCES, batch_size=0)
