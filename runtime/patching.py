@@ -12,7 +12,7 @@ its source held there.
 
     result = grid(model, "block_output", layers=range(3), positions="all",
                   bases=["The Eiffel Tower is in"], sources=["The Colosseum is in"])
-    result.logits[layer, position, pair]   # (vocab,) at the base's last content token
+    result.logits[layer, position, pair]   # (vocab,) at the base's last token
 
 Every cell equals the one-cell ``interchange`` of the same pair (its patch and its
 logits), and every engine that runs the component gives the same grid.
@@ -38,7 +38,8 @@ Metric = Callable[[Any, Any], Any]
 class GridResult:
     """A patching grid: ``logits[l, p, i]`` (vocab,) is pair ``i``'s base run with the
     component at ``layers[l]`` patched at ``positions[p]`` from its source, at the
-    base's last content token; ``values[l, p, i]`` the metric of those logits (where a
+    base's last token as the model receives it (where it predicts the next token, as
+    ``interchange`` reads it); ``values[l, p, i]`` the metric of those logits (where a
     metric was given). ``base_logits`` and ``source_logits`` (pairs, vocab) are the
     clean runs. A layer the family has no such place at is left out of ``layers``,
     with its reason in ``refused``."""
@@ -144,7 +145,8 @@ def grid(
     inputs = trace_inputs(model, encoded)
     specs = _positions(model, encoded, positions, k)
     cells = _cells(model, encoded, specs, k, bases)
-    last = torch.tensor([f.content[-1] for f in encoded.frames])
+    # where each row predicts its next token, as interchange reads it ({"anchor": "last"})
+    last = torch.tensor([f.real[-1] for f in encoded.frames])
     logits_at = locate(model, "logits")
 
     addresses: dict[int, ComponentAddress] = {}

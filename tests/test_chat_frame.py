@@ -133,3 +133,16 @@ def test_generate_in_the_chat_frame_predicts_from_the_end_of_the_prompt(
     assert torch.equal(out.sequences[:, :width], chat.inputs["input_ids"])
     # later steps: both spellings name the one token being generated
     assert torch.equal(out.steps[1][nxt], out.steps[1][word])
+
+
+def test_a_patching_grid_reads_the_logits_where_interchange_does(tiny_model: Load) -> None:
+    """In the chat frame the grid's logits, as interchange's, are the end of the chat
+    prompt's (the cell equals the one-cell interchange)."""
+    from causalab_mini.interchange import grid
+
+    model = tiny_model("tiny:qwen2")
+    bases, sources = ["Where is the cat"], ["Where is the dog"]
+    result = grid(model, "block_output", [0], [{"index": -1}], bases, sources, frame="chat")
+    patch = locate(model, "block_output", 0, position={"index": -1})
+    one = interchange(model, [patch], bases, sources, frame="chat")
+    assert torch.allclose(result.logits[0, 0, 0], one.logits[0], atol=1e-5)
