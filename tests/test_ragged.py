@@ -114,3 +114,25 @@ def test_the_sweep_check_passes_both_sides_on_gpt2(tiny_model: Load) -> None:
         for name in (ragged.MEASURED, ragged.READS, ragged.WRITES):
             assert held[name.format(side=side)][0], held
     assert held[ragged.SWAPPED][0], held
+
+
+def test_the_docs_list_every_family_refused_on_a_side() -> None:
+    """docs/positions.md's table of refused sides is the registry's (families whose file
+    says left_padding_unavailable or right_padding_unavailable)."""
+    from pathlib import Path
+
+    from causalab_mini.generated import FAMILIES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "positions.md").read_text()
+    table = text.split("<!-- padding-refusals -->", 1)[1].strip().split("\n\n", 1)[0]
+    rows = {
+        tuple(cell.strip() for cell in line.strip("|").split("|"))
+        for line in table.splitlines()[2:]
+    }
+    want = {
+        (name, side)
+        for name, family in FAMILIES.items()
+        for side in ("left", "right")
+        if getattr(family.rename, f"{side}_padding_unavailable", None)
+    }
+    assert rows == want
