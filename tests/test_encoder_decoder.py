@@ -132,3 +132,24 @@ def test_generate_takes_a_decoder_prefix(spec: str, tiny_model: Load) -> None:
     )
     assert torch.equal(out.sequences, reference)
     assert torch.equal(out.steps[0][nxt][:, 0].argmax(-1), out.tokens[:, 0])
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_the_sweep_check_of_ragged_pairs_holds(spec: str, tiny_model: Load) -> None:
+    from causalab_mini.tools.checks import ragged_pairs
+    from causalab_mini.tools.checks.base import Context
+
+    model = tiny_model(spec)
+    with model.trace(P.trace_inputs(model, P.encode(model, PAIRS))):
+        held = model.layers_input[1].save()
+    ctx = Context(
+        model=model,
+        inputs={},
+        addresses={("block_output", model.num_layers - 1): object()},
+        v={("block_input", 1): held},
+    )
+    found = {o.name: (o.ok, o.detail) for o in ragged_pairs.ragged_pairs(ctx)}
+    names = {ragged_pairs.DECODER, ragged_pairs.ENCODER, ragged_pairs.SWAPPED}
+    if compat.is_08():
+        names.add(ragged_pairs.WRITE)
+    assert set(found) == names and all(ok for ok, _ in found.values()), found
