@@ -266,6 +266,11 @@ class Place:
         row = self.address
         if row.streams is not None:
             return 2 if row.streams.layout == "nbsh" else 1
+        if row.before_layers and row.per_layer and row.io in (IOType.INPUT, IOType.OUTPUT):
+            # a stream of the stack run wholly before the layers (an encoder-decoder's
+            # encoder): (batch, seq, hidden), its positions counted in the encoder's
+            # input (positions.resolve(..., stack="encoder"))
+            return 1
         for spec in COMPONENTS.values():
             if spec.kind == "boundary" and spec.target == self.name:
                 if spec.sequence_axis is None:

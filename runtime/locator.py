@@ -124,6 +124,14 @@ def locate(
             if known
             else "it is a place of your own, whose sequence axis the component table does not state"
         )
+        row = model.internals[component].row if component in model.internals else None
+        if row is not None and row.before_layers:
+            why = (
+                "it is a place of the encoder, whose positions count in the encoder's input, "
+                "which a plan does not resolve; in a trace, read "
+                f"model.{component}[layer, index] with index = positions.stacked("
+                "positions.resolve(model, batch, spec, stack='encoder'), spec)"
+            )
         raise refuse(
             component,
             f"position {position!r} cannot apply: {why}. Address it without a position "

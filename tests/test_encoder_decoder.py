@@ -153,3 +153,17 @@ def test_the_sweep_check_of_ragged_pairs_holds(spec: str, tiny_model: Load) -> N
     if compat.is_08():
         names.add(ragged_pairs.WRITE)
     assert set(found) == names and all(ok for ok, _ in found.values()), found
+
+
+def test_an_encoder_place_takes_encoder_positions_in_a_trace(tiny_model: Load) -> None:
+    model = tiny_model("tiny:t5")
+    encoded = P.encode(model, PAIRS)
+    spec = {"index": -1}
+    index = P.stacked(P.resolve(model, encoded, spec, stack="encoder"), spec)
+    with model.trace(P.trace_inputs(model, encoded)):
+        whole = model.encoder_layers_output[0].save()
+        at = model.encoder_layers_output[0, index].save()
+    assert torch.equal(at, P.take(whole, index, 1))
+    # a plan does not resolve encoder positions: refused, saying how to read them
+    with pytest.raises(CausalabError, match="stack='encoder'"):
+        locate(model, "encoder_layers_output", 0, position=spec)

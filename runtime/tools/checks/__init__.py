@@ -20,6 +20,7 @@ from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import engines, recompute
 from causalab_mini.tools.checks import positions as position_checks
 from causalab_mini.tools.checks import ragged as ragged_checks
+from causalab_mini.tools.checks import ragged_pairs as ragged_pair_checks
 from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
 from causalab_mini.tools.verdicts import ComponentState
 
@@ -411,6 +412,7 @@ CHECKS: tuple[Check, ...] = (
     position_checks.interchange_identities,
     ragged_checks.ragged_batches,
     ragged_checks.ragged_interchange,
+    ragged_pair_checks.ragged_pairs,
     engines.hooks_engine,
 )
 
