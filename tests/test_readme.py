@@ -1,4 +1,4 @@
-"""Every Python block of README.md, CONTRIBUTING.md and docs/positions.md runs on its own, in a fresh
+"""Every Python block of README.md, CONTRIBUTING.md, docs/positions.md and docs/attribution.md runs on its own, in a fresh
 interpreter, and prints what the text block right after it says it prints."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ BLOCK = re.compile(
 
 def blocks() -> list[tuple[str, str, str | None]]:
     found = []
-    for name in ("README.md", "CONTRIBUTING.md", "docs/positions.md"):
+    for name in ("README.md", "CONTRIBUTING.md", "docs/positions.md", "docs/attribution.md"):
         text = (REPO / name).read_text(encoding="utf-8")
         for i, match in enumerate(BLOCK.finditer(text)):
             found.append((f"{name}#{i + 1}", match["code"], match["out"]))

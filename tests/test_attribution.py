@@ -1,0 +1,190 @@
+"""Gradients at places and attribution patching, held to independent oracles: each
+place's gradient equals torch.autograd on the plain transformers model of the same
+checkpoint through a zero added by a hook on the raw module; a row's gradient in a
+padded batch (left and right) equals the row alone; the weights get no gradient and
+keep their requires_grad; identical base and source attribute exactly 0; attribution
+patching is the first-order term of a patch scaled by a small epsilon; integrated
+gradients are complete; both engines agree; bad input is refused before anything runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from causalab_mini import locate
+from causalab_mini.attribution import AttributionRefused, attribute, gradients
+from causalab_mini.interchange import interchange
+from causalab_mini.metrics import MetricError, logit_diff, logprob
+from causalab_mini.plan import Plan
+from causalab_mini.positions import encode, trace_inputs
+from causalab_mini.tools.checks import positions as checks
+
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
+
+TEXTS = ["The cat sat on the mat", "A dog ran"]
+FAMILIES = ["tiny:llama", "tiny:gpt2", "tiny:gemma2", "tiny:gpt_neox"]
+
+
+def _module_path(model: Any, module: Any) -> str:
+    for name, candidate in model._model.named_modules():
+        if candidate is module:
+            return name
+    raise AssertionError("module not in the model")
+
+
+def _oracle(model: Any, layer: int, texts: list[str], token: int) -> Any:
+    """d logprob(token) / d (layer's output), by autograd on a fresh plain model with a
+    zero added by a forward hook on the raw decoder layer."""
+    path = _module_path(model, model.layers[layer]._module)
+    plain = AutoModelForCausalLM.from_pretrained(model._model.name_or_path, dtype=torch.float32)
+    plain.eval()
+    encoded = encode(model, texts)
+    zero: dict[str, Any] = {}
+
+    def hook(_m: Any, _args: Any, out: Any) -> Any:
+        hidden = out[0] if isinstance(out, tuple) else out
+        zero["z"] = torch.zeros_like(hidden, requires_grad=True)
+        moved = hidden + zero["z"]
+        return (moved, *out[1:]) if isinstance(out, tuple) else moved
+
+    handle = plain.get_submodule(path).register_forward_hook(hook)
+    try:
+        logits = plain(**trace_inputs(model, encoded)).logits
+    finally:
+        handle.remove()
+    last = torch.tensor([f.content[-1] for f in encoded.frames])
+    value = torch.log_softmax(logits[torch.arange(len(texts)), last], -1)[:, token].sum()
+    (grad,) = torch.autograd.grad(value, [zero["z"]])
+    return grad
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_a_place_gradient_is_autograd_on_the_plain_model(
+    spec: str, tiny_model: Callable[..., Any]
+) -> None:
+    model = tiny_model(spec)
+    before = [(p.requires_grad, p.grad) for p in model._model.parameters()]
+    address = locate(model, "block_output", 1)
+    want = _oracle(model, 1, TEXTS, 5)
+    got = {}
+    for engine in ("nnsight", "hooks"):
+        got[engine] = gradients(model, [address], TEXTS, logprob(5), engine=engine)[address]
+        torch.testing.assert_close(got[engine], want, rtol=1e-5, atol=1e-7)
+    assert torch.equal(got["nnsight"], got["hooks"])
+    assert want.abs().max() > 0
+    # nothing of the model changed: no gradient on a weight, requires_grad as it was
+    after = [(p.requires_grad, p.grad) for p in model._model.parameters()]
+    assert [r for r, _ in after] == [r for r, _ in before]
+    assert all(g is None for _, g in after)
+    assert not model._model.training
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_row_in_a_padded_batch_has_its_gradient_alone(
+    side: str, tiny_model: Callable[..., Any]
+) -> None:
+    model = tiny_model("tiny:llama")
+    tokenizer = model.tokenizer
+    kept = tokenizer.padding_side
+    tokenizer.padding_side = side
+    try:
+        at = locate(model, "block_output", 0, position={"index": -1})
+        whole = locate(model, "mlp_input", 1, position={"index": 0})
+        batch = gradients(model, [at, whole], TEXTS, logprob(7))
+        for row, text in enumerate(TEXTS):
+            alone = gradients(model, [at, whole], [text], logprob(7))
+            for address in (at, whole):
+                torch.testing.assert_close(
+                    batch[address][row], alone[address][0], rtol=1e-5, atol=1e-7
+                )
+    finally:
+        tokenizer.padding_side = kept
+
+
+def test_heads_and_positions_are_cut_as_reads_are(tiny_model: Callable[..., Any]) -> None:
+    model = tiny_model("tiny:llama")
+    whole = locate(model, "attention_z", 1)
+    head = locate(model, "attention_z", 1, head=1)
+    grads = gradients(model, [whole, head], TEXTS, logprob(3))
+    size = whole.head_dim
+    assert grads[head].shape[-1] == size
+    torch.testing.assert_close(grads[head], grads[whole][..., size : 2 * size])
+
+
+def _pairs(model: Any) -> tuple[list[str], list[str]]:
+    pairs = checks.equal_length_pairs(model, list(checks.SENTENCES[:10]))
+    assert pairs is not None
+    return pairs[0][:2], pairs[1][:2]
+
+
+def test_identical_base_and_source_attribute_exactly_zero(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:gpt2")
+    address = locate(model, "block_output", 0)
+    for method in ("atp", "ig"):
+        result = attribute(
+            model, [address], TEXTS[:1], TEXTS[:1], logprob(5), method=method, steps=4
+        )
+        assert torch.equal(result.scores[address], torch.zeros_like(result.scores[address]))
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_attribution_patching_is_the_first_order_term(
+    spec: str, tiny_model: Callable[..., Any]
+) -> None:
+    model = tiny_model(spec)
+    bases, sources = _pairs(model)
+    base, source = bases[:1], sources[:1]
+    address = locate(model, "block_output", 1)
+    metric = logprob(5)
+    atp = attribute(model, [address], base, source, metric)
+    x_base = Plan.of([address]).run(model, base)[address]
+    x_source = Plan.of([address]).run(model, source)[address]
+    logits = locate(model, "logits")
+    last = encode(model, base).frames[0].content[-1]
+    eps = 1e-3
+    moved = Plan.of([logits], [(address, x_base + eps * (x_source - x_base))]).run(model, base)
+    clean = Plan.of([logits]).run(model, base)
+    finite = (metric(moved[logits][:, last], model) - metric(clean[logits][:, last], model)) / eps
+    estimate = atp.scores[address].sum()
+    torch.testing.assert_close(estimate, finite[0].detach(), rtol=2e-2, atol=1e-4)
+
+
+def test_integrated_gradients_are_complete(tiny_model: Callable[..., Any]) -> None:
+    model = tiny_model("tiny:llama")
+    bases, sources = _pairs(model)
+    address = locate(model, "block_output", 1)
+    metric = logprob(5)
+    by_engine = {}
+    for engine in ("nnsight", "hooks"):
+        result = attribute(
+            model, [address], bases, sources, metric, method="ig", steps=32, engine=engine
+        )
+        patched = interchange(
+            model, [locate(model, "block_output", 1, position="all")], bases, sources
+        )
+        exact = metric(patched.logits, model) - result.metric_base
+        total = result.scores[address].sum(-1)
+        torch.testing.assert_close(total, exact.detach(), rtol=1e-2, atol=1e-4)
+        by_engine[engine] = result.scores[address]
+    assert torch.equal(by_engine["nnsight"], by_engine["hooks"])
+
+
+def test_bad_input_is_refused_before_anything_runs(tiny_model: Callable[..., Any]) -> None:
+    model = tiny_model("tiny:llama")
+    address = locate(model, "block_output", 0)
+    with pytest.raises(MetricError, match="callable"):
+        gradients(model, [address], TEXTS, "logprob")
+    with pytest.raises(AttributionRefused, match="read-only"):
+        gradients(model, [locate(model, "input_ids")], TEXTS, logprob(1))
+    with pytest.raises(AttributionRefused, match="'atp' or 'ig'"):
+        attribute(model, [address], TEXTS, TEXTS, logprob(1), method="shap")
+    with pytest.raises(AttributionRefused, match="give sources"):
+        attribute(model, [address], TEXTS, None, logprob(1), method="ig")
+    with pytest.raises(MetricError, match="not one"):
+        gradients(model, [address], TEXTS, logit_diff("the cat sat", " dog"))
