@@ -37,6 +37,16 @@ def _alone(model: Any, pair: tuple[str, str], plan: Any) -> dict[Any, Any]:
 
 
 def ragged_pairs(ctx: Any) -> Iterator[Outcome]:
+    """The checks of this module; one that raises is a failed outcome naming the error
+    (the family's other components keep their certificates), never a crashed sweep."""
+    try:
+        yield from _ragged_pairs(ctx)
+    except Exception as exc:
+        detail = f"could not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        yield Outcome.of(("block_output",), DECODER, False, detail)
+
+
+def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode, resolve
