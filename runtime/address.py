@@ -442,6 +442,10 @@ class RenameConfig:
     # identities do not hold there)
     attends_ahead: str | None = None
     interchange_unavailable: str | None = None
+    # why a row padded on that side is not computed as the row alone (the sweep's
+    # ragged-batch check measures it): the runtime pads on the other side, or refuses
+    left_padding_unavailable: str | None = None
+    right_padding_unavailable: str | None = None
     # where audio enters the stream (an audio-language wrapper): the config attribute(s)
     # holding the audio placeholder token's id, the first set one the model's
     addresses: Mapping[str, Address] = field(default_factory=dict)

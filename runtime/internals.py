@@ -228,6 +228,18 @@ class Place:
     def __call__(self, layer: int | None = None, index: Any = None) -> Any:
         return self.get(layer) if index is None else self.get_at(layer, index)
 
+    def save(self) -> Any:
+        """``model.<place>.save()``: a whole-model place's tensor, saved (what
+        ``model.<place>().save()`` gives, as ``model.logits.save()`` does); refused on a
+        place per layer, which names no tensor until a layer is given. Without this
+        nnsight's ``save`` of any object would hand back the place itself."""
+        if self.per_layer:
+            raise PlaceUnavailable(
+                f"model.{self.name}.save(): {self.name} is a place per layer, which names no "
+                f"tensor until a layer is given: write model.{self.name}[layer].save()"
+            )
+        return self.get(None).save()
+
     def _key(self, key: Any) -> tuple[Any, Any]:
         if not isinstance(key, tuple):
             return key, None
@@ -257,6 +269,11 @@ class Place:
         row = self.address
         if row.streams is not None:
             return 2 if row.streams.layout == "nbsh" else 1
+        if row.before_layers and row.per_layer and row.io in (IOType.INPUT, IOType.OUTPUT):
+            # a stream of the stack run wholly before the layers (an encoder-decoder's
+            # encoder): (batch, seq, hidden), its positions counted in the encoder's
+            # input (positions.resolve(..., stack="encoder"))
+            return 1
         for spec in COMPONENTS.values():
             if spec.kind == "boundary" and spec.target == self.name:
                 if spec.sequence_axis is None:

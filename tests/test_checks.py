@@ -76,6 +76,10 @@ def test_every_check_has_a_unit_test() -> None:
     writes.add("hooks_engine")  # tests/test_hooks_engine.py, with a tampered engine
     # below: the mechanisms' and featurizers' identities, with a wrong edit or swap
     writes |= {"mechanism_identities", "featurizer_interchange"}
+    # tests/test_ragged.py (a family's padding fact removed: the check fails) and
+    # tests/test_encoder_decoder.py
+    writes |= {"ragged_batches", "ragged_interchange", "ragged_pairs"}
+    writes.add("gradients")  # below: an engine whose gradient is doubled fails it
     assert {check.__name__ for check in k.CHECKS} == set(TAMPER) | writes
 
 
@@ -148,3 +152,20 @@ def test_the_intervention_checks_hold_and_notice_a_wrong_edit(
     assert any(not o.ok for o in k.interventions.mechanism_identities(llama))
     monkeypatch.setattr(Identity, "swap", lambda self, base, source: source + 1e-6)
     assert any(not o.ok for o in k.interventions.featurizer_interchange(llama))
+
+
+def test_the_gradient_check_holds_and_fails_on_a_wrong_gradient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from causalab_mini import attribution, locate
+    from causalab_mini.tools.checks import gradients
+
+    model = StandardizedTransformer("tiny:llama")
+    addresses = {("block_output", i): locate(model, "block_output", i) for i in range(2)}
+    ctx = k.Context(model, c.sample_inputs(model), addresses, {})
+    clean = list(gradients.gradients(ctx))
+    assert clean and all(o.ok for o in clean), clean
+    cut = attribution._cut
+    monkeypatch.setattr(attribution, "_cut", lambda a, whole, index: 2 * cut(a, whole, index))
+    tampered = [o for o in gradients.gradients(ctx) if o.name == gradients.ORACLE]
+    assert tampered and not any(o.ok for o in tampered)

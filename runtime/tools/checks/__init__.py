@@ -19,6 +19,8 @@ from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import engines, gradients, interventions, recompute
 from causalab_mini.tools.checks import positions as position_checks
+from causalab_mini.tools.checks import ragged as ragged_checks
+from causalab_mini.tools.checks import ragged_pairs as ragged_pair_checks
 from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
 from causalab_mini.tools.verdicts import ComponentState
 
@@ -408,6 +410,9 @@ CHECKS: tuple[Check, ...] = (
     attention_write_shifts_mid,
     position_checks.position_reads_and_writes,
     position_checks.interchange_identities,
+    ragged_checks.ragged_batches,
+    ragged_checks.ragged_interchange,
+    ragged_pair_checks.ragged_pairs,
     engines.hooks_engine,
     interventions.mechanism_identities,
     interventions.featurizer_interchange,
