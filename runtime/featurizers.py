@@ -341,15 +341,22 @@ class LinearBasis(Featurizer):
         out = f @ self.back().T
         return out if mean is None else out + mean
 
+    # writes and swaps are computed in float64 (the map's rounding would otherwise be
+    # float32's: a full-rank swap then differs from the plain one by ~d ulp, which deep
+    # or scaled models amplify past 1e-5 in the logits) and cast back to the place's dtype
+
     def write(self, x: torch.Tensor, f_new: torch.Tensor) -> torch.Tensor:
-        xs = x.to(self.dtype)
-        return (xs + (f_new.to(self.dtype) - self.features(xs)) @ self.back().T).to(x.dtype)
+        xs, wide = x.double(), torch.float64
+        mean = self.offset()
+        f_old = (xs if mean is None else xs - mean.to(wide)) @ self.matrix_().to(wide).T
+        return (xs + (f_new.to(wide) - f_old) @ self.back().to(wide).T).to(x.dtype)
 
     def swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        b, s = base.to(self.dtype), source.to(self.dtype)
-        delta = (s - b) @ self.matrix_().T
+        b, s = base.double(), source.double()
+        delta = (s - b) @ self.matrix_().double().T
         m = self.mask()
-        return (b + (delta if m is None else delta * m) @ self.back().T).to(base.dtype)
+        moved = delta if m is None else delta * m.double()
+        return (b + moved @ self.back().double().T).to(base.dtype)
 
 
 def orthonormal_rows(matrix: torch.Tensor, where: str) -> None:
@@ -444,7 +451,7 @@ class Subspace(LinearBasis):
         # global generator: under this featurizer's seed, so that a seed is one fit
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            linear = torch.nn.Linear(width, self.n, bias=False)
+            linear = torch.nn.Linear(width, self.n, bias=False, dtype=start.dtype)
             mapping = self.PARAMETRIZATIONS[self.parametrization]
             self.map = orthogonal(linear, orthogonal_map=mapping)
             with torch.no_grad():
@@ -775,10 +782,10 @@ class Gate(Featurizer):
 
     def swap(self, base: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
         inner = self.inner
-        if isinstance(inner, LinearBasis):
-            b, s = base.to(inner.dtype), source.to(inner.dtype)
-            delta = (s - b) @ inner.matrix_().T
-            return (b + (delta * self.mask()) @ inner.back().T).to(base.dtype)
+        if isinstance(inner, LinearBasis):  # in float64, as LinearBasis.swap
+            b, s = base.double(), source.double()
+            delta = (s - b) @ inner.matrix_().double().T
+            return (b + (delta * self.mask().double()) @ inner.back().double().T).to(base.dtype)
         return super().swap(base, source)
 
     def config(self) -> dict[str, Any]:

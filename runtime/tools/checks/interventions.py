@@ -52,7 +52,7 @@ def mechanisms_of(clean: Any) -> list[Any]:
         m.Lerp(v, 0.25),
         m.Zero(),
         m.Mean(_vector(width, 3, clean)),
-        m.Clamp(-0.05, 0.05),
+        m.Clamp(-0.1 * float(clean.abs().max()), 0.1 * float(clean.abs().max())),
         m.ProjectOut(v),
         m.Renormalize(3 * v),
     ]
@@ -115,7 +115,7 @@ def mechanism_identities(ctx: Any) -> Iterator[Outcome]:
             outs.append(out)
             if not (
                 _equal(out[before], clean[before])
-                and _equal(out[at], mechanism.apply(x))
+                and _equal(*(_real(ctx, t, mechanism) for t in (out[at], mechanism.apply(x))))
                 and not bool((out[logits] == clean[logits]).all())
             ):
                 bad.append(type(mechanism).__name__)
@@ -127,6 +127,21 @@ def mechanism_identities(ctx: Any) -> Iterator[Outcome]:
             ("block_output",), ENGINES, not differ, f"differ at {differ}" if differ else ""
         )
     yield from _splice(ctx, at, logits)
+
+
+def _real(ctx: Any, value: Any, mechanism: Any = None) -> Any:
+    """``value``'s real tokens (the attention mask's), where it is (batch, seq, ...):
+    padding is no token of the text, and a forward may change it in place after the
+    place (XLM zeroes its block output there); a ``Resample`` takes its rows' tokens
+    from other rows, so only the tokens real in both rows."""
+    mask = ctx.inputs.get("attention_mask")
+    if mask is None or tuple(mask.shape) != tuple(value.shape[:2]):
+        return value
+    real = mask.bool()
+    rows = getattr(mechanism, "rows", None)
+    if rows is not None and getattr(mechanism, "reference", None) is None:
+        real = real & real[list(rows)]
+    return value[real]
 
 
 def _same(a: dict[Any, Any], b: dict[Any, Any]) -> bool:
@@ -217,6 +232,30 @@ def _dtype(model: Any) -> Any:
     return model_dtype(model) or torch.float32
 
 
+def _orthogonal(width: int) -> Any:
+    """A random orthogonal matrix in float64: a float32 one is orthogonal to ~1e-7
+    only, which a deep or scaled model amplifies to ~2e-5 in the logits (LongCat-Flash);
+    the swaps compute in float64 (``LinearBasis.swap``)."""
+    import torch
+
+    g = torch.Generator().manual_seed(3)
+    return torch.linalg.qr(torch.randn(width, width, generator=g, dtype=torch.float64))[0].T
+
+
+def _unpatched(model: Any, bases: list[str], sources: list[str], engine: str) -> Any:
+    """The bases' last-token logits in the batch an interchange of them with
+    ``sources`` runs (bases then sources, tokenized together), nothing written: a
+    mixture of experts groups a batch's tokens by expert, so only the same batch is
+    the same up to the last bit."""
+    from causalab_mini.components import locate
+    from causalab_mini.plan import Plan
+    from causalab_mini.positions import encode
+
+    last = locate(model, "logits", position={"index": -1})
+    out = Plan.of([last]).run(model, encode(model, [*bases, *sources]), engine=engine)
+    return out[last][: len(bases), 0]
+
+
 def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.featurizers import Identity, Subspace
@@ -243,7 +282,6 @@ def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
     width = plain_patch.width
     if width is None:
         return
-    dtype = _dtype(model)
     engines = _engines(model, list(SENTENCES[:2]), [plain_patch])
     results: dict[str, Any] = {}
     for engine in engines:
@@ -251,14 +289,14 @@ def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
         same = interchange(model, [patch(Identity())], bases, sources, engine=engine).logits
         ok = _equal(same, plain)
         yield Outcome(("block_input",), f"{IDENTITY_SWAP} ({engine})", ok)
-        full = Subspace(width, seed=3).to(dtype).requires_grad_(False)
+        full = Subspace(width, matrix=_orthogonal(width)).requires_grad_(False)
         out = interchange(model, [patch(full)], bases, sources, engine=engine).logits
         error = _rel(out, plain)
         yield Outcome(
             ("block_input",), f"{FULL_RANK} ({engine})", error < 1e-5, f"relative {error:.3g}"
         )
         results[engine] = out
-        clean = interchange(model, [plain_patch], bases, bases, engine=engine).logits
+        clean = _unpatched(model, bases, sources, engine)
         none = interchange(model, [patch(Subspace(0))], bases, sources, engine=engine).logits
         yield Outcome(("block_input",), f"{NOTHING} ({engine})", _equal(none, clean))
     if len(results) == 2:
