@@ -82,6 +82,8 @@ def _blank(where: str) -> dict[str, Any]:
         "views": (),
         "copy": False,
         "scale": None,
+        # a computed place (heads_through): (the projection's Envoy, heads)
+        "heads_through": None,
         "in_place": False,
         "snapshot": False,
         "edit_copy": False,
@@ -145,6 +147,7 @@ def row_step(
         copy=copied(row),
         snapshot=bool(row.snapshot),
         scale=internals.scale(row.scale) if row.scale is not None else None,
+        heads_through=_heads_through(internals, name, row, envoy, layer),
         in_place=row.write == "in_place",
         edit_copy=copied_for_edits(row, attr),
         first_input_via=_first_input_via(row, envoy, side),
@@ -154,6 +157,20 @@ def row_step(
         module_path=f"layers.{layer}.{row.module}" if row.per_layer else row.module,
     )
     return step
+
+
+def _heads_through(
+    internals: Internals, name: str, row: Address, envoy: Any, layer: int | None
+) -> tuple[Any, int] | None:
+    """Where the row is computed head by head through its module's weight
+    (``heads_through``): (the module's Envoy, whose weight is read when the place is:
+    a step outlives dispatch, which replaces the meta weights; the layer's attention
+    heads)."""
+    if not row.heads_through:
+        return None
+    from .geometry import num_heads
+
+    return envoy, num_heads(internals.model, layer)
 
 
 def _first_input_via(row: Address, envoy: Any, side: str) -> str | None:
@@ -184,6 +201,12 @@ def _boundary_step(
         raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
     if not remote:
         return step
+    if row.heads_through:
+        raise RemoteRefused(
+            f"{address.component} is computed from the output projection's weight, which a "
+            "plan sent as plain code does not carry: read attention_premix remotely and "
+            "compute the heads' terms from the weight locally"
+        )
     if row.merged_heads:
         raise _heads_merged(address)
     if row.flat_tokens:

@@ -300,6 +300,15 @@ def _meant(step: dict[str, Any], raw: Any, env: Any) -> Any:
         value = value.clone()
     if step["scale"] is not None:
         value = value * step["scale"]
+    if step["heads_through"] is not None:  # a computed place: each head's term
+        from .heads import projection_weight, through_heads
+
+        envoy, heads = step["heads_through"]
+        weight, why = projection_weight(getattr(envoy, "_module", envoy), step["where"])
+        if weight is not None:
+            value, why = through_heads(value, weight, heads, step["where"])
+        if why is not None:
+            raise _refused(env, "component", step, why)
     return value
 
 
@@ -310,7 +319,7 @@ def _whole(model: Any, step: dict[str, Any], env: Any = None, edit: bool = False
     place's write (``causalab_mini.edits``)."""
     target, _, raw = _raw(model, step, env)
     value = _meant(step, raw, env)
-    if edit and env is not None and step["take"] is None:
+    if edit and env is not None and step["take"] is None and step["heads_through"] is None:
         value = env.handed(step, value, target)
     return value
 

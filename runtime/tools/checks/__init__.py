@@ -315,6 +315,14 @@ def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
         yield from recompute._mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
+def mlp_projections(ctx: Context) -> Iterator[Outcome]:
+    """act(mlp_gate) * mlp_up == mlp_neuron_output on a gated MLP, act(mlp_pre) ==
+    mlp_activation on a non-gated one, and each half its linear of mlp_input
+    (checks.recompute)."""
+    for layer in range(ctx.n):
+        yield from recompute._mlp_projection_checks(ctx.model, ctx.v, layer)
+
+
 # ---------------------------------------------------------------- writes
 
 
@@ -398,6 +406,7 @@ CHECKS: tuple[Check, ...] = (
     attention_input_norm,
     interiors,
     mlp_interiors,
+    mlp_projections,
     final_norm,
     model_outputs,
     unembedding,
