@@ -57,7 +57,7 @@ __all__ = [
 ]
 
 
-class EmitError(CausalabError):
+class EmitError(CausalabError):  # type: ignore[misc]  # Any to mypy
     """A value the emitter cannot write as data."""
 
 

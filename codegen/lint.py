@@ -140,7 +140,7 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
     )  # tiny.yaml
     if head in tiny_rows and len(path) > 1:
         return str(path[1])
-    if head in ("sizes", "generic", "keep_off", "vision_extra", "tokenizer_default"):  # tiny.yaml
+    if head in ("sizes", "generic", "keep_off", "vision_extra", "tokenizer_default", "moved"):
         return str(head)
     if head in ("family", "match", "rename", "doc"):
         family = data.get("family")

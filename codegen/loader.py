@@ -51,7 +51,7 @@ class Loaded:
         return self.values.get((), (1, 1))
 
 
-class _Invalid(CausalabError):
+class _Invalid(CausalabError):  # type: ignore[misc]  # Any to mypy
     def __init__(self, node: Node, code: str, message: str) -> None:
         super().__init__(message)
         self.node = node

@@ -111,6 +111,8 @@ class TinyTables:
     tokenizers: tuple[tuple[str, tuple[str, str | None]], ...] = ()
     # chat template name -> its Jinja text
     chat_templates: tuple[tuple[str, str], ...] = ()
+    # the moved build: rules, exclude, norms (plain data, frozen)
+    moved: Any = None
 
 
 # What each kind of tiny tokenizer adds around a single sequence (registry/tiny.yaml
@@ -172,7 +174,16 @@ def tiny(raw: dict[str, Any]) -> TinyTables:
             for t, row in raw.get("tokenizers", {}).items()
         ),
         chat_templates=tuple(raw.get("chat_templates", {}).items()),
+        moved=frozen(_moved_raw(raw.get("moved"))),
     )
+
+
+def _moved_raw(raw: dict[str, Any] | None) -> dict[str, Any]:
+    """The moved build's table with each rule's reason on one line (nothing: empty)."""
+    if not raw:
+        return {}
+    rules = [{**r, "why": " ".join(str(r["why"]).split())} for r in raw["rules"]]
+    return {**raw, "rules": rules}
 
 
 @dataclass
@@ -345,7 +356,7 @@ def interior_fields(raw: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
         elif key == "take":
             out["arg"] = value.get("arg")
             out["returns"] = value.get("return")
-        elif key == "note":
+        elif key in ("note", "unavailable"):
             out[key] = " ".join(value.split())
         else:
             out[key] = value

@@ -377,6 +377,9 @@ class RenameConfig:
     count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
     ``hidden_size_config_key`` the one holding the stream's width where they miss it
     (Kosmos-2's embed_dim);
+    ``head_size_config_key`` the attribute under which the family's attention module
+    and config state the head size where it is not head_dim (CPM-Ant's dim_head,
+    Reformer's attention_head_size): the head geometry reads it before hidden / heads;
     ``auto_class`` names the transformers auto class that loads the checkpoint where
     it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
     model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
@@ -419,6 +422,7 @@ class RenameConfig:
     lm_head_name: Names | None = None
     attn_head_config_key: str | None = None
     hidden_size_config_key: str | None = None
+    head_size_config_key: str | None = None
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
@@ -533,7 +537,10 @@ class Interior:
     ``note`` says what the tensor holds on a family where that differs from the
     interior's doc (a query scaled before the call, ALiBi in the scores);
     ``merged_heads`` that the call holds it with batch and heads merged into one axis,
-    (batch*heads, ...), which a read views apart (XGLM's torch.bmm operands)."""
+    (batch*heads, ...), which a read views apart (XGLM's torch.bmm operands);
+    ``unavailable`` why a family has no such tensor (``{place}`` is the component),
+    where its other interiors are offered (a softmax over the scores and attention
+    sinks together: no tensor is the scores as the softmax reads them)."""
 
     name: str
     within: str
@@ -548,6 +555,7 @@ class Interior:
     merged_heads: bool = False
     note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
+    unavailable: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

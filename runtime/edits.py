@@ -66,7 +66,7 @@ class EditRefused(CausalabError, RuntimeError):
     write instead."""
 
 
-def _runner() -> Any:
+def edit_runner() -> Any:
     """The trace body running now (its nnsight mediator, ``compat.running_body``): None
     in the model's forward and outside any trace, on every nnsight release."""
     return compat.running_body()
@@ -100,7 +100,7 @@ class Edit:
         self.write = write  # the place's write, given the whole edited copy
         self.root = root  # the copy the read handed out, as a plain tensor
         self.storage = _storage(root)
-        runner = _runner()
+        runner = edit_runner()
         # weak: a value saved past its trace does not keep the trace alive
         self.runner: Any = weakref.ref(runner) if runner is not None else None
         self.location = location
@@ -115,11 +115,11 @@ class Edit:
     def live(self) -> bool:
         """Whether an edit now is made inside a trace body (any), where it must reach
         the model or raise; False in the model's forward or outside a trace."""
-        return _runner() is not None
+        return edit_runner() is not None
 
     def refusal(self) -> str | None:
         """Why an edit now cannot be the write of the place (None where it can)."""
-        now = _runner()
+        now = edit_runner()
         fix = f"write model.{self.where} = x (x edited, at the place)"
         if now is not self._reader():
             return (
@@ -202,7 +202,7 @@ class EditableRead(torch.Tensor):
             return result
         with torch._C.DisableTorchFunctionSubclass():
             result = func(*args, **kwargs)
-        if _runner() is None:
+        if edit_runner() is None:
             return result  # after the trace, or in the model's forward: plain tensors
         return _keep_views(result, args)
 
@@ -274,7 +274,7 @@ def editable(
     first where ``copy``); anything else, or anything outside a trace body, as it is.
     ``ran_past``: whether the trace has since passed the place, asked where nnsight
     does not count a location's visits (0.6/0.7)."""
-    if not isinstance(value, torch.Tensor) or _runner() is None:
+    if not isinstance(value, torch.Tensor) or edit_runner() is None:
         return value
     value = plain(value)
     if copy:

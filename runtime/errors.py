@@ -28,6 +28,10 @@ class RemoteIncomplete(CausalabError, RuntimeError):
     """A remote run that came back without every value it read."""
 
 
+class HooksRefused(CausalabError, RuntimeError):
+    """A step the hooks engine does not run, with the reason and the engine that does."""
+
+
 class PlaceUnavailable(CausalabError, LookupError):
     """A place that does not exist on this model (or this layer), with the reason."""
 
@@ -52,6 +56,7 @@ def check_value(where: str, value: Any, current: Any) -> None:
 
 __all__ = [
     "CausalabError",
+    "HooksRefused",
     "PlaceUnavailable",
     "RemoteIncomplete",
     "RemoteMismatch",

@@ -21,21 +21,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import compat, plain
-from .errors import CausalabError, PlaceUnavailable, RemoteRefused, WriteRefused
-from .geometry import ComponentError
-from .lower import _prepare_sources, lower
-from .ops import OperationNotFound
+from . import compat
+from .engines import NnsightEngine
+from .errors import CausalabError, RemoteRefused
+from .lower import Target, lower
 from .positions import (
     Encoded,
     Position,
     PositionError,
-    _spec_of,
-    _text,
     encode,
     parse,
     resolve,
+    spec_of,
     stacked,
+    text_of,
 )
 
 LAST = (Position(index=-1),)  # the one position a step after the first has
@@ -63,9 +62,9 @@ def _refuse_positions(plan: Any) -> None:
     for s in plan.steps:
         spec = s.address.position
         if spec and parse(spec) != LAST:
-            spec = _spec_of(parse(spec))
+            spec = spec_of(parse(spec))
             raise PositionError(
-                f"{s.address} in generate: {_text(spec)} names tokens of the prompt, and at "
+                f"{s.address} in generate: {text_of(spec)} names tokens of the prompt, and at "
                 "step 1 and after each step's forward runs one new token per row (the token "
                 'being generated), which only {"index": -1} names: read it at step 0, on '
                 "the prompt (Plan.of(...).run(model, texts) runs that forward), or address "
@@ -138,43 +137,6 @@ def _keeps_logits(model: Any) -> bool:
     return bool(supports()) if callable(supports) else False
 
 
-def _run_steps(
-    model: Any,
-    batch: dict[str, Any],
-    programs: tuple[Any, Any],
-    last: Any,
-    specs: set[Any],
-    max_new_tokens: int,
-    generate_kwargs: dict[str, Any],
-) -> tuple[list[list[Any]], list[Any]]:
-    """Run step 0's program and then the later steps' in ``model.generate``; per step
-    the saved reads, and the generated sequences (our refusals as we wrote them)."""
-    program0, program = programs
-    saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
-    result: list[Any] = []
-    try:
-        with model.generate(batch, max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
-            for step in tracer.iter[:max_new_tokens]:
-                if step and specs:
-                    last.fill_(_width(model, step) - 1)  # the token being generated
-                steps = program if step else program0
-                saved.append([v.save() for v in plain.run(model, steps, None, model.internals)])
-            result.append(tracer.result.save())
-    except (
-        OperationNotFound,
-        PlaceUnavailable,
-        WriteRefused,
-        ComponentError,
-        GenerationRefused,
-        PositionError,
-    ) as exc:
-        original = getattr(exc, "original", None)
-        if isinstance(original, Exception) and original is not exc:
-            raise original from None
-        raise
-    return saved, result
-
-
 def generate(
     plan: Any,
     model: Any,
@@ -199,9 +161,8 @@ def generate(
     specs = {s.address.position for s in plan.steps if s.address.position}
     first = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}
     last = torch.zeros((ids.shape[0], 1), dtype=torch.long)  # filled at each step
-    _prepare_sources(model, [s.address for s in plan.steps])
-    program0, addresses = lower(plan, model, False, first, remote=False)
-    program, _ = lower(plan, model, False, dict.fromkeys(specs, last), remote=False)
+    program0 = lower(plan, model, False, first, target=Target.TRACE)
+    program = lower(plan, model, False, dict.fromkeys(specs, last), target=Target.TRACE)
     batch = {"input_ids": ids, "attention_mask": encoded.inputs["attention_mask"]}
     # an EOS does not end the run early (the steps and tokens are max_new_tokens long)
     generate_kwargs.setdefault("min_new_tokens", max_new_tokens)
@@ -209,20 +170,21 @@ def generate(
         # generate computes step 0's logits at the last column only (logits_to_keep=1);
         # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
         generate_kwargs.setdefault("logits_to_keep", 0)
-    saved, result = _run_steps(
-        model, batch, (program0, program), last, specs, max_new_tokens, generate_kwargs
+
+    def at_step(step: int) -> None:
+        if specs:
+            last.fill_(_width(model, step) - 1)  # the token being generated
+
+    saved, sequences = NnsightEngine().generate(
+        model, (program0, program), batch, at_step, max_new_tokens, generate_kwargs
     )
-    if not result or len(saved) != max_new_tokens:
+    if sequences is None or len(saved) != max_new_tokens:
         raise GenerationRefused(
             f"generate ran {len(saved)} of max_new_tokens={max_new_tokens} steps (it "
             "stopped early, min_new_tokens being lower): leave min_new_tokens unset, or "
             "ask for as many new tokens as it runs"
         )
-    sequences = getattr(result[0], "value", result[0])
-    steps_out = tuple(
-        {a: getattr(t, "value", t) for a, t in zip(addresses, values, strict=True)}
-        for values in saved
-    )
+    steps_out = tuple(dict(zip(program0.reads, values, strict=True)) for values in saved)
     return Generation(steps=steps_out, tokens=sequences[:, ids.shape[1] :], sequences=sequences)
 
 

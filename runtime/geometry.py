@@ -107,6 +107,15 @@ _GENERIC_KEYS = ("head_dim", "head_size")
 _KIND_NAMES = {"qk": "q/k", "v": "value"}
 
 
+def _generic_keys(model: Any) -> tuple[str, ...]:
+    """The generic head-size keys, with the one the model's families state first
+    (``rename: head_size_config_key``: CPM-Ant's dim_head, Reformer's
+    attention_head_size)."""
+    rename = getattr(getattr(model, "resolution", None), "rename", None)
+    own = getattr(rename, "head_size_config_key", None)
+    return (own, *_GENERIC_KEYS) if isinstance(own, str) else _GENERIC_KEYS
+
+
 def _stated(source: Any, kind: str) -> int | None:
     """The head size ``source`` (an attention module or a config) states for ``kind``
     under its own name (a q/k size also as qk_nope_head_dim + qk_rope_head_dim)."""
@@ -145,7 +154,7 @@ def head_size(model: Any, layer: int | None, kind: str) -> int:
         own = _stated(source, kind)
         if own is not None:
             return own
-        generic = _measured(source, *_GENERIC_KEYS)
+        generic = _measured(source, *_generic_keys(model))
         if generic is None:
             continue
         for other, stated in sources:

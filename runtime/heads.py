@@ -53,11 +53,10 @@ def through_heads(value: Any, weight: Any, heads: int, where: str) -> tuple[Any,
             f"{where}: the projection reads {width} features and its weight is "
             f"{tuple(weight.shape)}, which is not {heads} heads of one size"
         )
-    per_head = value.unflatten(-1, (heads, width // heads))
-    columns = weight.to(value.dtype).unflatten(1, (heads, width // heads))
-    import torch
-
-    return torch.einsum("...hd,ohd->...ho", per_head, columns).flatten(-2), None
+    per_head = value.unflatten(-1, (heads, width // heads)).unsqueeze(-2)  # (..., h, 1, d)
+    columns = weight.to(value.dtype).unflatten(1, (heads, width // heads))  # (out, h, d)
+    terms = per_head @ columns.permute(1, 2, 0)  # (..., h, 1, out)
+    return terms.squeeze(-2).flatten(-2), None
 
 
 __all__ = ["projection_weight", "through_heads"]

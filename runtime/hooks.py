@@ -29,12 +29,14 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import compat, plain
-from .errors import CausalabError, RemoteRefused
+from .errors import HooksRefused
 
-ENGINES = ("nnsight", "hooks")
+if TYPE_CHECKING:
+    from .plain import Step
+
 INTERFACE = "attention_interface("
 GET_INTERFACE = "ALL_ATTENTION_FUNCTIONS.get_interface("
 DROPOUT = "nn.functional.dropout("
@@ -43,24 +45,8 @@ USE_NNSIGHT = "use engine='nnsight' (the default), which runs it"
 _UNSET = object()
 
 
-class HooksRefused(CausalabError, RuntimeError):
-    """A step the hooks engine does not run, with the reason and the engine that does."""
-
-
 def refused(where: str, reason: str) -> HooksRefused:
     return HooksRefused(f"engine='hooks' does not run {where}: {reason}; {USE_NNSIGHT}")
-
-
-def check_engine(engine: Any, remote: bool) -> None:
-    """Refuse an engine this library has not, and the hooks engine remotely."""
-    if engine not in ENGINES:
-        raise ValueError(f"engine is one of {', '.join(map(repr, ENGINES))}, not {engine!r}")
-    if engine == "hooks" and remote:
-        raise RemoteRefused(
-            "engine='hooks' runs the model here, with torch hooks, and a remote run is "
-            "nnsight's (the server runs the plan in an nnsight trace): drop engine='hooks' "
-            "to run remotely, or drop remote=/backend= to run here with hooks"
-        )
 
 
 # ---------------------------------------------------------------------- a call
@@ -115,19 +101,100 @@ class _Call:
 # ---------------------------------------------------------------------- steps
 
 
-def _apply(step: dict[str, Any], call: _Call, env: Any) -> Any:
-    """Run one step at ``call`` with ``causalab_mini.plain``'s read and write (``env``:
-    the model's internals, so a refusal is the nnsight engine's own); a read returns
-    what it read."""
-    at = {**step, "envoy": call, "ops": ()}
-    if step["write"]:
-        edit = step.get("edit")
+class _Env:
+    """The model's internals as this engine's steps use them: the client's refusals,
+    operations and views, and no trace body: a boundary is the call's own attribute,
+    and a read is handed out as it is (an nnsight trace body hands out reads whose
+    in-place edits are the place's write; here every read is handed out after the
+    forward, where such an edit reaches nothing, as it does after a trace)."""
+
+    __slots__ = ("internals", "write_error")
+
+    def __init__(self, internals: Any) -> None:
+        self.internals = internals
+        self.write_error: type[Exception] = internals.write_error
+
+    def refusal(self, kind: str, step: Step, reason: str) -> Exception:
+        return self.internals.refusal(kind, step, reason)  # type: ignore[no-any-return]
+
+    def operation(self, step: Step, target: Any) -> Any:
+        return self.internals.operation(step, target)
+
+    def flat_view(self, step: Step, raw: Any) -> Any:
+        return self.internals.flat_view(step, raw)
+
+    def fetch(self, step: Step, target: Any) -> Any:
+        return getattr(target, step["attr"])
+
+    def handed(self, step: Step, value: Any, target: Any) -> Any:
+        return value
+
+
+def _at_call(step: Step) -> Step:
+    """A step as it runs at a call (the call stands in for its Envoy, set when the
+    hook fires): made once per run, before the forward."""
+    at = step.copy()
+    at["ops"] = ()
+    if step["write"] and step.get("edit") is not None:
+        at["held"] = False
+    return at
+
+
+# a read whose place is the call's own input or output as it is (a select of it,
+# copied where the row copies): made into a function of the call before the forward
+_PLAIN_READ = {
+    "take": None,
+    "unflatten": False,
+    "unmerge": None,
+    "views": (),
+    "scale": None,
+    "heads_through": None,
+    "held": False,
+    "index": None,
+    "head": None,
+    "stream": None,
+    "then": None,
+    "edit": None,
+}
+
+
+def _fast_read(at: Step) -> Callable[[_Call], Any] | None:
+    """What ``plain.read`` does at ``at`` (a step at a call, ``_at_call``'s), as one
+    function of the call, where that is picking the input or output (and a part of it)
+    and copying it where the row says; None where the step needs ``plain.read``."""
+    if at["write"] or at["layout"] is not None:
+        return None
+    if any(at.get(key) != want for key, want in _PLAIN_READ.items()):
+        return None
+    attr, select, copy = at["attr"], at["select"], at["copy"]
+    if attr not in ("input", "output", "nns_input", "nns_output"):
+        return None
+    output = attr.endswith("output")
+
+    def read(call: _Call) -> Any:
+        value = call.output if output else call.input
+        if select is not None:
+            if select[0] == "first":
+                value = value[0] if isinstance(value, (tuple, list)) else value
+            else:
+                value = value[select[1]]
+        return value.clone() if copy else value
+
+    return read
+
+
+def _apply(at: Step, call: _Call, env: _Env) -> Any:
+    """Run one step (``_at_call``'s) at ``call`` with ``causalab_mini.plain``'s read and
+    write; a read returns what it read."""
+    at["envoy"] = call
+    if at["write"]:
+        edit = at.get("edit")
         if edit is not None:  # the value made of the place's own tensor (interchange)
-            at["value"] = edit(plain.read(None, {**at, "held": False}, env))
+            at["value"] = edit(plain.read(None, at, env))
         plain.write(None, at, env)
         return None
     value = plain.read(None, at, env)
-    then = step.get("then")
+    then = at.get("then")
     return then(value) if then is not None else value
 
 
@@ -221,13 +288,13 @@ def _torch_module(model: Any, envoy: Any) -> Any:
     return model._module if envoy is None else envoy._module
 
 
-def _side(step: dict[str, Any]) -> str:
+def _side(step: Step) -> str:
     if step["take"] is not None:
         return "input" if step["take"][0] == "arg" else "output"
     return "input" if step["attr"] in ("input", "nns_input") else "output"
 
 
-def _placed(model: Any, step: dict[str, Any]) -> tuple[str, Any, str]:
+def _placed(model: Any, step: Step) -> tuple[str, Any, str]:
     """Where a step runs: ("module" | "call" | "probs", the torch module, side)."""
     where = step["where"]
     module = _torch_module(model, step["envoy"])
@@ -268,9 +335,11 @@ class _Run:
     """The hooks of one run: the steps by where they run, what they read, the calls
     seen (a module run twice is refused)."""
 
-    def __init__(self, model: Any, program: tuple[dict[str, Any], ...]):
+    def __init__(self, model: Any, program: tuple[Step, ...]):
         self.program = program
-        self.env = model.internals
+        self.env = _Env(model.internals)
+        self.local = [_at_call(step) for step in program]
+        self.fast = [_fast_read(at) for at in self.local]
         self.reads: dict[int, Any] = {}
         self.done: set[int] = set()
         self.at: dict[tuple[str, int, str], list[int]] = {}
@@ -291,7 +360,8 @@ class _Run:
             )
         self.fired.add(key)
         for i in self.at[key]:
-            value = _apply(self.program[i], call, self.env)
+            fast = self.fast[i]
+            value = fast(call) if fast is not None else _apply(self.local[i], call, self.env)
             if not self.program[i]["write"]:
                 self.reads[i] = value
             self.done.add(i)
@@ -405,7 +475,7 @@ def dispatched(model: Any) -> None:
         model.dispatch()
 
 
-def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[Any]:
+def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
     """Run ``program`` (``lower``'s steps, in forward order; a step may carry ``edit``,
     a write's value made of the place's handed tensor, and ``then``, applied to a read
     in its hook) in one forward of
@@ -443,27 +513,6 @@ def run(model: Any, program: tuple[dict[str, Any], ...], inputs: Any) -> list[An
     return [run_.reads[i] for i in range(len(program)) if not program[i]["write"]]
 
 
-def lowered(
-    plan: Any,
-    model: Any,
-    held: bool = False,
-    indices: Mapping[Any, Any] | None = None,
-) -> tuple[tuple[dict[str, Any], ...], list[Any]]:
-    """``lower``'s program for this engine (as a remote run's: what plain steps cannot
-    say is refused). The heads' and streams' checks are ``plain``'s, in each hook."""
-    from .lower import lower
-
-    dispatched(model)
-    try:
-        program, reads = lower(plan, model, held, indices)
-    except RemoteRefused as exc:
-        reason = str(exc).replace("read it in a local trace", "read it with nnsight")
-        raise HooksRefused(
-            f"engine='hooks' runs plain steps and refuses this one: {reason}; {USE_NNSIGHT}"
-        ) from None
-    return program, reads
-
-
 def run_plan(
     plan: Any,
     model: Any,
@@ -472,8 +521,11 @@ def run_plan(
     indices: Mapping[Any, Any] | None = None,
 ) -> dict[Any, Any]:
     """``Plan.run(..., engine="hooks")``: the plan's reads by address."""
-    program, reads = lowered(plan, model, held, indices)
-    return dict(zip(reads, run(model, program, inputs), strict=True))
+    from .lower import Target, lower
+
+    dispatched(model)
+    program = lower(plan, model, held, indices, target=Target.HOOKS)
+    return dict(zip(program.reads, run(model, program.steps, inputs), strict=True))
 
 
-__all__ = ["ENGINES", "HooksRefused", "check_engine", "forward_inputs", "run", "run_plan"]
+__all__ = ["HooksRefused", "forward_inputs", "run", "run_plan"]

@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
+from .engines import Engine, engine_for
 from .geometry import ComponentError
 from .locator import ComponentAddress, locate
-from .lower import _prepare_sources
-from .plan import read, write
+from .plan import Plan, Step
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 
 
@@ -127,17 +127,16 @@ def interchange(
     batch_size: int = 32,
     return_sources: bool = False,
     frame: str = "plain",
-    engine: str = "nnsight",
+    engine: str | Engine = "nnsight",
 ) -> InterchangeResult:
     """Run every (base, source) pair with ``patches`` applied to the base (see the
     module's text); ``batch_size`` pairs per trace. ``patches`` are located addresses
     with positions (or ``Patch(address, source=k)`` where a pair has several sources:
     ``sources[i]`` is then a tuple). Returns the base runs' reads and last-token logits,
     and the sources' with ``return_sources``. ``engine="hooks"`` runs each chunk with
-    plain torch hooks (``causalab_mini.hooks``) instead of an nnsight trace."""
-    from .hooks import check_engine
-
-    check_engine(engine, False)
+    plain torch hooks (``causalab_mini.hooks``) instead of an nnsight trace (or any
+    local ``causalab_mini.engines.Engine``)."""
+    runner = engine_for(engine)
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size is a positive int, not {batch_size!r}")
     base_texts, slot_texts = _pairs(bases, sources)
@@ -156,7 +155,7 @@ def interchange(
                 [texts[start:stop] for texts in slot_texts],
                 return_sources,
                 frame,
-                engine,
+                runner,
             )
         )
     return _joined(chunks, len(slot_texts) if return_sources else 0)
@@ -294,7 +293,7 @@ def _chunk(
     slots: list[list[str]],
     return_sources: bool,
     frame: str,
-    engine: str = "nnsight",
+    engine: Engine,
 ) -> InterchangeResult:
     """One batch of pairs: the bases and their sources as rows of one run."""
     k = len(bases)
@@ -310,80 +309,41 @@ def _chunk(
     chunk = _Chunk(
         _order(moves, wanted, logits_at), moves, wanted, logits_at, groups, last, encoded
     )
-    run = _hooks_chunk if engine == "hooks" else _traced_chunk
-    values = run(model, chunk)
+    values = _run_chunk(model, chunk, engine)
     return _results(values, reads, groups, return_sources)
 
 
-def _traced_chunk(model: Any, chunk: _Chunk) -> dict[int, list[Any]]:
-    """One chunk in an nnsight trace: per read (and the logits), its value per group."""
+def _run_chunk(model: Any, chunk: _Chunk, engine: Engine) -> dict[int, list[Any]]:
+    """One chunk as one lowered program, on any engine: a patch is a write whose value
+    is made of the place's own tensor where it runs (``edit``), a read is cut into its
+    groups of rows where it is made (``then``); per read (and the logits), its value
+    per group."""
     steps, moves, wanted, logits_at, groups, last, encoded = chunk
-    saved: list[tuple[int, Any]] = []  # bound before the trace: nnsight hands saves back
-    _prepare_sources(model, [m[0] for m in moves] + [a for a, _ in wanted])
-    with model.trace(trace_inputs(model, encoded)):
-        for _, _, what in steps:
-            if what < 0:
-                address, pairs = moves[-1 - what]
-                whole = replace(address, position=())
-                axis = handed_axis(address) - 1  # of one row
-                write(model, whole, _patched(read(model, whole), pairs, axis))
-            elif what < len(wanted):
-                address, read_at = wanted[what]
-                full = read(model, replace(address, position=()))
-                read_axis = handed_axis(address) if address.position else None
-                parts = _per_group(full, groups, read_at, read_axis)
-                saved.append((what, [_saved(t) for t in parts]))
-            else:
-                full = read(model, logits_at)
-                lasts = [last[g.start : g.stop] for g in groups]
-                saved.append((what, [_saved(t) for t in _per_group(full, groups, lasts, 1)]))
-    return {what: [_value(t) for t in v] for what, v in saved}
-
-
-def _hooks_chunk(model: Any, chunk: _Chunk) -> dict[int, list[Any]]:
-    """The same chunk as ``_traced_chunk``, as one lowered program run with torch hooks
-    (``causalab_mini.hooks``): a patch's value is made of the place's tensor in its
-    hook, and a read is cut into its groups there, as the trace does."""
-    steps, moves, wanted, logits_at, groups, last, encoded = chunk
-    from .hooks import lowered, run
-    from .plan import Plan, Step
-
-    plan_steps: list[Any] = []
-    extra: list[dict[str, Any]] = []
+    plan_steps: list[Step] = []
+    edits: list[tuple[Any, Any]] = []
     order: list[int] = []
     for _, _, what in steps:
         if what < 0:
             address, pairs = moves[-1 - what]
-            axis = handed_axis(address) - 1
+            axis = handed_axis(address) - 1  # of one row
             plan_steps.append(Step(replace(address, position=()), True, None))
-            extra.append({"edit": lambda full, pairs=pairs, axis=axis: _patched(full, pairs, axis)})
+            edits.append((lambda full, pairs=pairs, axis=axis: _patched(full, pairs, axis), None))
             continue
         if what < len(wanted):
             address, read_at = wanted[what]
             read_axis = handed_axis(address) if address.position else None
             plan_steps.append(Step(replace(address, position=())))
-            extra.append(
-                {"then": lambda full, at=read_at, ax=read_axis: _per_group(full, groups, at, ax)}
+            edits.append(
+                (None, lambda full, at=read_at, ax=read_axis: _per_group(full, groups, at, ax))
             )
         else:
             lasts = [last[g.start : g.stop] for g in groups]
             plan_steps.append(Step(logits_at))
-            extra.append({"then": lambda full, at=lasts: _per_group(full, groups, at, 1)})
+            edits.append((None, lambda full, at=lasts: _per_group(full, groups, at, 1)))
         order.append(what)
-    program, _ = lowered(Plan(tuple(plan_steps)), model)
-    program = tuple({**step, **more} for step, more in zip(program, extra, strict=True))
-    reads = run(model, program, trace_inputs(model, encoded))
+    program = engine.lower(Plan(tuple(plan_steps)), model, edits=edits)
+    reads = engine.run(model, program, trace_inputs(model, encoded))
     return dict(zip(order, reads, strict=True))
-
-
-def _saved(value: Any) -> Any:
-    return [v.save() for v in value] if isinstance(value, list) else value.save()
-
-
-def _value(value: Any) -> Any:
-    if isinstance(value, list):
-        return [getattr(v, "value", v) for v in value]
-    return getattr(value, "value", value)
 
 
 def _per_group(full: Any, groups: list[range], indices: list[Any], axis: int | None) -> list[Any]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 from causalab_mini.address import Address, IOType, StructuralEntry
 from causalab_mini.generated import LAYER_KINDS, STRUCTURAL_ADDRESSES
@@ -19,18 +20,30 @@ from . import compat, plain
 from .compat import several_invokes
 from .errors import PlaceUnavailable, RenameError, WriteRefused, check_value
 from .family import families_of
-from .lower import row_step
 from .ops import find_op, inner_op
+from .steps import row_step
 from .tree import (
-    _shared_on,
-    _shared_reason,
     boundary,
     child,
     child_names,
     has_attr,
     layer_config,
+    shared_on,
+    shared_reason,
 )
-from .versions import _installed, outside_versions
+from .versions import outside_versions
+
+if TYPE_CHECKING:
+    from .plain import Step
+
+
+def _place_name(step: Step) -> str:
+    """The place a step of a row reads (every step the internals serve has one)."""
+    name = step["place"]
+    if name is None:
+        raise PlaceUnavailable(f"{step['where']}: a step of no place reached the internals")
+    return name
+
 
 # What every refusal says where the registry has not been told a model's block
 # structure (here, and places.yaml's structure_unknown reason): unfinished work, not a
@@ -64,7 +77,7 @@ class Place:
         self.name = name
         self.row = row
         # layer as given (an int or None) -> the row there as a step (``step``)
-        self._steps: dict[int | None, dict[str, Any]] = {}
+        self._steps: dict[int | None, Step] = {}
 
     # ------------------------------------------------------------ description
 
@@ -78,18 +91,18 @@ class Place:
         if not self.row.is_structural:
             return self.row
         for layer in range(self._internals.num_layers):
-            resolved, _ = self._internals._resolve(self.name, self.row, layer)
+            resolved, _ = self._internals.resolve_row(self.name, self.row, layer)
             if resolved is not None:
                 return resolved
         return self.row
 
     def address_at(self, layer: int | None = None) -> Address:
         """The resolved row at ``layer``; raises PlaceUnavailable with the reason."""
-        layer = self._internals._layer(self, layer)
-        reason = self._internals._reason(self.name, self.row, layer)
+        layer = self._internals.layer_of(self, layer)
+        reason = self._internals.reason_at(self.name, self.row, layer)
         if reason is not None:
-            raise PlaceUnavailable(self._internals._refusal(self.name, layer, reason))
-        resolved, _ = self._internals._resolve(self.name, self.row, layer)
+            raise PlaceUnavailable(self._internals.refusal_text(self.name, layer, reason))
+        resolved, _ = self._internals.resolve_row(self.name, self.row, layer)
         assert resolved is not None
         return resolved
 
@@ -97,8 +110,8 @@ class Place:
         """None if the place exists on ``layer`` (or the whole model), else why not."""
         if layer is None and self.per_layer:
             return self._internals.status()[self.name]
-        layer = self._internals._layer(self, layer)
-        return self._internals._reason(self.name, self.row, layer)
+        layer = self._internals.layer_of(self, layer)
+        return self._internals.reason_at(self.name, self.row, layer)
 
     def __repr__(self) -> str:
         scope = "per layer" if self.per_layer else "whole model"
@@ -111,24 +124,24 @@ class Place:
         rows, the module tree and its Envoys outlive traces and dispatch)."""
         internals = self._internals
         key = (self.name, -1 if layer is None else layer)
-        hit = internals._targets.get(key)
+        hit = internals.module_targets.get(key)
         if hit is not None:
             return hit
         address = self.address_at(layer)
         if address.flat_tokens:
-            internals._watch_tokens()  # a layer module swapped since construction
+            internals.watch_tokens()  # a layer module swapped since construction
         base = internals.row_base(address, layer)
         envoy = None if base is None else child(base, address.module)
         if envoy is None:  # the tree changed since status was decided
             raise PlaceUnavailable(
-                internals._refusal(
+                internals.refusal_text(
                     self.name, layer, f"module {address.module!r} is not in the model"
                 )
             )
-        internals._targets[key] = (address, envoy)
+        internals.module_targets[key] = (address, envoy)
         return address, envoy
 
-    def step(self, layer: int | None = None) -> dict[str, Any]:
+    def step(self, layer: int | None = None) -> Step:
         """The row at ``layer`` as a step of ``causalab_mini.plain`` (the one executor
         of reads and writes): resolved once per layer, then cached (the rows, the
         module tree and its Envoys outlive traces and dispatch). Raises
@@ -138,7 +151,7 @@ class Place:
             hit = self._steps.get(layer)
             if hit is not None:
                 return hit
-        at = self._internals._layer(self, layer)
+        at = self._internals.layer_of(self, layer)
         address, envoy = self._module_target(at)
         step = row_step(self._internals, self.name, address, envoy, at)
         if cacheable:
@@ -153,7 +166,7 @@ class Place:
         step = self.step(layer)
         if step["io_module"]:
             return self._module_target(step["layer"])[1]
-        return plain._whole(self._internals.model, step, self._internals, edit=True)
+        return plain.whole_value(self._internals.model, step, self._internals, edit=True)
 
     def read(self, layer: int | None = None) -> Any:
         """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
@@ -161,7 +174,7 @@ class Place:
         step = self.step(layer)
         if step["io_module"]:
             return self._module_target(step["layer"])[1]
-        return plain._whole(self._internals.model, step, self._internals)
+        return plain.whole_value(self._internals.model, step, self._internals)
 
     def where(self, layer: int | None) -> str:
         """``layers_mid[1]`` or ``logits()``: the place as a write names it."""
@@ -248,7 +261,7 @@ class Place:
                 held = {"bhsd": 2, "bhsk": 2, "bhds": 3}
                 return int(held.get(str(spec.layout), spec.sequence_axis))
         raise PlaceUnavailable(
-            self._internals._refusal(
+            self._internals.refusal_text(
                 self.name,
                 None,
                 "no component states which axis of this place runs over the tokens, so "
@@ -263,11 +276,11 @@ class Place:
         axis = self.sequence_axis()
         step = self.step(layer)
         model = self._internals.model
-        value = plain.take_positions(plain._whole(model, step, self._internals), index, axis)
+        value = plain.take_positions(plain.whole_value(model, step, self._internals), index, axis)
         from .edits import editable
 
         at = step["layer"]
-        target = plain._target(model, step, self._internals)
+        target = plain.target_of(model, step, self._internals)
         return editable(
             value,
             f"{self.where(at)} at positions",
@@ -296,7 +309,7 @@ class Place:
 
             value = unwrapped(value)
         model = self._internals.model
-        current = plain._whole(model, step, self._internals)
+        current = plain.whole_value(model, step, self._internals)
         part = plain.take_positions(current, index, axis)
         check_value(f"{step['where']} at positions", value, part)
         plain.put(model, step, plain.put_positions(current, index, axis, value), self._internals)
@@ -322,7 +335,10 @@ class Internals(Mapping[str, Place]):
         }
         self._resolved: dict[tuple[str, int], tuple[Address | None, str | None]] = {}
         self._kinds: dict[tuple[str, int], bool] = {}
-        self._targets: dict[tuple[str, int], tuple[Address, Any]] = {}
+        self.module_targets: dict[tuple[str, int], tuple[Address, Any]] = {}
+        # (component address, write, lowering target) -> its step, as
+        # ``causalab_mini.lower`` makes it before a plan adds values and positions
+        self.lowered_steps: dict[tuple[Any, bool, Any], Step] = {}
         self._layer_envoys: list[Any] | None = None
         # per running trace body (nnsight's mediator), the furthest place it reached
         # (its rank, its name) in the generation step it is at (nnsight's iteration)
@@ -332,7 +348,7 @@ class Internals(Mapping[str, Place]):
         # per layer, the batch and sequence of its input, where a row is flat_tokens
         self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
         if any(row.flat_tokens and row.per_layer for row in rows.values()):
-            self._watch_tokens()
+            self.watch_tokens()
 
     def __getstate__(self) -> dict[str, Any]:
         # a remote request pickles the model with its internals: the running traces'
@@ -345,7 +361,7 @@ class Internals(Mapping[str, Place]):
         self.__dict__.update(state)
         self._furthest = weakref.WeakKeyDictionary()
 
-    def _watch_tokens(self) -> None:
+    def watch_tokens(self) -> None:
         """Hook every layer's module to remember its input's batch and sequence (for
         the flat_tokens rows); a module swapped since (dispatch) is hooked again."""
         for layer in range(self.num_layers):
@@ -363,7 +379,7 @@ class Internals(Mapping[str, Place]):
         row is flat_tokens, the new layer modules hooked."""
         self._layer_envoys = None
         if self._tokens:
-            self._watch_tokens()
+            self.watch_tokens()
         self.install_sources()
 
     def install_sources(self) -> None:
@@ -398,7 +414,7 @@ class Internals(Mapping[str, Place]):
             # nnsight narrows a (batch, ...) tensor to an invoke's rows; a flat one it
             # hands every invoke whole, and does not take an invoke's write of it
             raise PlaceUnavailable(
-                self._refusal(
+                self.refusal_text(
                     name,
                     layer,
                     "the block holds it flat, (batch*seq, ...), and this trace batches "
@@ -412,7 +428,7 @@ class Internals(Mapping[str, Place]):
         tokens = int(dims[0]) if dims else -1
         if shape is None or len(shape) != 2 or shape[0] * shape[1] != tokens:
             raise PlaceUnavailable(
-                self._refusal(
+                self.refusal_text(
                     name,
                     layer,
                     f"the block holds it flat, {tuple(getattr(flat, 'shape', ()))}, and the "
@@ -453,7 +469,7 @@ class Internals(Mapping[str, Place]):
     # here (on a server it has none of this: its own errors, operations by needle)
     write_error = WriteRefused
 
-    def operation(self, step: dict[str, Any], envoy: Any) -> Any:
+    def operation(self, step: Step, envoy: Any) -> Any:
         """The operation a step's needles name under ``envoy``, found as the row names
         it (the first by its name where the component resolved it), with the
         operations listed where one is not found."""
@@ -467,44 +483,44 @@ class Internals(Mapping[str, Place]):
             )
         return inner_op(op, needles[1:], row=row, module=module, model_class=self.model_class)
 
-    def fetch(self, step: dict[str, Any], target: Any) -> Any:
+    def fetch(self, step: Step, target: Any) -> Any:
         """``target``'s boundary in the running trace; nnsight's out-of-order error
         said in places (which place was asked for, which later one the trace passed)."""
-        place = self._places[step["place"]]
+        place = self._places[_place_name(step)]
         try:
             value = getattr(target, step["attr"])
         except Exception as exc:
-            from .edits import PlaceOutOfOrder, _runner
+            from .edits import PlaceOutOfOrder, edit_runner
 
             error = compat.out_of_order_error()
             if error is None or not isinstance(exc, error) or isinstance(exc, PlaceOutOfOrder):
                 raise
-            runner = _runner()
+            runner = edit_runner()
             if getattr(runner, "iteration", 0) not in (0, None):
                 raise  # a tracer.iter loop that outran the run: nnsight's own end
             raise self.out_of_order(place, step["layer"], runner) from None
         self.passed(place, step["layer"])
         return compat.invoke_rows(value)
 
-    def flat_view(self, step: dict[str, Any], flat: Any) -> Any:
-        return self.unflatten(step["place"], step["layer"], flat)
+    def flat_view(self, step: Step, flat: Any) -> Any:
+        return self.unflatten(_place_name(step), step["layer"], flat)
 
-    def refusal(self, kind: str, step: dict[str, Any], reason: str) -> Exception:
+    def refusal(self, kind: str, step: Step, reason: str) -> Exception:
         """A step's refusal as the client raises it: a place's view that does not hold
         (PlaceUnavailable, with the model and family), or a component's heads or
         streams (ComponentError)."""
         if kind == "place":
-            return PlaceUnavailable(self._refusal(step["place"], step["layer"], reason))
+            return PlaceUnavailable(self.refusal_text(_place_name(step), step["layer"], reason))
         from .geometry import ComponentError
 
         return ComponentError(f"component {step['component']!r}: {reason}")
 
-    def handed(self, step: dict[str, Any], value: Any, target: Any) -> Any:
+    def handed(self, step: Step, value: Any, target: Any) -> Any:
         """A read as handed to the user in a trace body: its in-place edits are the
         place's write (``causalab_mini.edits``)."""
         from .edits import editable
 
-        place = self._places[step["place"]]
+        place = self._places[_place_name(step)]
         layer = step["layer"]
         location = compat.location(target, step["attr"])
         return editable(
@@ -523,10 +539,10 @@ class Internals(Mapping[str, Place]):
         ``place`` at ``layer`` since now (by rank, as ``passed`` records it): where
         nnsight does not count a location's visits (0.6/0.7), how an in-place edit of a
         read made after that is refused, as 0.8's count refuses it."""
-        from .edits import _runner
+        from .edits import edit_runner
 
-        runner = _runner()
-        rank = self.rank(place.name, self._layer(place, layer))
+        runner = edit_runner()
+        rank = self.rank(place.name, self.layer_of(place, layer))
         step = compat.body_step(runner)
         # weak: a read saved past its trace does not keep the trace body alive
         reader = weakref.ref(runner) if runner is not None else None
@@ -600,7 +616,7 @@ class Internals(Mapping[str, Place]):
         if row.per_layer:
             if layer is None:
                 raise ValueError(f"{name} is per layer: say which layer")
-            at = self._layer(self[name], layer)
+            at = self.layer_of(self[name], layer)
             assert at is not None  # a per-layer place's layer
             if row.before_layers:  # another stack, run before the layers (an encoder)
                 return (at - _BEFORE_LAYERS, order)
@@ -612,12 +628,12 @@ class Internals(Mapping[str, Place]):
     def passed(self, place: Place, layer: int | None) -> None:
         """Remember the furthest place (by rank) the running trace body has reached,
         to say which one an out-of-order read came after."""
-        from .edits import _runner
+        from .edits import edit_runner
 
-        runner = _runner()
+        runner = edit_runner()
         if runner is None:
             return
-        at = self._layer(place, layer)
+        at = self.layer_of(place, layer)
         rank = self.rank(place.name, at)
         try:
             best = self._furthest.get(runner)
@@ -631,7 +647,7 @@ class Internals(Mapping[str, Place]):
         """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""
         from .edits import PlaceOutOfOrder
 
-        at = self._layer(place, layer)
+        at = self.layer_of(place, layer)
         asked, rank = place.where(at), self.rank(place.name, at)
         families = ", ".join(self.model.families) or "no family file"
         try:
@@ -660,6 +676,11 @@ class Internals(Mapping[str, Place]):
 
     # ------------------------------------------------------------ status
 
+    @property
+    def places(self) -> Mapping[str, Place]:
+        """Every place by name (a read-only view, in the rows' order)."""
+        return MappingProxyType(self._places)
+
     def status(self, layer: int | None = None) -> dict[str, str | None]:
         """For every row, None if available and otherwise the reason; decided from the
         rows and the module tree, without running the model.
@@ -671,11 +692,11 @@ class Internals(Mapping[str, Place]):
         for name in self._order:
             place = self._places[name]
             if not place.per_layer:
-                out[name] = self._reason(name, place.row, None)
+                out[name] = self.reason_at(name, place.row, None)
             elif layer is not None:
-                out[name] = self._reason(name, place.row, self._layer(place, layer))
+                out[name] = self.reason_at(name, place.row, self.layer_of(place, layer))
             else:
-                reasons = {i: self._reason(name, place.row, i) for i in range(self.num_layers)}
+                reasons = {i: self.reason_at(name, place.row, i) for i in range(self.num_layers)}
                 missing = [i for i, r in reasons.items() if r is not None]
                 if not missing:
                     out[name] = None
@@ -689,7 +710,7 @@ class Internals(Mapping[str, Place]):
 
     # ------------------------------------------------------------ internals
 
-    def _layer(self, place: Place, layer: int | None) -> int | None:
+    def layer_of(self, place: Place, layer: int | None) -> int | None:
         if not place.per_layer:
             return None
         if layer is None:
@@ -720,7 +741,7 @@ class Internals(Mapping[str, Place]):
             raise PlaceUnavailable(f"the config has no {attribute!r} to scale by")
         return float(value)
 
-    def _refusal(self, name: str, layer: int | None, reason: str) -> str:
+    def refusal_text(self, name: str, layer: int | None, reason: str) -> str:
         where = f"model.internals[{name!r}]" + (f"[{layer}]" if layer is not None else "()")
         families = ", ".join(self.model.families) or "no family file"
         return (
@@ -737,10 +758,10 @@ class Internals(Mapping[str, Place]):
         return tuple(
             layer
             for layer in range(self.num_layers)
-            if not any(self._layer_kind(kind, layer) for kind in skipped)
+            if not any(self.layer_kind_matches(kind, layer) for kind in skipped)
         )
 
-    def _layer_kind(self, kind: str, layer: int) -> bool:
+    def layer_kind_matches(self, kind: str, layer: int) -> bool:
         key = (kind, layer)
         if key not in self._kinds:
             spec = LAYER_KINDS[kind]
@@ -750,7 +771,7 @@ class Internals(Mapping[str, Place]):
             self._kinds[key] = present and absent
         return self._kinds[key]
 
-    def _reason(self, name: str, row: Address, layer: int | None) -> str | None:
+    def reason_at(self, name: str, row: Address, layer: int | None) -> str | None:
         """Why ``row`` does not exist at ``layer`` (None where it does)."""
         outside = outside_versions(row.versions)
         if outside is not None:
@@ -770,7 +791,7 @@ class Internals(Mapping[str, Place]):
                 hit = self.model.block_structure is None
             elif cond.kind == "layer_kind":
                 assert cond.layer_kind is not None
-                hit = layer is not None and self._layer_kind(cond.layer_kind, layer)
+                hit = layer is not None and self.layer_kind_matches(cond.layer_kind, layer)
             else:
                 hit = cond.holds_for_config(layer_config(self.model.text_config, layer))
             if hit:
@@ -779,7 +800,7 @@ class Internals(Mapping[str, Place]):
                     if known is not None:
                         return known
                 return str(item.message(name))
-        _, reason = self._resolve(name, row, layer)
+        _, reason = self.resolve_row(name, row, layer)
         said: str | None = reason
         return said
 
@@ -793,7 +814,7 @@ class Internals(Mapping[str, Place]):
                 return str(family.structure_unknown).replace("{place}", name)
         return None
 
-    def _resolve(
+    def resolve_row(
         self, name: str, row: Address, layer: int | None
     ) -> tuple[Address | None, str | None]:
         """Resolve ``{name}`` and check the module exists: (address, None) or (None, reason)."""
@@ -823,9 +844,9 @@ class Internals(Mapping[str, Place]):
         else:
             result = (row, None)
         if base is not None and result[0] is not None and result[0].module:
-            shared = _shared_on(base, result[0].module)
+            shared = shared_on(base, result[0].module)
             if shared is not None:
-                result = (None, _shared_reason(name, result[0].module, shared))
+                result = (None, shared_reason(name, result[0].module, shared))
         if base is not None and result[0] is not None and result[0].heads_through:
             result = (result[0], self._computed_refusal(name, result[0], base, layer))
             if result[1] is not None:
@@ -907,7 +928,6 @@ __all__ = [
     "PlaceUnavailable",
     "RenameError",
     "WriteRefused",
-    "_installed",
     "boundary",
     "check_value",
     "child",

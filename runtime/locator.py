@@ -118,7 +118,7 @@ def locate(
             if known
             else "it is a place of your own, whose sequence axis the component table does not state"
         )
-        raise _refuse(
+        raise refuse(
             component,
             f"position {position!r} cannot apply: {why}. Address it without a position "
             "(and select the tokens from what it returns)",
@@ -216,7 +216,7 @@ def _check_head(
         return count, head_size(model, layer, HEAD_KINDS[spec.width]), None
     except HeadSizeUnknown as exc:
         if head is not None:
-            raise _refuse(spec.name, f"one head cannot be sliced out: {exc}") from None
+            raise refuse(spec.name, f"one head cannot be sliced out: {exc}") from None
         return count, None, str(exc)
 
 
@@ -237,7 +237,7 @@ def _widths(
     return width_of(model, spec.width, layer)
 
 
-def _refuse(component: str, reason: str) -> ComponentError:
+def refuse(component: str, reason: str) -> ComponentError:
     return ComponentError(f"component {component!r}: {reason}")
 
 
@@ -273,7 +273,7 @@ def _streams(
         return {"width": width}
     count = getattr(model.text_config, address.streams.count, None)
     if not isinstance(count, int) or count < 1:
-        raise _refuse(
+        raise refuse(
             spec.name,
             f"its row carries several streams counted by config attribute "
             f"{address.streams.count!r}, which this model's config does not give",
@@ -308,7 +308,7 @@ def _boundary(
     at = _check_layer(model, spec.name, spec.per_layer, layer)
     reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
     if reason is not None:
-        raise _refuse(spec.name, reason)
+        raise refuse(spec.name, reason)
     heads, hd, unknown = _check_head(model, spec, head, at)
     address = place.address_at(at)
     op = None
@@ -323,7 +323,7 @@ def _boundary(
                 model_class=internals.model_class,
             )
         except OperationNotFound as exc:
-            raise _refuse(spec.name, str(exc)) from None
+            raise refuse(spec.name, str(exc)) from None
     width = _widths(model, spec, at, head, heads, hd)
     policy = _policy(spec, heads, hd, width, unknown)
     policy.update(_streams(model, spec, address, stream, width))
@@ -352,6 +352,8 @@ def _interior_refusal(model: Any, spec: Component, interior: Interior, at: int) 
     for family in families_of(model):
         if family.interiors_unavailable is not None:
             return str(family.interiors_unavailable).replace("{place}", spec.name)
+    if interior.unavailable is not None:  # this interior alone (a family's row)
+        return interior.unavailable.replace("{place}", spec.name)
     outside = outside_versions(interior.versions)
     if outside is not None:
         package, rng, installed = outside
@@ -382,7 +384,7 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
         base = internals.row_base(within_row, at)
     envoy = None if base is None else child(base, module)
     if envoy is None:
-        raise _refuse(
+        raise refuse(
             spec.name,
             f"its attention's forward is in {module!r}, which layer {at} does not have",
         )
@@ -395,7 +397,7 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
             model_class=internals.model_class,
         )
     except OperationNotFound as exc:
-        raise _refuse(spec.name, str(exc)) from None
+        raise refuse(spec.name, str(exc)) from None
     return module, op
 
 
@@ -406,7 +408,7 @@ def _interior(
     assert at is not None
     reason = _interior_refusal(model, spec, interior, at)
     if reason is not None:
-        raise _refuse(spec.name, reason)
+        raise refuse(spec.name, reason)
     module, op = _interior_op(model, spec, interior, at)
     heads, hd, unknown = _check_head(model, spec, head, at)
     take = ("arg", interior.arg) if interior.arg is not None else ("return", interior.returns)
@@ -443,7 +445,7 @@ def _user_row(model: Any, name: str, layer: int | None, head: int | None) -> Com
     at = _check_layer(model, name, place.per_layer, layer)
     reason = place.unavailable_on(at) if place.per_layer else place.unavailable_on()
     if reason is not None:
-        raise _refuse(name, reason)
+        raise refuse(name, reason)
     address = place.address_at(at)
     return ComponentAddress(
         rank=internals.rank(name, at),
@@ -495,4 +497,4 @@ def component_status(
     return out
 
 
-__all__ = ["ComponentAddress", "component_status", "interior_of", "locate", "operands_of"]
+__all__ = ["ComponentAddress", "component_status", "interior_of", "locate", "operands_of", "refuse"]

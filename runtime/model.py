@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from causalab_mini import compat
@@ -123,6 +124,24 @@ class _RowAttnProbs(AttnProbFunction):  # type: ignore[misc]
         return op
 
 
+@dataclass
+class LoadState:
+    """What the model keeps of its own construction, in one slot (``model._causalab``,
+    set before nnsight's constructor runs, so that a read of it never reaches
+    nnsight's attribute forwarding to the module): the quiet setting, the checkpoint's
+    architectures, the outer family of a traced submodule, why the weights must not be
+    loaded here (remote), the sub-config the stack's widths are in, and whether
+    ``internals`` is attached yet (nnterp's load-time checks run before)."""
+
+    verbose: bool = False
+    architectures: tuple[str, ...] = ()
+    traced_from: Resolution | None = None
+    no_dispatch: str | None = None
+    text_config_name: str | None = None
+    attached: bool = False
+    load_reports: list[LoadReport] = field(default_factory=list)
+
+
 class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[misc]
     """nnterp's ``StandardizedTransformer`` with ``model.internals``: every Address row
     of the registry, resolved for this model's family and block structure.
@@ -134,6 +153,8 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     shows nnterp's INFO lines and transformers' progress bars.
     """
 
+    _causalab: LoadState  # set first thing in __init__ (a plain attribute from then on)
+
     def __init__(
         self,
         model: Any,
@@ -143,7 +164,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         verbose: bool = False,
         **kwargs: Any,
     ) -> None:
-        self.__dict__["_causalab_verbose"] = verbose
+        self.__dict__["_causalab"] = LoadState(verbose=verbose)  # before nnsight's own
         with quiet(verbose):
             self._causalab_init(model, rename_config, enable_attention_probs, kwargs)
 
@@ -159,22 +180,21 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         config = getattr(module, "config", None)
         model_type = getattr(config, "model_type", None)
         families = tuple(families_for(names, model_type, _text_config(config)))
-        check_load(reports, families, list(self.__dict__.get("_architectures") or ()))
-        self.__dict__["load_reports"] = reports
+        check_load(reports, families, list(self._causalab.architectures))
+        self._causalab.load_reports = reports
         return module
 
     def dispatch(self) -> None:
         """nnsight's dispatch (the real weights loaded at the first trace of a model
         built on the meta device), as quiet as the load was. Never while a remote model
         is being built: remote=True keeps the weights off this machine."""
-        why = self.__dict__.get("_no_dispatch")
+        why = self._causalab.no_dispatch
         if why:
             raise RuntimeError(why)
-        with quiet(self.__dict__.get("_causalab_verbose", False)):
+        with quiet(self._causalab.verbose):
             super().dispatch()
-        internals = self.__dict__.get("internals")
-        if internals is not None:  # the loaded modules replace the meta ones: hook them
-            internals.layers_swapped()
+        if self._causalab.attached:  # the loaded modules replace the meta ones: hook them
+            self.internals.layers_swapped()
 
     def _causalab_init(
         self,
@@ -192,10 +212,10 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # load-time check that needs a forward is deferred to the server, with why
         deferred = _remote.defer_checks(kwargs, enable_attention_probs)
         class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
-        self.__dict__["_architectures"] = architectures
+        self._causalab.architectures = tuple(architectures or ())
         before = resolve(class_names, model_type, config, rename_config)
         if before.rename.traced_module:  # the family traces a submodule of the model
-            self.__dict__["_traced_from"] = before
+            self._causalab.traced_from = before
             model, class_names, config, before = _traced_before_load(
                 model, before, class_names, rename_config, kwargs
             )
@@ -287,7 +307,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)
         # nothing during construction may load the weights of a remote model
-        self.__dict__["_no_dispatch"] = _remote.NO_DISPATCH if kwargs.get("remote") else None
+        self._causalab.no_dispatch = _remote.NO_DISPATCH if kwargs.get("remote") else None
         try:
             super().__init__(
                 model,
@@ -298,7 +318,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             )
         finally:
             fake_log.setLevel(level)
-            self.__dict__["_no_dispatch"] = None
+            self._causalab.no_dispatch = None
 
     def _settle(
         self,
@@ -311,7 +331,6 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         """The model's own attributes, and its rows resolved again on the loaded class
         (``model.resolution``), attached as ``model.internals``."""
         self.deferred_checks: dict[str, str] = deferred
-        self.__dict__.setdefault("load_reports", [])  # none until weights are loaded
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
         self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
@@ -321,11 +340,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         # ... and where the wrapper drops or nests its language model's own output
         self.oracle_module: str | None = merged.oracle_module
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
-        self.__dict__["_text_config_name"] = merged.text_config_name
+        self._causalab.text_config_name = merged.text_config_name
         if merged.text_config_name:
             self._widths_from_text_config()
         names = tuple(c.__name__ for c in type(self._model).__mro__)
-        outer = self.__dict__.get("_traced_from")
+        outer = self._causalab.traced_from
         self.resolution = (
             resolve_traced(outer, names, self.model_type, self.text_config, rename_config)
             if outer is not None
@@ -336,6 +355,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         self.families: tuple[str, ...] = self.resolution.families
         self.block_structure: str | None = self.resolution.structure
         self.internals = Internals(self, dict(self.resolution.rows))
+        self._causalab.attached = True
         self._attach(self.internals)
         if not kwargs.get("remote"):
             self.internals.install_sources()
@@ -370,62 +390,29 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     # ------------------------------------------------------------ assignment
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """An assignment to a place name, a spelling of one or a component name writes
-        the place (its write contract) or raises with the spelling to use; inside a
-        trace body nothing new is set on the model."""
+        """An assignment to a place name writes the place (its write contract); one to a
+        spelling of a place, a component name or, inside a trace body, a name the model
+        does not have raises with what to write (``assignment_guidance``)."""
         import torch
 
-        internals = self.__dict__.get("internals")
-        spellings = internals.spellings if internals is not None else {}
+        state = self.__dict__.get("_causalab")
+        internals = self.__dict__.get("internals") if state is not None and state.attached else None
         if (
             internals is None
             or name.startswith("_")
             or isinstance(value, torch.nn.Module)
-            or name in spellings.values()  # a property whose setter writes the place
+            or name in internals.spellings.values()  # a property whose setter writes the place
         ):
             super().__setattr__(name, value)  # construction, private state, a module
             return
-        spelled = {row: spelling for row, spelling in spellings.items() if row != spelling}
-        if name in spelled:
-            raise AttributeError(
-                f"the place {name!r} is spelled model.{spelled[name]} on the model: write "
-                f"model.{spelled[name]} = v inside a trace"
-            )
-        if name in internals and name not in spellings:
-            place = internals[name]
-            if place.per_layer:
-                raise AttributeError(
-                    f"{name} is a place per layer: write model.{name}[layer] = v inside a "
-                    "trace (model.internals[name] is the place itself and is not replaced)"
-                )
-            if not _in_trace_body():
-                raise AttributeError(
-                    f"{name} is a place of the model: write model.{name} = v inside a trace"
-                )
-            place.set(None, value)
+        in_trace = _in_trace_body()
+        known = name in self.__dict__ or has_attr(self, name)
+        guidance = assignment_guidance(internals, name, in_trace=in_trace, known=known)
+        if guidance is not None:
+            raise AttributeError(guidance)
+        if name in internals and name not in internals.spellings:
+            internals[name].set(None, value)  # a whole-model place, in a trace body
             return
-        from causalab_mini.generated import COMPONENTS
-
-        spec = COMPONENTS.get(name)
-        if spec is not None:
-            target = spec.target if spec.kind == "boundary" else None
-            per_layer = "[layer]" if spec.per_layer else ""
-            via = f"model.{target}{per_layer} = v, or " if target in internals else ""
-            raise AttributeError(
-                f"{name!r} is a component, not an attribute of the model: write {via}"
-                f"write(model, locate(model, {name!r}{', layer' if spec.per_layer else ''}), v) "
-                "(from causalab_mini.components import locate, write) inside a trace"
-            )
-        if _in_trace_body() and name not in self.__dict__ and not has_attr(self, name):
-            import difflib
-
-            close = difflib.get_close_matches(name, [*internals, *spellings.values()], n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise AttributeError(
-                f"model.{name} = ... inside a trace would set a new attribute on the model, "
-                f"which the forward never reads: {name!r} is neither a place, a spelling of "
-                f"one nor an attribute of the model.{hint}"
-            )
         super().__setattr__(name, value)
 
     # ------------------------------------------------------------ remote
@@ -449,11 +436,11 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         server (at ``host``, default nnsight's configured one) has what a trace of
         this model's places needs (where it says). Refused where the family traces a
         submodule (``traced_module``): a server would run the whole class."""
-        traced = self.__dict__.get("traced_module")
+        traced = self.traced_module if self._causalab.attached else None
         if traced:
             from .traced import refuse_remote
 
-            whole = ", ".join(self.__dict__.get("_architectures") or ()) or "its checkpoint's class"
+            whole = ", ".join(self._causalab.architectures) or "its checkpoint's class"
             refuse_remote(whole, traced)
         _remote.ensure_model_key(self)
         _remote.preflight_packages(self, host)
@@ -486,7 +473,13 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     @property
     def text_config(self) -> Any:
-        return _text_config(self._model.config, self.__dict__.get("_text_config_name"))
+        return _text_config(self._model.config, self._causalab.text_config_name)
+
+    @property
+    def load_reports(self) -> list[LoadReport]:
+        """transformers' loading report of each load of the real weights (none while
+        the model is on the meta device)."""
+        return self._causalab.load_reports
 
     @property
     def attention_probs_enabled(self) -> bool:
@@ -495,7 +488,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     @property
     def logits(self) -> Any:
         """The logits of the model's own output (the ``logits`` row)."""
-        if "internals" not in self.__dict__:  # nnterp's load-time checks
+        if not self._causalab.attached:  # nnterp's load-time checks
             return super().logits
         return self.internals["logits"]()
 
@@ -507,16 +500,65 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
     @property
     def token_embeddings(self) -> Any:
         """The token embeddings (the ``embeddings_output`` row)."""
-        if "internals" not in self.__dict__:  # nnterp's load-time checks
+        if not self._causalab.attached:  # nnterp's load-time checks
             return super().token_embeddings
         return self.internals["embeddings_output"]()
 
     @token_embeddings.setter
     def token_embeddings(self, value: Any) -> None:
-        if "internals" not in self.__dict__:
+        if not self._causalab.attached:
             self.embed_tokens.output = value
             return
         self.internals["embeddings_output"].set(None, value)
+
+
+def assignment_guidance(
+    internals: Internals, name: str, *, in_trace: bool, known: bool
+) -> str | None:
+    """Why ``model.<name> = v`` is refused, with what to write instead (None where the
+    assignment goes ahead: a whole-model place written in a trace body, or an ordinary
+    attribute): a place spelled otherwise on the model, a place per layer, a place
+    outside a trace, a component (not an attribute), or inside a trace body a name that
+    is neither a place, a spelling nor an attribute (``known``: the model has it)."""
+    spellings = internals.spellings
+    spelled = {row: spelling for row, spelling in spellings.items() if row != spelling}
+    if name in spelled:
+        return (
+            f"the place {name!r} is spelled model.{spelled[name]} on the model: write "
+            f"model.{spelled[name]} = v inside a trace"
+        )
+    if name in internals and name not in spellings:
+        if internals[name].per_layer:
+            return (
+                f"{name} is a place per layer: write model.{name}[layer] = v inside a "
+                "trace (model.internals[name] is the place itself and is not replaced)"
+            )
+        if not in_trace:
+            return f"{name} is a place of the model: write model.{name} = v inside a trace"
+        return None
+    from causalab_mini.generated import COMPONENTS
+
+    spec = COMPONENTS.get(name)
+    if spec is not None:
+        target = spec.target if spec.kind == "boundary" else None
+        per_layer = "[layer]" if spec.per_layer else ""
+        via = f"model.{target}{per_layer} = v, or " if target in internals else ""
+        return (
+            f"{name!r} is a component, not an attribute of the model: write {via}"
+            f"write(model, locate(model, {name!r}{', layer' if spec.per_layer else ''}), v) "
+            "(from causalab_mini.components import locate, write) inside a trace"
+        )
+    if in_trace and not known:
+        import difflib
+
+        close = difflib.get_close_matches(name, [*internals, *spellings.values()], n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        return (
+            f"model.{name} = ... inside a trace would set a new attribute on the model, "
+            f"which the forward never reads: {name!r} is neither a place, a spelling of "
+            f"one nor an attribute of the model.{hint}"
+        )
+    return None
 
 
 # the RenameConfig fields nnterp's own RenameConfig takes
@@ -664,9 +706,9 @@ def _mounted(value: Any) -> Any:
 
 def _in_trace_body() -> bool:
     """Whether a trace body is running now (nnsight's worker)."""
-    from .edits import _runner
+    from .edits import edit_runner
 
-    return _runner() is not None
+    return edit_runner() is not None
 
 
 def _has(obj: Any, name: str) -> bool:

@@ -25,7 +25,77 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
+    from typing import Any, Protocol, TypedDict
+
+    class Step(TypedDict):
+        """One read or write of a lowered program, as plain data (``causalab_mini.steps``
+        makes a place's, ``causalab_mini.lower`` a component's). At run time a step is a
+        plain ``dict`` (this module ships to a server by value and imports nothing);
+        type checkers hold every builder and reader of a step to these fields."""
+
+        write: bool
+        value: Any  # the tensor a write puts (None for a read, or where ``edit`` makes it)
+        held: bool  # a read hands the whole tensor as the model holds it
+        where: str  # the place or component as messages name it
+        # the target: an Envoy (None: the model itself), the operations under it by
+        # needle (``op``: the first one's name where the client resolved it), its side
+        envoy: Any
+        ops: tuple[str, ...]
+        op: str | None
+        take: tuple[str, int] | None  # ("arg", i) or ("return", i) of an operation's call
+        attr: str
+        select: tuple[Any, ...] | None
+        io_module: bool
+        # how the place means the tensor there
+        unflatten: bool
+        unmerge: int | None
+        unmerge_kind: str
+        unmerge_heads_are: str
+        views: tuple[tuple[Any, ...], ...]
+        copy: bool
+        scale: float | None
+        heads_through: Callable[[Any], Any] | None
+        in_place: bool
+        snapshot: bool
+        edit_copy: bool
+        first_input_via: str | None
+        # how a component hands it on
+        layout: str | None
+        per_head: bool
+        heads: tuple[str | None, int | None, int | None, int | None]
+        head: int | None
+        stream: tuple[int, int, int | None] | None
+        index: Any  # a (batch, n) token index, or None for every position
+        axis: int | None
+        # names for messages and the client's bookkeeping
+        place: str | None
+        layer: int | None
+        row: str
+        module_path: str
+        component: str
+        nested: list[tuple[Any, str, str | None]]
+        # local engines only (never sent): a write's value made of the place's handed
+        # tensor (an interchange's patch), and what a read is cut to where it is made
+        edit: Callable[[Any], Any] | None
+        then: Callable[[Any], Any] | None
+
+    class Env(Protocol):
+        """What the client's ``model.internals`` serves the executor (on a server there
+        is none: the steps' needles and this module's own errors stand in)."""
+
+        @property
+        def write_error(self) -> type[Exception]: ...
+
+        def refusal(self, kind: str, step: Step, reason: str) -> Exception: ...
+
+        def operation(self, step: Step, target: Any) -> Any: ...
+
+        def fetch(self, step: Step, target: Any) -> Any: ...
+
+        def flat_view(self, step: Step, raw: Any) -> Any: ...
+
+        def handed(self, step: Step, value: Any, target: Any) -> Any: ...
 
 
 def check_server(model: Any, expected: dict[str, Any]) -> None:
@@ -156,16 +226,16 @@ def _server_write_error(message: str) -> Exception:
     return ValueError(f"causalab_mini: write refused: {message}")
 
 
-def _refused(env: Any, kind: str, step: dict[str, Any], reason: str) -> Exception:
+def _refused(env: Env | None, kind: str, step: Step, reason: str) -> Exception:
     """The refusal ``reason`` at ``step`` (``kind``: a place's view, a component's
     heads or streams): the error the client's internals make of it (``env``), or on a
     server a RuntimeError naming the step."""
     if env is not None:
-        return env.refusal(kind, step, reason)  # type: ignore[no-any-return]
+        return env.refusal(kind, step, reason)
     return RuntimeError(f"causalab_mini: {step['where']}: {reason}")
 
 
-def _target(model: Any, step: dict[str, Any], env: Any = None) -> Any:
+def target_of(model: Any, step: Step, env: Env | None = None) -> Any:
     """The Envoy (module or operation) whose boundary a step reads or writes; a step
     at the model itself holds no Envoy (the model it names is the one running). On
     the client (``env``) the operations are found as the rows name them, with the
@@ -180,7 +250,7 @@ def _target(model: Any, step: dict[str, Any], env: Any = None) -> Any:
     return target
 
 
-def _fetch(step: dict[str, Any], target: Any, env: Any) -> Any:
+def _fetch(step: Step, target: Any, env: Env | None) -> Any:
     """The target's boundary in the running trace (on the client through its
     internals, which say nnsight's out-of-order error in places)."""
     if env is not None:
@@ -252,7 +322,7 @@ def _token_view(value: Any, views: Any) -> Any:
     return value
 
 
-def _viewed(step: dict[str, Any], raw: Any, env: Any) -> Any:
+def _viewed(step: Step, raw: Any, env: Env | None) -> Any:
     """The model's tensor at a step as its place means it: a flat (tokens, ...) tensor
     viewed as (batch, seq, ...) with the layer's input's batch and sequence (recorded
     on the client only), (batch*heads, ...) viewed as (batch, heads, ...), and the
@@ -278,9 +348,9 @@ def _viewed(step: dict[str, Any], raw: Any, env: Any) -> Any:
     return raw
 
 
-def _raw(model: Any, step: dict[str, Any], env: Any) -> tuple[Any, Any, Any]:
+def _raw(model: Any, step: Step, env: Env | None) -> tuple[Any, Any, Any]:
     """(the target, the value at its boundary, the tensor the step's select picks)."""
-    target = _target(model, step, env)
+    target = target_of(model, step, env)
     if step["take"] is not None:
         what, index = step["take"]
         if what == "arg":
@@ -292,7 +362,7 @@ def _raw(model: Any, step: dict[str, Any], env: Any) -> tuple[Any, Any, Any]:
     return target, whole, _select_get(whole, step["select"])
 
 
-def _meant(step: dict[str, Any], raw: Any, env: Any) -> Any:
+def _meant(step: Step, raw: Any, env: Env | None) -> Any:
     """The model's tensor ``raw`` as the step's place means it: viewed, a copy where
     the tensor changes in place later, scaled where the row says."""
     value = _viewed(step, raw, env)
@@ -301,18 +371,11 @@ def _meant(step: dict[str, Any], raw: Any, env: Any) -> Any:
     if step["scale"] is not None:
         value = value * step["scale"]
     if step["heads_through"] is not None:  # a computed place: each head's term
-        from .heads import projection_weight, through_heads
-
-        envoy, heads = step["heads_through"]
-        weight, why = projection_weight(getattr(envoy, "_module", envoy), step["where"])
-        if weight is not None:
-            value, why = through_heads(value, weight, heads, step["where"])
-        if why is not None:
-            raise _refused(env, "component", step, why)
+        value = step["heads_through"](value)
     return value
 
 
-def _whole(model: Any, step: dict[str, Any], env: Any = None, edit: bool = False) -> Any:
+def whole_value(model: Any, step: Step, env: Env | None = None, edit: bool = False) -> Any:
     """The tensor at the step's place as its place means it (all heads): viewed, a
     copy where the tensor changes in place later, scaled where the row says. With
     ``edit`` (a read handed to the user on the client), its in-place edits are the
@@ -324,7 +387,7 @@ def _whole(model: Any, step: dict[str, Any], env: Any = None, edit: bool = False
     return value
 
 
-def _put_raw(step: dict[str, Any], target: Any, whole: Any, raw: Any, value: Any, env: Any) -> None:
+def _put_raw(step: Step, target: Any, whole: Any, raw: Any, value: Any, env: Env | None) -> None:
     """Hand the model ``value`` (as the place means it, as ``_whole`` reads it) at the
     step's target, whose boundary holds ``whole`` and the select of it ``raw``."""
     if step["take"] is not None:
@@ -379,7 +442,7 @@ def _put_first_input(target: Any, attr: str, value: Any) -> None:
     setattr(target, attr, (tuple(args), {**kwargs, key: value}))
 
 
-def put(model: Any, step: dict[str, Any], value: Any, env: Any = None) -> None:
+def put(model: Any, step: Step, value: Any, env: Env | None = None) -> None:
     """Write ``value`` at a place's step as the place means it, after checking that it
     is a tensor of the place's shape, dtype and device (``model.internals[name][i] =
     value``)."""
@@ -450,7 +513,7 @@ def put_positions(value: Any, index: Any, axis: int, new: Any) -> Any:
     return out
 
 
-def layout_mismatch(step: dict[str, Any], held: Any) -> str | None:
+def layout_mismatch(step: Step, held: Any) -> str | None:
     """Why the tensor a per-head component holds (shape ``held``, before it is handed on
     flat) does not have the heads and head size its address states (None where it
     does, or where the component is not per head). bhsd, bhds and bshd hold the head
@@ -495,15 +558,23 @@ def layout_mismatch(step: dict[str, Any], held: Any) -> str | None:
     return None
 
 
-def _head_slice(step: dict[str, Any]) -> tuple[Any, ...]:
+def _axis(step: Step) -> int:
+    axis = step["axis"]
+    if axis is None:
+        raise _refused(None, "component", step, "it has no sequence axis to take positions on")
+    return axis
+
+
+def head_slice(step: Step) -> tuple[Any, ...]:
     head = step["head"]
     layout, _, head_dim, _ = step["heads"]
     if layout == "bhsk":
         return (slice(None), head)
+    assert head is not None and head_dim is not None, "a head of a step with no head size"
     return (Ellipsis, slice(head * head_dim, (head + 1) * head_dim))
 
 
-def _heads_checked(step: dict[str, Any], native: Any, env: Any) -> None:
+def _heads_checked(step: Step, native: Any, env: Env | None) -> None:
     """Refuse one head of a tensor whose heads are not what the address states: a
     slice by a wrong head size would be a plausible, wrong tensor."""
     reason = layout_mismatch(step, native.shape)
@@ -511,9 +582,10 @@ def _heads_checked(step: dict[str, Any], native: Any, env: Any) -> None:
         raise _refused(env, "component", step, f"head {step['head']} is not sliced out: {reason}")
 
 
-def _stream_slice(step: dict[str, Any], flat: Any, env: Any) -> tuple[Any, ...]:
+def stream_slice(step: Step, flat: Any, env: Env | None) -> tuple[Any, ...]:
     """Stream i of a tensor handed on flat (its hidden-wide slice); refused where the
     last axis is not n streams of equal width."""
+    assert step["stream"] is not None, "a stream of a step with no streams"
     stream, streams, width = step["stream"]
     total = int(flat.shape[-1])
     if total % streams or (width is not None and width * streams != total):
@@ -528,25 +600,25 @@ def _stream_slice(step: dict[str, Any], flat: Any, env: Any) -> tuple[Any, ...]:
     return (Ellipsis, slice(stream * size, (stream + 1) * size))
 
 
-def read(model: Any, step: dict[str, Any], env: Any = None) -> Any:
+def read(model: Any, step: Step, env: Env | None = None) -> Any:
     """The tensor at a step as components hand it on: flat per-head places, only the
     step's positions (``index``) along its sequence axis, one head's or one stream's
     slice; with ``held``, the whole tensor as the model holds it."""
-    native = _whole(model, step, env, edit=True)
+    native = whole_value(model, step, env, edit=True)
     if step["held"]:
         return native
     value = _flat(step["layout"], native)
     if step["index"] is not None:
-        value = take_positions(value, step["index"], step["axis"])
+        value = take_positions(value, step["index"], _axis(step))
     if step["head"] is not None:
         _heads_checked(step, native, env)
-        value = value[_head_slice(step)]
+        value = value[head_slice(step)]
     if step["stream"] is not None:
-        value = value[_stream_slice(step, value, env)]
+        value = value[stream_slice(step, value, env)]
     return value
 
 
-def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
+def write(model: Any, step: Step, env: Env | None = None) -> None:
     """Write the step's value (as ``read`` hands it on) after checking that it fits: a
     head's or a stream's write replaces that slice only, a write at positions those
     tokens only, every other position as the model computed it."""
@@ -558,14 +630,14 @@ def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
     where = step["where"]
     part = flat
     if step["index"] is not None:
-        part = take_positions(flat, step["index"], step["axis"])
+        part = take_positions(flat, step["index"], _axis(step))
     want = part
     if step["head"] is not None:
         where = f"head {step['head']} of {where}"
-        want = part[_head_slice(step)]
+        want = part[head_slice(step)]
     if step["stream"] is not None:
         where = f"stream {step['stream'][0]} of {where}"
-        want = part[_stream_slice(step, part, env)]
+        want = part[stream_slice(step, part, env)]
     value = step["value"]
     if env is None:
         # the value crossed the wire on the CPU; the server's model may sit elsewhere
@@ -573,11 +645,11 @@ def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
     check_value(where, value, want, env and env.write_error)
     if step["head"] is not None or step["stream"] is not None:
         assembled = part.clone()
-        slot = _head_slice(step) if step["head"] is not None else _stream_slice(step, part, env)
+        slot = head_slice(step) if step["head"] is not None else stream_slice(step, part, env)
         assembled[slot] = value
         value = assembled
     if step["index"] is not None:
-        value = put_positions(flat, step["index"], step["axis"], value)
+        value = put_positions(flat, step["index"], _axis(step), value)
     value = _native(step["layout"], value, native)
     if native.is_contiguous() and not value.is_contiguous():
         # laid out as the model's own tensor was: a forward may .view() it (GPT-NeoX-
@@ -586,7 +658,7 @@ def write(model: Any, step: dict[str, Any], env: Any = None) -> None:
     _put_raw(step, target, whole, raw, value, env)
 
 
-def _open_sources(step: dict[str, Any], env: Any) -> None:
+def _open_sources(step: Step, env: Env | None) -> None:
     """Open the ``.source`` of the operations the client says to open at this step
     (before any of the module's operations is read on nnsight 0.6/0.7, after the
     operation's inputs on 0.8: see ``causalab_mini.lower._nested_sources_due``); on the
@@ -599,7 +671,7 @@ def _open_sources(step: dict[str, Any], env: Any) -> None:
 
 
 def run(
-    model: Any, program: tuple[Any, ...], expected: dict[str, Any] | None, env: Any = None
+    model: Any, program: tuple[Step, ...], expected: dict[str, Any] | None, env: Env | None = None
 ) -> list[Any]:
     """Run ``program`` in the current trace of ``model``; return the reads, in order.
     ``expected`` (what the client compiled for) is checked first on a server; ``env``
@@ -609,8 +681,15 @@ def run(
     reads = []
     for step in program:
         _open_sources(step, env)
-        if step["write"]:
+        edit, then = step.get("edit"), step.get("then")
+        if step["write"] and edit is not None:
+            # the value made of the place's own tensor, as a read hands it on
+            made = step.copy()
+            made["value"] = edit(read(model, step, env))
+            write(model, made, env)
+        elif step["write"]:
             write(model, step, env)
         else:
-            reads.append(read(model, step, env))
+            value = read(model, step, env)
+            reads.append(then(value) if then is not None else value)
     return reads

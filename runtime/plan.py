@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import plain
-from .geometry import ComponentError
-from .internals import PlaceUnavailable, WriteRefused, check_value
-from .locator import ComponentAddress, _refuse
-from .lower import _prepare_sources, component_fields, lower, lower_step
-from .ops import OperationNotFound
+from .engines import Engine, engine_for
+from .internals import WriteRefused, check_value
+from .locator import ComponentAddress, refuse
+from .lower import Target, geometry, lower_step
 from .positions import Encoded, encode, resolve, stacked, trace_inputs
 
 if TYPE_CHECKING:
@@ -31,7 +30,7 @@ def layout_mismatch(address: ComponentAddress, held: Sequence[int]) -> str | Non
     it is handed on flat) does not have the heads and head size the address states
     (None where it does, or where the place is not per head): ``plain.layout_mismatch``
     on the address's geometry."""
-    return plain.layout_mismatch(component_fields(address), held)
+    return plain.layout_mismatch(geometry(address), held)
 
 
 def _positions_due(address: ComponentAddress, index: Any) -> Any:
@@ -41,7 +40,7 @@ def _positions_due(address: ComponentAddress, index: Any) -> Any:
     if not address.position:
         return None
     if index is None:
-        raise _refuse(
+        raise refuse(
             address.component,
             f"{address} names positions, which are resolved on the batch the trace runs: "
             "run it in a Plan (Plan.of(...).run(model, texts)), or pass index= "
@@ -58,7 +57,7 @@ def read(model: Any, address: ComponentAddress, index: Any = None) -> Any:
     ``positions.resolve``), along the component's sequence axis."""
     index = _positions_due(address, index)
     step = lower_step(
-        model, address, write=False, value=None, held=False, index=index, remote=False
+        model, address, write=False, value=None, held=False, index=index, target=Target.TRACE
     )
     return plain.read(model, step, model.internals)
 
@@ -69,14 +68,14 @@ def check_write(address: ComponentAddress, value: Any, current: Any) -> None:
     the place's tensor as handed on (all heads)."""
     if not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    step = component_fields(address)
+    step = geometry(address)
     where = step["where"]
     if address.head is not None:
         where = f"head {address.head} of {where}"
-        current = current[plain._head_slice(step)]
+        current = current[plain.head_slice(step)]
     if address.stream is not None:
         where = f"stream {address.stream} of {where}"
-        current = current[plain._stream_slice(step, current, None)]
+        current = current[plain.stream_slice(step, current, None)]
     check_value(where, value, current)
 
 
@@ -87,7 +86,7 @@ def write(model: Any, address: ComponentAddress, value: Any, index: Any = None) 
     the model computed it."""
     index = _positions_due(address, index)
     step = lower_step(
-        model, address, write=True, value=value, held=False, index=index, remote=False
+        model, address, write=True, value=value, held=False, index=index, target=Target.TRACE
     )
     plain.write(model, step, model.internals)
 
@@ -137,7 +136,7 @@ class Plan:
         held: bool = False,
         *,
         frame: str = "plain",
-        engine: str = "nnsight",
+        engine: str | Engine = "nnsight",
         **remote: Any,
     ) -> dict[ComponentAddress, Any]:
         """Run the plan in one trace; return what was read, by address. With ``held``,
@@ -155,35 +154,13 @@ class Plan:
 
         ``engine="hooks"`` runs it locally with plain torch forward hooks
         (``causalab_mini.hooks``: the same tensors, no trace; it refuses what needs a
-        forward's source); nnsight's trace is the default and the only remote engine."""
+        forward's source); nnsight's trace is the default and the only remote engine.
+        ``engine`` may also be a ``causalab_mini.engines.Engine``."""
         if set(remote) - {"remote", "backend", "blocking"}:
             raise TypeError(f"Plan.run takes remote=, backend= and blocking=, not {sorted(remote)}")
-        from .hooks import check_engine
-
-        check_engine(engine, bool(remote.get("remote") or remote.get("backend") is not None))
+        runner = engine_for(engine, **remote)
         inputs, indices = _resolved(self, model, inputs, frame)
-        if engine == "hooks":
-            from .hooks import run_plan as run_hooks
-
-            return run_hooks(self, model, inputs, held, indices)
-        if remote.get("remote") or remote.get("backend") is not None:
-            from .remote import run_plan
-
-            return run_plan(self, model, inputs, held=held, indices=indices, **remote)
-        _prepare_sources(model, [s.address for s in self.steps])
-        program, addresses = lower(self, model, held, indices, remote=False)
-        saved: list[Any] = []  # bound before the trace
-        try:
-            with model.trace(inputs):
-                saved.extend(v.save() for v in plain.run(model, program, None, model.internals))
-        except (OperationNotFound, PlaceUnavailable, WriteRefused, ComponentError) as exc:
-            # nnsight wraps what a trace body raises in its own traceback text; hand the
-            # caller our message as it was written
-            original = getattr(exc, "original", None)
-            if isinstance(original, Exception) and original is not exc:
-                raise original from None
-            raise
-        return {a: getattr(t, "value", t) for a, t in zip(addresses, saved, strict=True)}
+        return runner.reads(model, runner.lower(self, model, held, indices), inputs)
 
     def generate(
         self,

@@ -117,14 +117,14 @@ class Position:
         return out
 
     def __str__(self) -> str:
-        return _text(self.spec())
+        return text_of(self.spec())
 
 
-def _text(spec: Any) -> str:
+def text_of(spec: Any) -> str:
     if isinstance(spec, str):
         return repr(spec)
     if isinstance(spec, (list, tuple)):
-        return "[" + ", ".join(_text(s) for s in spec) + "]"
+        return "[" + ", ".join(text_of(s) for s in spec) + "]"
     inner = ", ".join(f"{k!r}: {v!r}" for k, v in spec.items())
     return "{" + inner + "}"
 
@@ -645,7 +645,7 @@ def resolve(model: Any, inputs: Any, position: Any, frame: str = "plain") -> lis
             for i in _one(p, fr, row):
                 if i in indices:
                     raise PositionError(
-                        f"{_text(_spec_of(positions))} names token {i} of "
+                        f"{text_of(spec_of(positions))} names token {i} of "
                         f"{fr.describe(row)} twice ({fr.tokens[i]!r}); name each token once"
                     )
                 indices.append(i)
@@ -662,7 +662,7 @@ def stacked(indices: Sequence[Sequence[int]], position: Any) -> Any:
     counts = [len(r) for r in indices]
     if len(set(counts)) > 1:
         raise PositionError(
-            f"{_text(_spec_of(parse(position)))} names a different number of tokens in each "
+            f"{text_of(spec_of(parse(position)))} names a different number of tokens in each "
             f"row ({counts}), so the positions do not stack into one tensor: address a fixed "
             'number of tokens per row ({"index": i}, or a span with an index)'
         )
@@ -675,7 +675,7 @@ take = plain.take_positions
 put = plain.put_positions
 
 
-def _spec_of(positions: Iterable[Position]) -> Any:
+def spec_of(positions: Iterable[Position]) -> Any:
     specs = [p.spec() for p in positions]
     return specs[0] if len(specs) == 1 else specs
 
@@ -721,7 +721,9 @@ __all__ = [
     "parse",
     "put",
     "resolve",
+    "spec_of",
     "stacked",
     "take",
+    "text_of",
     "trace_inputs",
 ]

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from . import plain as plain_module
-from .errors import RemoteIncomplete, RemoteMismatch, RemoteRefused
-from .internals import WriteRefused, _installed
-from .lower import lower
+from .errors import RemoteIncomplete, RemoteMismatch, RemoteRefused, WriteRefused
+from .lower import Program, Target, lower
+from .versions import installed_version
 
 # What the server must have installed, by the way a request reaches it.
 PACKAGES = ("causalab_mini", "nnterp")
@@ -80,7 +80,7 @@ def versions() -> dict[str, str | None]:
     """The installed versions a request of the first kind needs on the server too."""
     from causalab_mini import __version__
 
-    return {"causalab_mini": __version__, "nnterp": _installed("nnterp")}
+    return {"causalab_mini": __version__, "nnterp": installed_version("nnterp")}
 
 
 def _dtype(model: Any) -> str | None:
@@ -364,14 +364,25 @@ def run_plan(
     indices: Mapping[Any, Any] | None = None,
 ) -> dict[Any, Any]:
     """Run ``plan`` as plain nnsight module accesses in one trace: on NDIF with
-    ``remote=True`` or ``remote="http://host"`` (or on ``backend``), else locally. Returns every read, by address,
-    or raises: never an empty result for a plan that reads."""
+    ``remote=True`` or ``remote="http://host"`` (or on ``backend``), else locally
+    (``causalab_mini.engines.RemoteEngine``). Returns every read, by address, or raises:
+    never an empty result for a plan that reads."""
     if not blocking:
         raise RemoteRefused(
             "Plan.run(remote=True) waits for its reads: blocking=False would return before "
             "they exist; submit a trace of your own with blocking=False instead"
         )
-    program, addresses = lower(plan, model, held, indices)
+    program = lower(plan, model, held, indices, target=Target.REMOTE)
+    reads = execute(model, program, inputs, remote=remote, backend=backend)
+    return dict(zip(program.reads, reads, strict=True))
+
+
+def execute(
+    model: Any, program: Program, inputs: Any, *, remote: bool | str, backend: Any
+) -> list[Any]:
+    """Run a program lowered for a server (``Target.REMOTE``) in one trace of the plain
+    model (``plain_model``): on NDIF, on ``backend``, or locally; the reads in program
+    order, every one of them, or it raises."""
     wanted = expected(model)
     run = shipped()["run"]
     plain = plain_model(model)
@@ -384,16 +395,17 @@ def run_plan(
     elif remote:  # "local": nnsight's in-process simulation of the request
         kwargs["remote"] = remote
     try:
-        reads = _execute(plain, inputs, program, wanted, run, kwargs)
+        reads = _execute(plain, inputs, program.steps, wanted, run, kwargs)
     except Exception as exc:
         raise _explained(exc) from None
-    if not isinstance(reads, list) or len(reads) != len(addresses):
+    if not isinstance(reads, list) or len(reads) != len(program.reads):
         got = "nothing" if reads is None else f"{len(reads)} values"
         raise RemoteIncomplete(
-            f"the plan read {len(addresses)} places and the trace handed back {got}: the "
-            "server's result did not hold the reads (was the request's result downloaded?)"
+            f"the plan read {len(program.reads)} places and the trace handed back {got}: "
+            "the server's result did not hold the reads (was the request's result "
+            "downloaded?)"
         )
-    return dict(zip(addresses, reads, strict=True))
+    return reads
 
 
 def _execute(
@@ -410,8 +422,8 @@ __all__ = [
     "RemoteMismatch",
     "RemoteRefused",
     "check_arrival",
+    "execute",
     "expected",
-    "lower",
     "plain_model",
     "preflight_packages",
     "remote_host",

@@ -69,7 +69,7 @@ def child(envoy: Any, path: str) -> Any | None:
     return current
 
 
-def _shared_on(base: Any, path: str) -> str | None:
+def shared_on(base: Any, path: str) -> str | None:
     """The first path of a module that ``path`` below ``base`` reaches through a second
     path (``compat.shared_path``), or None."""
     current = base
@@ -83,7 +83,7 @@ def _shared_on(base: Any, path: str) -> str | None:
     return None
 
 
-def _shared_reason(name: str, module: str, first: str) -> str:
+def shared_reason(name: str, module: str, first: str) -> str:
     return (
         f"{name} reads {module!r}, which here is the module object at {first} (one module "
         "called by several layers, as a shared activation): nnsight 0.8 gives it one envoy "

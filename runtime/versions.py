@@ -10,7 +10,7 @@ from packaging.version import Version
 
 
 @functools.cache
-def _installed(package: str) -> str | None:
+def installed_version(package: str) -> str | None:
     """The installed version of ``package`` (read once per process: reading package
     metadata costs milliseconds, and locate asks for every interior at every layer)."""
     try:
@@ -26,10 +26,10 @@ def outside_versions(versions: tuple[tuple[str, str], ...]) -> tuple[str, str, s
     version is outside its range, or None where every installed one is inside (a
     package not installed is not held against a row)."""
     for package, spec in versions:
-        installed = _installed(package)
+        installed = installed_version(package)
         if installed is not None and Version(installed) not in SpecifierSet(spec):
             return package, spec, installed
     return None
 
 
-__all__ = ["outside_versions"]
+__all__ = ["installed_version", "outside_versions"]

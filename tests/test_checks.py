@@ -101,7 +101,7 @@ def test_a_write_that_stops_at_the_norm_does_not_reach_the_stream() -> None:
 def test_a_read_that_is_not_a_copy_is_changed_by_a_later_write(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from causalab_mini import lower
+    from causalab_mini import steps as lower
 
     ctx = _bare(StandardizedTransformer("tiny:llama"))
     clean = list(k.write_keeps_earlier_reads(ctx))

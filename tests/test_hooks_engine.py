@@ -13,6 +13,7 @@ import torch
 
 from causalab_mini import compat
 from causalab_mini.components import ComponentError, locate
+from causalab_mini.engines import HooksEngine
 from causalab_mini.errors import RemoteRefused, WriteRefused
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.hooks import HooksRefused
@@ -216,7 +217,6 @@ def _interface_patched() -> bool:
 
 @pytest.mark.semantic
 def test_no_hook_outlives_a_run(tiny_model: Load) -> None:
-    from causalab_mini import hooks
     from causalab_mini.model import StandardizedTransformer
 
     model = StandardizedTransformer("tiny:llama")  # its own: this test runs it hooked
@@ -234,10 +234,10 @@ def test_no_hook_outlives_a_run(tiny_model: Load) -> None:
     def interrupt(value: Any) -> Any:
         raise KeyboardInterrupt
 
-    program, _ = hooks.lowered(Plan.of([place]), model)
-    program = ({**program[0], "then": interrupt},)
+    engine = HooksEngine()
+    program = engine.lower(Plan.of([place]), model, edits=[(None, interrupt)])
     with pytest.raises(KeyboardInterrupt):
-        hooks.run(model, program, TEXTS)
+        engine.run(model, program, TEXTS)
     assert _hooks(model) == before and not _interface_patched()
     # traced with nnsight afterwards, it gives the tensors of a model never hooked
     fresh = StandardizedTransformer("tiny:llama")

@@ -69,7 +69,7 @@ def _interior_values(model: StandardizedTransformer, layer: int) -> tuple[dict, 
     addresses = {(n, layer): locate(model, n, layer) for n in names}
     out = Plan.of(reads=addresses.values()).run(model, inputs)
     values = {key: out[a] for key, a in addresses.items()}
-    raw = recompute._raw_outputs(model, inputs, addresses)
+    raw = recompute.raw_outputs_of(model, inputs, addresses)
     return addresses, values, raw
 
 
@@ -78,7 +78,7 @@ def _qk_ok(model: StandardizedTransformer, values: dict, raw: dict, layer: int) 
 
     return [
         o.ok
-        for o in recompute._interior_checks(model, values, raw, layer)
+        for o in recompute.interior_checks(model, values, raw, layer)
         if "attention_query" in o.components
     ]
 

@@ -78,6 +78,10 @@ def test_both_entry_points_list_the_same_commands() -> None:
         "new-family",
         "diagram",
         "positions",
+        "validate",
+        "explain",
+        "run",
+        "tokens",
     ]
 
 
@@ -236,3 +240,73 @@ def test_no_function_of_the_tools_is_over_66_lines() -> None:
     tools = sorted((REPO / "runtime" / "tools").rglob("*.py"))
     assert len(tools) > 20
     assert _over(tools, TOOLS_LIMIT) == []
+
+
+def _private_uses(path: Path, package: list[str]) -> list[str]:
+    """Where ``path`` takes a private name (``_x``) from another module of the package:
+    ``from .m import _x``, ``m._x`` on a module it imported, or ``internals._x`` (the
+    model's internals reached into from outside ``internals.py``)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    modules: set[str] = set()
+    found: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            if not module.startswith("causalab_mini"):
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    found.append(f"{path.name}:{node.lineno} imports {module}.{alias.name}")
+                if not node.module or module.endswith(f".{alias.name}"):
+                    modules.add(alias.asname or alias.name)
+                else:
+                    modules.add(alias.asname or alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("causalab_mini"):
+                    modules.add(alias.asname or alias.name.split(".")[0])
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute):
+            continue
+        attr = node.attr
+        if not attr.startswith("_") or attr.startswith("__"):
+            continue
+        owner = node.value
+        name = owner.id if isinstance(owner, ast.Name) else None
+        if isinstance(owner, ast.Attribute):
+            name = owner.attr
+        if name in modules and name is not None and name != "self":
+            found.append(f"{path.name}:{node.lineno} uses {name}.{attr}")
+        elif name in ("internals", "_internals"):
+            found.append(f"{path.name}:{node.lineno} uses {name}.{attr}")
+    return found
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    found: list[str] = []
+    for root, package in (
+        (REPO / "runtime", ["causalab_mini"]),
+        (REPO / "codegen", ["causalab_mini", "codegen"]),
+    ):
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("").parts
+            parent = [*package, *rel[:-1]]
+            if path.name == "__init__.py":
+                parent = [*package, *rel[:-1]]
+            found += [f"{path.relative_to(REPO)}: {u}" for u in _private_uses(path, parent)]
+    assert found == [], "private names used across modules:\n" + "\n".join(found)
+
+
+def test_the_private_name_check_finds_one() -> None:
+    source = (
+        "from .edits import _runner\nfrom . import plain\nplain._whole(1)\n"
+        "self._internals._layer(1)\n"
+    )
+    probe = REPO / "tests" / "_private_probe.py"
+    try:
+        probe.write_text(source)
+        found = _private_uses(probe, ["causalab_mini"])
+    finally:
+        probe.unlink()
+    assert len(found) == 3, found

@@ -159,7 +159,7 @@ def test_blind_scaffold_reproduces_the_registry_rows(
     sc = found(spec)
     assert sc.structure == sc.existing_rule
     theirs = dict(FAMILIES[family].addresses)
-    ours = s._rows_for(sc.verdicts)
+    ours = s.rows_for(sc.verdicts)
     # what a scaffold can find on one instance (not refusals under other configs)
     found_fields = ("module", "io", "select", "scale", "snapshot", "source")
 

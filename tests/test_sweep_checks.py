@@ -90,10 +90,10 @@ def test_a_wrong_query_fails_the_query_key_check(
     addresses = {(n, 1): locate(model, n, 1) for n in names}
     out = Plan.of(reads=addresses.values()).run(model, inputs)
     values = {key: out[a] for key, a in addresses.items()}
-    raw = recompute._raw_outputs(model, inputs, addresses)
+    raw = recompute.raw_outputs_of(model, inputs, addresses)
     for factor, holds in ((1.0, True), (1.1, False)):
         tampered = {**values, ("attention_query", 1): values[("attention_query", 1)] * factor}
-        outcomes = list(recompute._interior_checks(model, tampered, raw, 1))
+        outcomes = list(recompute.interior_checks(model, tampered, raw, 1))
         assert [o.ok for o in outcomes if "attention_query" in o.components] == [holds]
 
 

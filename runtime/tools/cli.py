@@ -20,6 +20,10 @@ COMMANDS: dict[str, str] = {
     "new-family": "causalab_mini.tools.scaffold:new_family_command",
     "diagram": "causalab_mini.tools.diagram:diagram_command",
     "positions": "causalab_mini.tools.positions:positions_command",
+    "validate": "causalab_mini.tools.documents:validate_command",
+    "explain": "causalab_mini.tools.documents:explain_command",
+    "run": "causalab_mini.tools.documents:run_command",
+    "tokens": "causalab_mini.tools.documents:tokens_command",
 }
 
 
@@ -51,6 +55,10 @@ def main() -> None:
       registry new-family starcoder2
       registry diagram tiny:gpt_neox parallel.svg
       registry positions tiny:llama "The quick brown fox" --position '{"index": -1}'
+      causalab-mini validate documents/activation_patching.yaml
+      causalab-mini explain documents/activation_patching.yaml --model tiny:gpt2
+      causalab-mini run documents/activation_patching.yaml --out runs/patching
+      causalab-mini tokens tiny:llama "The quick brown fox"   (= registry positions)
 
     \b
     Shell completion (bash; zsh_source and fish_source for the others):

@@ -36,7 +36,7 @@ from causalab_mini.generated import COMPONENTS
 from causalab_mini.internals import NO_STRUCTURE_RULE
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.checks import CHECKS, Context, row_components
-from causalab_mini.tools.checks.recompute import _raw_outputs
+from causalab_mini.tools.checks.recompute import raw_outputs_of
 from causalab_mini.tools.verdicts import LOADED, ArchitectureOutcome, ComponentState
 
 GENERIC = ("not found", "unknown error", "failed")
@@ -56,6 +56,9 @@ class Result:
     components: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
     group: str | None = None  # registry/tiny.yaml groups (None: causal_lm, older reports)
+    # the moved build's manifest (moved, skipped, no_effect) and, over both builds,
+    # each build's outcome (tools/builds.py); None: the default build alone
+    build: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:  # read back from JSON: the member of its string
         self.outcome = ArchitectureOutcome(self.outcome)
@@ -206,7 +209,7 @@ def _context(
     attn_inputs: dict[tuple[str, int | None], Any] = {}
     if any(k[0] == "attention_input_norm" for k in v):
         attn_inputs = cert.read_places(model, inputs, ["attentions_input"])
-    raw = _raw_outputs(model, inputs, addresses)
+    raw = raw_outputs_of(model, inputs, addresses)
     return Context(model, inputs, addresses, v, raw, hf, places, attn_inputs, unordered)
 
 
@@ -369,6 +372,9 @@ def _run_one(spec: str) -> Result:
             f"{type(exc).__name__}: {exc}",
             seconds=time.perf_counter() - started,
         )
+    from causalab_mini.tools.builds import manifest_of
+
+    built = manifest_of(path) or None
     try:
         model = StandardizedTransformer(path, enable_attention_probs=True)
     except Exception as exc:
@@ -378,6 +384,7 @@ def _run_one(spec: str) -> Result:
             ArchitectureOutcome.UNLOADABLE,
             f"nnterp cannot load it: {type(exc).__name__}: {first}",
             seconds=time.perf_counter() - started,
+            build=built,
         )
     result = Result(
         model_type,
@@ -386,6 +393,7 @@ def _run_one(spec: str) -> Result:
         structure=model.block_structure,
         families=list(model.families),
         layers=model.internals.num_layers,
+        build=built,
     )
     try:
         result.components = certify(model, cert.sample_inputs(model))
@@ -489,20 +497,36 @@ def sweep(
     jobs: int,
     timeout: float,
     progress: Callable[[Result], None] | None = None,
+    builds: tuple[str, ...] = ("default",),
 ) -> list[Result]:
+    """Certify each of ``model_types`` in each of ``builds`` (tiny.py BUILDS), each in
+    its own process; over several builds an architecture's result is their
+    combination (tools/builds.py: a place is ok only where it holds on every build)."""
     import multiprocessing
+
+    from causalab_mini.tools.builds import build_of, combined, spec_for
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(_PRELOAD)
-    results: list[Result] = []
+    results: dict[str, dict[str, Result]] = {}
+    specs = [spec_for(t, b) for t in model_types for b in builds]
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_worker, t, timeout, context): t for t in model_types}
+        futures = {pool.submit(_worker, spec, timeout, context): spec for spec in specs}
         for future in as_completed(futures):
+            spec = futures[future]
             result = future.result()
-            results.append(result)
+            if result.model_type == spec and "?" in spec:  # a timeout names the spec
+                result.model_type = spec.removeprefix("tiny:").split("?")[0]
+            results.setdefault(result.model_type, {})[build_of(spec)] = result
             if progress is not None:
                 progress(result)
-    return sorted(results, key=lambda r: r.model_type)
+    out = []
+    for by_build in results.values():
+        if len(builds) > 1 and len(by_build) == len(builds):
+            out.append(combined(by_build["default"], by_build["moved"]))
+        else:
+            out.extend(by_build.values())
+    return sorted(out, key=lambda r: r.model_type)
 
 
 def group_name(result: Result | dict[str, Any]) -> str:
@@ -527,14 +551,14 @@ def summarize(results: list[Result]) -> dict[str, Any]:
 def write_report(results: list[Result], path: Path, seconds: float) -> None:
     import transformers
 
-    from causalab_mini.internals import _installed
     from causalab_mini.tools.tiny import group_model_types
+    from causalab_mini.versions import installed_version
 
     every = group_model_types()
     data = {
         "transformers": transformers.__version__,
-        "nnsight": _installed("nnsight"),
-        "nnterp": _installed("nnterp"),
+        "nnsight": installed_version("nnsight"),
+        "nnterp": installed_version("nnterp"),
         "seconds": round(seconds, 1),
         "summary": summarize(results),
         "groups": {
@@ -678,6 +702,9 @@ def coverage_markdown(report: dict[str, Any], against: dict[str, Any] | None = N
             part[at:at] = [structures, ""]
         lines += part
         lines += _engines_markdown(by_group[group])
+    from causalab_mini.tools.builds import both_markdown
+
+    lines += both_markdown(by_group, {g: _group_label(g) for g in by_group})
     lines += ["", "## Refusals, by reason", "", "| times | reason |", "|---|---|"]
     for text, count in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0])):
         cell = text[:400].replace("|", "\\|")
@@ -832,6 +859,24 @@ def _group_row(r: dict[str, Any], reasons: dict[str, int]) -> str:
     help="With --doc: another run's report (--out of a sweep under another nnsight or "
     "transformers); the table lists where it differs.",
 )
+@click.option(
+    "--build",
+    "build",
+    type=click.Choice(["default", "moved", "both"]),
+    default="both",
+    show_default=True,
+    help="Which tiny build to certify: the default one, the moved one "
+    "(tiny:<type>?build=moved: scales, caps, head and expert sizes, epsilons moved, norms "
+    "drawn away from identity), or both (a place is ok only where it holds on both).",
+)
+@click.option(
+    "--moved",
+    "moved_report",
+    type=click.Path(path_type=Path, dir_okay=False, exists=True),
+    default=None,
+    help="With --doc: a report of the moved build alone (--build moved --out ...), joined "
+    "architecture by architecture with this run's default build.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON.")
 def sweep_command(
     only: str | None,
@@ -842,6 +887,8 @@ def sweep_command(
     as_json: bool = False,
     against: Path | None = None,
     groups: str | None = None,
+    build: str = "both",
+    moved_report: Path | None = None,
 ) -> None:
     """Certify every causal-LM architecture of the installed transformers, and every
     architecture of the other groups registry/tiny.yaml names (image-text-to-text
@@ -855,10 +902,13 @@ def sweep_command(
       registry sweep --group image_text_to_text
       registry sweep --jobs 2 --out docs/coverage.json --doc docs/coverage.md
       registry sweep --doc docs/coverage.md --against nnsight-0.8.json
+      registry sweep --build moved --jobs 1 --out moved.json
+      registry sweep --build default --out docs/coverage.json --doc docs/coverage.md --moved moved.json
     """
     chosen = _chosen(only, groups)
     started = time.perf_counter()
-    results = _swept(chosen, jobs, timeout)
+    builds = ("default", "moved") if build == "both" else (build,)
+    results = _swept(chosen, jobs, timeout, builds)
     seconds = time.perf_counter() - started
     _print_results(results, seconds, as_json)
     if out is not None:
@@ -872,7 +922,10 @@ def sweep_command(
             write_report(results, report_path, seconds)
         doc.parent.mkdir(parents=True, exist_ok=True)
         other = json.loads(against.read_text()) if against is not None else None
-        doc.write_text(coverage_markdown(json.loads(report_path.read_text()), other))
+        report = json.loads(report_path.read_text())
+        if moved_report is not None:
+            report = joined_with_moved(report, json.loads(moved_report.read_text()))
+        doc.write_text(coverage_markdown(report, other))
 
 
 def _chosen(only: str | None, groups: str | None) -> list[str]:
@@ -903,7 +956,25 @@ def _chosen(only: str | None, groups: str | None) -> list[str]:
     return chosen
 
 
-def _swept(chosen: list[str], jobs: int, timeout: float) -> list[Result]:
+def joined_with_moved(report: dict[str, Any], moved: dict[str, Any]) -> dict[str, Any]:
+    """``report`` (a default-build sweep) with each architecture that ``moved`` (a
+    moved-build sweep) also swept replaced by the two combined (tools/builds.py)."""
+    from causalab_mini.tools.builds import combined
+
+    theirs = {r["model_type"]: Result(**r) for r in moved["results"]}
+    results = []
+    for r in report["results"]:
+        other = theirs.get(r["model_type"])
+        if other is None or (r.get("build") or {}).get("outcomes"):
+            results.append(r)
+            continue
+        results.append(combined(Result(**r), other).__dict__)
+    return {**report, "results": results}
+
+
+def _swept(
+    chosen: list[str], jobs: int, timeout: float, builds: tuple[str, ...] = ("default",)
+) -> list[Result]:
     """``sweep`` over ``chosen``, with a progress bar on stderr."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -917,12 +988,12 @@ def _swept(chosen: list[str], jobs: int, timeout: float) -> list[Result]:
         console=console,
         transient=True,
     ) as bar:
-        task = bar.add_task("sweeping", total=len(chosen))
+        task = bar.add_task("sweeping", total=len(chosen) * len(builds))
 
         def advance(result: Result) -> None:
             bar.update(task, advance=1, description=f"{result.model_type}: {result.outcome}")
 
-        results = sweep(chosen, jobs, timeout, advance)
+        results = sweep(chosen, jobs, timeout, advance, builds)
     return results
 
 

@@ -38,6 +38,7 @@ from causalab_mini.generated.tiny import (
     TINY_GENERIC,
     TINY_GROUPS,
     TINY_KEEP_OFF,
+    TINY_MOVED,
     TINY_NOT_BUILDABLE,
     TINY_OVERRIDES,
     TINY_SAVED_BY,
@@ -55,15 +56,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BUILDER_VERSION",
+    "BUILDS",
     "TINY_PREFIX",
     "TinyBuildError",
     "build_class",
     "build_tiny",
     "cache_root",
     "causal_lm_model_types",
+    "draw_norms",
     "group_model_types",
     "group_of",
+    "moved_fields",
     "resolve_model_spec",
+    "scale_weights",
     "split_member",
     "tiny_config",
     "tiny_tokenizer",
@@ -75,6 +80,15 @@ TINY_PREFIX = "tiny:"
 
 BUILDER_VERSION = 3
 """Bumped whenever a change here changes what gets built; part of the cache key."""
+
+BUILDS = ("default", "moved")
+"""The tiny builds of a model type: ``default`` (the shrunk config as it comes) and
+``moved`` (registry/tiny.yaml moved: every field that scales, caps, clips, sizes a
+head or an expert, or sets an epsilon moved away from its value, every norm drawn
+away from identity), spelled ``tiny:<model_type>?build=moved``."""
+
+BUILD_KEY = "build"
+"""The query key of a ``tiny:`` spec that names the build (not a config attribute)."""
 
 CACHE_ENV = "CAUSALAB_MINI_CACHE"
 MANIFEST = "tiny_build.json"
@@ -139,7 +153,7 @@ def _overrides(model_type: str) -> dict[str, Any]:
     return _thaw(found) if found is not None else {}
 
 
-class TinyBuildError(CausalabError):
+class TinyBuildError(CausalabError):  # type: ignore[misc]  # Any to mypy
     """A family cannot be built tiny here; the message says why."""
 
 
@@ -225,7 +239,9 @@ def _recipe(model_type: str) -> dict[str, Any]:
     return recipe
 
 
-def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | None = None) -> str:
+def _checkpoint_name(
+    model_type: str, seed: int, overrides: dict[str, Any] | None = None, build: str = "default"
+) -> str:
     import hashlib
 
     import transformers
@@ -234,6 +250,8 @@ def _checkpoint_name(model_type: str, seed: int, overrides: dict[str, Any] | Non
         f"{model_type.replace('/', '+')}-transformers{transformers.__version__}-v{BUILDER_VERSION}"
     )
     recipe = _recipe(model_type)
+    if build != "default":  # the build's own table is part of what is built
+        recipe["build"] = {"name": build, "moved": _thaw(TINY_MOVED)}
     if recipe:
         key = json.dumps(recipe, sort_keys=True, default=str).encode()
         name += f"-r{hashlib.sha256(key).hexdigest()[:8]}"
@@ -704,6 +722,7 @@ def build_tiny(
     cache_dir: Path | None = None,
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
+    build: str = "default",
 ) -> Path:
     """Build (once) and return the directory of a tiny ``model_type`` checkpoint.
 
@@ -713,13 +732,21 @@ def build_tiny(
     tokenizer, all written by ``save_pretrained``. Concurrent builders serialise on a
     file lock; the directory appears atomically (built next to it, then renamed).
     ``overrides`` sets config attributes of the text config (``use_parallel_residual``,
-    ``residual_multiplier``) and is part of the cache key.
+    ``residual_multiplier``) and is part of the cache key. ``build`` is one of
+    ``BUILDS``: ``moved`` moves the config's scales, caps, head and expert sizes and
+    epsilons and draws the norms away from identity (``moved_fields``, ``draw_norms``);
+    its manifest records what moved, what was skipped and why, and what had no effect.
     """
     from filelock import FileLock
 
+    if build not in BUILDS:
+        raise TinyBuildError(
+            f"tiny {model_type!r}: no build {build!r}; the builds are {', '.join(BUILDS)} "
+            f"(write tiny:{model_type} or tiny:{model_type}?build=moved)"
+        )
     _check_model_type(model_type)
     base = (Path(cache_dir) if cache_dir is not None else cache_root()) / "tiny"
-    final = base / _checkpoint_name(model_type, seed, overrides)
+    final = base / _checkpoint_name(model_type, seed, overrides, build)
     if (final / MANIFEST).is_file():
         return final
     base.mkdir(parents=True, exist_ok=True)
@@ -734,7 +761,7 @@ def build_tiny(
             from causalab_mini.quiet import quiet
 
             with quiet():  # no "Writing model shards" / "Loading weights" bars
-                _materialize(model_type, tmp, seed, overrides or {})
+                _materialize(model_type, tmp, seed, overrides or {}, build)
             os.replace(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -742,7 +769,9 @@ def build_tiny(
     return final
 
 
-def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any]) -> None:
+def _materialize(
+    model_type: str, out: Path, seed: int, overrides: dict[str, Any], build: str = "default"
+) -> None:
     """Write a tiny checkpoint of ``model_type`` into the (empty) directory ``out``."""
     import torch
     import transformers
@@ -764,7 +793,12 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
     auto = _causal_lm_class(model_type, member)
     saver = _saving_class(model_type)
     built = built if model_type in _BUILD_FROM else config
-    model = _instantiate(model_type, saver or auto, built, seed)
+    moves: dict[str, Any] = {}
+    if build == "moved":
+        model, built, moves = _moved_model(model_type, saver or auto, built, tokenizer, seed)
+        config = built if model_type not in _BUILD_FROM else config
+    else:
+        model = _instantiate(model_type, saver or auto, built, seed)
     _save_and_reload(model_type, auto, model, tokenizer, config, out)
     manifest = {
         "model_type": model_type,
@@ -777,8 +811,236 @@ def _materialize(model_type: str, out: Path, seed: int, overrides: dict[str, Any
         "overrides": overrides,
         "parameters": sum(p.numel() for p in model.parameters()),
         "build_seconds": round(time.perf_counter() - started, 3),
+        "build": build,
+        **moves,
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+# ------------------------------------------------------------------ moved build
+
+
+@dataclasses.dataclass(frozen=True)
+class Move:
+    """One config field of the moved build: its path in the text config (dotted
+    through nested configs), the value the tiny config gives it, the moved value, and
+    the rule's reason."""
+
+    path: str
+    old: Any
+    new: Any
+    why: str
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _moved_value(rule: Mapping[str, Any], value: Any, turn: int) -> Any:
+    """The value ``rule`` moves ``value`` to on its ``turn``-th field (None: the rule
+    does not apply to a value of this type): a number from the rule's values that is
+    not the value; a list of numbers element by element; a boolean negated."""
+    if rule["kind"] == "flip":
+        return (not value) if isinstance(value, bool) else None
+    values = list(rule.get("values") or ())
+    if not values:
+        return None
+
+    def pick(current: Any, at: int) -> Any:
+        for step in range(len(values)):
+            candidate = values[(at + step) % len(values)]
+            if candidate != current:
+                if isinstance(current, int) and float(candidate).is_integer():
+                    return int(candidate)
+                return candidate
+        return None
+
+    if value is None:
+        return pick(None, turn) if rule.get("from_none") else None
+    if _number(value):
+        return pick(value, turn)
+    if isinstance(value, (list, tuple)) and value and all(map(_number, value)):
+        moved = [pick(v, turn + i) for i, v in enumerate(value)]
+        return None if any(m is None for m in moved) else type(value)(moved)
+    return None
+
+
+def moved_fields(config: Any, table: Mapping[str, Any] | None = None) -> list[Move]:
+    """The fields of ``config`` (a text config, and the configs it nests as attributes)
+    the moved build moves (registry/tiny.yaml moved), in the order of their names: each
+    found by the first rule whose pattern its name matches (and exclude does not), with
+    the value that rule gives it."""
+    from transformers import PretrainedConfig
+
+    table = TINY_MOVED if table is None else table
+    rules = list(table.get("rules") or ())
+    exclude = re.compile(str(table.get("exclude") or "(?!)"))
+    turns: dict[int, int] = {}
+    found: list[Move] = []
+
+    def walk(cfg: Any, prefix: str, seen: set[int]) -> None:
+        if id(cfg) in seen:
+            return
+        seen.add(id(cfg))
+        held = vars(cfg)
+        for key in sorted(held):
+            value = held[key]  # as stored: a per-layer attribute's getter may refuse
+            if key.startswith("_"):
+                continue
+            if isinstance(value, PretrainedConfig):
+                walk(value, f"{prefix}{key}.", seen)
+                continue
+            if exclude.search(key):
+                continue
+            for index, rule in enumerate(rules):
+                if not re.search(str(rule["pattern"]), key):
+                    continue
+                new = _moved_value(rule, value, turns.get(index, 0))
+                if new is not None:
+                    turns[index] = turns.get(index, 0) + 1
+                    found.append(Move(f"{prefix}{key}", value, new, str(rule["why"])))
+                break  # the first matching rule decides, even where it moves nothing
+
+    walk(config, "", set())
+    return found
+
+
+def _set_path(config: Any, path: str, value: Any) -> None:
+    *parents, key = path.split(".")
+    for part in parents:
+        config = getattr(config, part)
+    setattr(config, key, value)
+
+
+def draw_norms(model: Any, table: Mapping[str, Any] | None = None) -> int:
+    """Every norm of ``model`` (a module whose class name matches registry/tiny.yaml
+    moved.norms.pattern) given weights and biases drawn around their init: each of its
+    own floating parameters plus seeded normal noise (bias_std for a parameter named
+    bias, weight_std otherwise). The same model (same shapes) always gets the same
+    draw. Returns how many parameters were drawn."""
+    import torch
+
+    norms = (TINY_MOVED if table is None else table)["norms"]
+    pattern = re.compile(str(norms["pattern"]), re.IGNORECASE)
+    generator = torch.Generator().manual_seed(int(norms["seed"]))
+    drawn = 0
+    with torch.no_grad():
+        for _, module in model.named_modules():
+            if not pattern.search(type(module).__name__):
+                continue
+            for name, param in module.named_parameters(recurse=False):
+                if not param.is_floating_point():
+                    continue
+                std = float(norms["bias_std"] if "bias" in name else norms["weight_std"])
+                noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+                param.add_((noise * std).to(param.dtype))
+                drawn += 1
+    return drawn
+
+
+def scale_weights(model: Any, table: Mapping[str, Any] | None = None) -> int:
+    """Every floating parameter of ``model`` with two or more axes (projections,
+    embeddings, convolutions) multiplied by registry/tiny.yaml moved.weights.scale, so
+    that a tiny model's activations are of order one rather than init-sized. Returns
+    how many parameters were scaled (a tied weight once)."""
+    import torch
+
+    factor = float((TINY_MOVED if table is None else table)["weights"]["scale"])
+    scaled = 0
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.is_floating_point() and param.dim() >= 2:
+                param.mul_(factor)
+                scaled += 1
+    return scaled
+
+
+def _moved_model(
+    model_type: str, cls: Any, built: Any, tokenizer: Any, seed: int
+) -> tuple[Any, Any, dict[str, Any]]:
+    """The moved build of ``built`` (the config the class is built from): the model,
+    its config, and what the manifest records (moved: path -> [tiny value, moved
+    value]; skipped: path -> why; no_effect: the moved fields whose value changes none
+    of the smoke batch's logits; norms_drawn)."""
+    import copy
+
+    import torch
+
+    candidates = moved_fields(built.get_text_config())
+    scaled: list[str | None] = [None]  # why the weights are not scaled (None: they are)
+
+    def attempt(moves: list[Move]) -> tuple[Any, Any, Any, int]:
+        config = copy.deepcopy(built)
+        text = config.get_text_config()
+        for move in moves:
+            try:
+                _set_path(text, move.path, move.new)
+            except Exception as exc:
+                raise TinyBuildError(
+                    f"the config refuses {move.path}={move.new!r}: {_first_line(exc)}"
+                ) from exc
+        if moves:
+            try:  # what the checkpoint's config.json will be read back as (validated)
+                type(config).from_dict(config.to_dict())
+            except Exception as exc:
+                raise TinyBuildError(
+                    f"the config, read back, refuses it: {type(exc).__name__}: {_first_line(exc)}"
+                ) from exc
+        model = _instantiate(model_type, cls, config, seed)
+        if scaled[0] is None:
+            scale_weights(model)
+        drawn = draw_norms(model)
+        part = _traced(model_type, _loaded_part(model_type, model))
+        return model, config, _smoke_logits(model_type, part, tokenizer), drawn
+
+    skipped: dict[str, str] = {}
+    kept = list(candidates)
+    try:
+        model, config, logits, drawn = attempt(kept)
+    except TinyBuildError:
+        try:
+            attempt([])
+        except TinyBuildError as exc:  # the forward cannot run at scaled weights
+            scaled[0] = f"the forward fails with the weights scaled: {_first_line(exc)}"
+        kept = []
+        for move in candidates:  # alone, each field the config and forward take
+            try:
+                attempt([move])
+            except TinyBuildError as exc:
+                skipped[move.path] = f"{move.path}={move.new!r}: {_first_line(exc)}"
+                continue
+            kept.append(move)
+        while True:  # together: drop the last field until they run
+            try:
+                model, config, logits, drawn = attempt(kept)
+                break
+            except TinyBuildError as exc:
+                if not kept:
+                    raise
+                last = kept.pop()
+                skipped[last.path] = (
+                    f"{last.path}={last.new!r}: runs alone but not with the other moved "
+                    f"fields: {_first_line(exc)}"
+                )
+    no_effect = []
+    for move in kept:  # a field whose value changes nothing of the forward's logits
+        try:
+            _, _, without, _ = attempt([m for m in kept if m is not move])
+        except TinyBuildError:
+            continue
+        if without.shape == logits.shape and torch.equal(without, logits):
+            no_effect.append(move.path)
+    return (
+        model,
+        config,
+        {
+            "moved": {m.path: [m.old, m.new] for m in kept},
+            "skipped": skipped,
+            "no_effect": no_effect,
+            "norms_drawn": drawn,
+            "weights_scaled": scaled[0] or True,
+        },
+    )
 
 
 def _apply_overrides(model_type: str, text: Any, overrides: dict[str, Any]) -> None:
@@ -1101,5 +1363,6 @@ def resolve_model_spec(spec: str) -> str:
     anything else (a hub id, a local directory) unchanged."""
     if spec.startswith(TINY_PREFIX):
         model_type, overrides = parse_tiny_spec(spec)
-        return str(build_tiny(model_type, overrides=overrides or None))
+        build = overrides.pop(BUILD_KEY, "default")
+        return str(build_tiny(model_type, overrides=overrides or None, build=str(build)))
     return spec

@@ -972,6 +972,138 @@ def bench_engines(repeats: int) -> dict[str, Any]:
     return out
 
 
+SEAM_SHAPES = ((1, 16), (4, 128))
+
+
+def interleaved_gc_on(
+    variants: dict[str, Callable[[], Any]], repeats: int, warmup: int = 3
+) -> dict[str, list[float]]:
+    """Wall time of each variant ``repeats`` times, rotating their order every round,
+    with the garbage collector left as a user has it (on, never frozen)."""
+    names = list(variants)
+    for _ in range(warmup):
+        for name in names:
+            variants[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    CPU[id(times)] = cpu
+    return times
+
+
+def bench_seam(repeats: int) -> dict[str, Any]:
+    """The engine seam's cost (issue 31): 24 residual reads on the 4-layer Llama of the
+    engines part, at 1x16 and 4x128 tokens, against a pure transformers forward of the
+    same checkpoint (never wrapped by nnsight) and against raw torch hooks doing the
+    same reads (the mid-stream copied, as the hooks engine must: the block adds to it
+    in place later); per-read overhead in microseconds; gc on."""
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.components import Plan, locate
+    from causalab_mini.tools.tiny import build_tiny
+
+    path = build_tiny("llama", overrides=READS_MODEL)
+    model = StandardizedTransformer(str(path))
+    floor = TorchHooks(path)
+    n = model.internals.num_layers
+    addresses = [locate(model, c, i) for i in range(n) for c in ENGINE_READS]
+    plan = Plan.of(reads=addresses)
+    per = [ENGINE_ROWS[c] for c in ENGINE_READS]
+    rows = [model.internals[name] for name in per]
+    hand = [HAND_LAYER[name] for name in per]
+
+    def torch_reads(inputs: dict[str, Any]) -> list[Any]:
+        values = floor.reads(inputs, [], per, [])
+        # the mid-stream is the residual the block adds the MLP output to in place
+        return [
+            v.clone() if i % len(per) == per.index("layers_mid") else v
+            for i, v in enumerate(values)
+        ]
+
+    out: dict[str, Any] = {"reads_per_forward": len(addresses), "shapes": {}}
+    for batch, seq in SEAM_SHAPES:
+        log(f"seam: 24 reads, {batch}x{seq}")
+        inputs = _tokens(batch, seq, model._model.config.vocab_size)
+
+        def internals_reads(inputs: Any = inputs) -> list[Any]:
+            saved = []
+            with model.trace(inputs):
+                for i in range(n):
+                    for row in rows:
+                        saved.append(row[i].save())
+            return saved
+
+        def hand_reads(inputs: Any = inputs) -> list[Any]:
+            saved = []
+            with model.trace(inputs):
+                for i in range(n):
+                    layer = model.model.layers[i]
+                    for read in hand:
+                        saved.append(read(layer).save())
+            return saved
+
+        def no_grad(fn: Callable[[], Any]) -> Callable[[], Any]:
+            def run() -> Any:
+                with torch.no_grad():
+                    return fn()
+
+            return run
+
+        hooks_values = _values(plan.run(model, inputs, engine="hooks"))
+        checks = {
+            "hooks engine == nnsight engine": _same(hooks_values, _values(plan.run(model, inputs))),
+            "hooks engine == raw torch hooks": _same(
+                hooks_values, torch_reads(inputs)[: len(hooks_values)]
+            ),
+            "internals == hand-written": _same(_values(internals_reads()), _values(hand_reads())),
+        }
+        times = interleaved_gc_on(
+            {
+                "bare": no_grad(lambda inputs=inputs: floor.forward(inputs)),
+                "torch_hooks": no_grad(lambda inputs=inputs: torch_reads(inputs)),
+                "hooks": no_grad(lambda inputs=inputs: plan.run(model, inputs, engine="hooks")),
+                "nnsight": no_grad(lambda inputs=inputs: plan.run(model, inputs)),
+                "internals": no_grad(internals_reads),
+                "nnsight_hand": no_grad(hand_reads),
+            },
+            repeats,
+        )
+        med = {k: statistics.median(v) for k, v in times.items()}
+        cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
+        out["shapes"][f"{batch}x{seq}"] = {
+            "median_cpu_ms": {k: 1e3 * v for k, v in cpu.items()},
+            "cpu_figures": {
+                "hooks engine / bare forward": cpu["hooks"] / cpu["bare"],
+                "hooks engine / raw torch hooks": cpu["hooks"] / cpu["torch_hooks"],
+                "internals / nnsight hand-written": cpu["internals"] / cpu["nnsight_hand"],
+            },
+            "per_read_cpu_us": {
+                k: 1e6 * (cpu[k] - cpu["bare"]) / len(addresses)
+                for k in ("torch_hooks", "hooks", "nnsight", "internals", "nnsight_hand")
+            },
+            "checks": checks,
+            "median_ms": {k: 1e3 * v for k, v in med.items()},
+            "per_read_us": {
+                k: 1e6 * (med[k] - med["bare"]) / len(addresses)
+                for k in ("torch_hooks", "hooks", "nnsight", "internals", "nnsight_hand")
+            },
+            "figures": {
+                "hooks engine / bare forward": med["hooks"] / med["bare"],
+                "hooks engine / raw torch hooks": med["hooks"] / med["torch_hooks"],
+                "raw torch hooks / bare forward": med["torch_hooks"] / med["bare"],
+                "nnsight engine / bare forward": med["nnsight"] / med["bare"],
+                "internals / nnsight hand-written": med["internals"] / med["nnsight_hand"],
+            },
+        }
+    return out
+
+
 def _lens_grid(
     path: Path, model: Any, cells: list[Any], bases: list[str], sources: list[str]
 ) -> Callable[[], list[Any]] | str:
@@ -1593,7 +1725,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="tracing,engines,resolve,tooling",
-        help="comma-separated parts: tracing, engines, resolve, tooling",
+        help="comma-separated parts: tracing, engines, seam, resolve, tooling",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -1625,6 +1757,8 @@ def main(argv: list[str] | None = None) -> int:
         result["tracing"] = bench_tracing(args.repeats, args.small_repeats)
     if "engines" in parts:
         result["engines"] = bench_engines(args.repeats)
+    if "seam" in parts:
+        result["seam"] = bench_seam(args.repeats)
     if "resolve" in parts:
         with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
             result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))

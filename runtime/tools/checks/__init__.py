@@ -141,7 +141,7 @@ def final_norm(ctx: Context) -> Iterator[Outcome]:
         ok, d = close(ctx.v[("ln_final", None)], hidden[n])
         yield Outcome(("ln_final",), "output_hidden_states[-1] == ln_final", ok, d)
     elif len(hidden) != n + 1:
-        last = recompute._last_hidden_state(ctx.model, ctx.inputs)
+        last = recompute.final_hidden_state(ctx.model, ctx.inputs)
         if last is not None:
             ok, d = close(ctx.v[("ln_final", None)], last)
             yield Outcome(("ln_final",), "the base model's last_hidden_state == ln_final", ok, d)
@@ -297,7 +297,7 @@ def module_consistency(ctx: Context) -> Iterator[Outcome]:
     contribution; layers_mid, where no contribution row is read (MiniCPM3), through the
     norm whose output is mlps_norm_output (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from recompute._consistency_checks(ctx.model, ctx.v, ctx.raw, layer)
+        yield from recompute.consistency_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
 def interiors(ctx: Context) -> Iterator[Outcome]:
@@ -305,14 +305,14 @@ def interiors(ctx: Context) -> Iterator[Outcome]:
     output gate), scores == q·kᵀ·scaling + mask (or log probs, up to a constant per
     query) (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from recompute._interior_checks(ctx.model, ctx.v, ctx.raw, layer)
+        yield from recompute.interior_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
 def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
     """The down projection of mlp_neuron_output is the MLP's output; the neurons are
     the activation, or the activation times a gate (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from recompute._mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
+        yield from recompute.mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
 def mlp_projections(ctx: Context) -> Iterator[Outcome]:
@@ -320,7 +320,7 @@ def mlp_projections(ctx: Context) -> Iterator[Outcome]:
     mlp_activation on a non-gated one, and each half its linear of mlp_input
     (checks.recompute)."""
     for layer in range(ctx.n):
-        yield from recompute._mlp_projection_checks(ctx.model, ctx.v, layer)
+        yield from recompute.mlp_projection_checks(ctx.model, ctx.v, layer)
 
 
 # ---------------------------------------------------------------- writes

@@ -33,7 +33,7 @@ class Outcome:
 class Context:
     """What every check reads: ``v`` holds the components read in one trace by
     (component, layer); ``raw`` the modules' own outputs and what the attention call
-    was given (``sweep._raw_outputs``); ``hf`` transformers' own forward with hidden
+    was given (``sweep.raw_outputs_of``); ``hf`` transformers' own forward with hidden
     states (and attentions under eager attention); ``places`` the Address rows'
     values by (row, layer), including rows an identity names that no component reads."""
 

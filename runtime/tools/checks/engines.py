@@ -39,7 +39,7 @@ def _equal(a: Any, b: Any) -> bool:
     return isinstance(b, torch.Tensor) and a.shape == b.shape and bool(torch.equal(a, b))
 
 
-class _BothRefuse(CausalabError):
+class _BothRefuse(CausalabError):  # type: ignore[misc]  # Any to mypy
     """The nnsight engine refused the plan, and the hooks engine refused it too."""
 
 

@@ -15,7 +15,7 @@ from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks.base import Outcome
 
 
-def _last_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
+def final_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
     """``last_hidden_state`` of the causal LM's base model (None where it has none)."""
     import torch
 
@@ -43,7 +43,7 @@ def _row_module(model: Any, layer: int, row: str) -> Any:
     return child(model.internals.row_base(address, layer), address.module)
 
 
-def _raw_outputs(
+def raw_outputs_of(
     model: Any, inputs: dict[str, Any], addresses: dict[tuple[str, int | None], Any]
 ) -> dict[tuple[str, int], Any]:
     """The attention and MLP modules' own outputs, the scaling, values and mask the
@@ -77,7 +77,7 @@ def _raw_outputs(
 def _wanted_modules(
     model: Any, addresses: dict[tuple[str, int | None], Any]
 ) -> tuple[list[tuple[str, int, Any]], dict[int, str]]:
-    """What ``_raw_outputs`` reads, in forward order, as (kind, layer, what): each
+    """What ``raw_outputs_of`` reads, in forward order, as (kind, layer, what): each
     layer's attention operands, output gate, attention and MLP modules, then the
     unembedding's inputs; and the gate's kind by layer."""
     internals = model.internals
@@ -193,12 +193,14 @@ def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, l
     module_inputs: list[tuple[str, Any]] = []
     calls: dict[tuple[str, str], tuple[int, Any, list[tuple[str, Any]]]] = {}
     for name, operand in operands_of(model).items():
+        if name in MLP_OPERANDS:  # the MLP's, read where its checks run
+            continue
         if operand.value is not None:
             numbers.append((name, operand.value))
         elif operand.attribute is not None:  # a buffer: the module's, not the forward's
             held = getattr(envoy._module, operand.attribute, None)
-            if held is not None:
-                numbers.append((name, held.detach().clone()))
+            if held is not None:  # a tensor copied, a number (MPT's softmax_scale) as is
+                numbers.append((name, held.detach().clone() if hasattr(held, "detach") else held))
         elif operand.input is not None:
             module_inputs.append((name, type(operand)(arg=operand.arg, kwarg=operand.input)))
         elif operand.needle is not None:
@@ -220,6 +222,28 @@ def _operand_reads(model: Any, layer: int, query: Any) -> list[tuple[Any, str, l
     ):
         reads.append((op, side, taken))
     return reads
+
+
+# operands of the MLP, not of the attention (interiors.yaml operands): read off the
+# MLP module by the MLP's checks
+MLP_OPERANDS = frozenset({"down_scale"})
+
+
+def _down_scale(model: Any, layer: int) -> Any:
+    """The factor layer ``layer``'s MLP multiplies its down projection's output by (the
+    family's ``down_scale`` operand: an attribute of the MLP module, or a number), 1
+    where none is stated or the layer's MLP does not hold it."""
+    from causalab_mini.locator import operands_of
+
+    operand = operands_of(model).get("down_scale")
+    if operand is None:
+        return 1.0
+    if operand.value is not None:
+        return operand.value
+    if operand.attribute is None or model.internals["mlps"].unavailable_on(layer) is not None:
+        return 1.0
+    held = getattr(_row_module(model, layer, "mlps")._module, operand.attribute, None)
+    return 1.0 if held is None else held
 
 
 def _whole_model_module(model: Any, path: str) -> Any:
@@ -305,7 +329,7 @@ def _rebuilt(value: list[Any] | tuple[Any, ...], items: list[Any]) -> Any:
     return type(value)(items)
 
 
-def _consistency_checks(
+def consistency_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
@@ -405,7 +429,7 @@ def _mlp_refed(
             yield Outcome.of(["mlp_input"], name, ok, d)
 
 
-def _interior_checks(
+def interior_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
@@ -635,8 +659,6 @@ def _qk_product(
     the attention_query and attention_key read at ``layer``."""
     import torch
 
-    from causalab_mini.internals import layer_config
-
     q, k = v[("attention_query", layer)], v[("attention_key", layer)]
     b, seq = q.shape[0], q.shape[1]
     hd = q.shape[-1] // heads
@@ -647,7 +669,9 @@ def _qk_product(
     if scaling is None:
         scaling = hd**-0.5
     product = (qn @ kn.transpose(-1, -2)) * scaling
-    cap = getattr(layer_config(model.text_config, layer), "attn_logit_softcapping", None)
+    # the cap the attention call is given (the softcap operand), not a config field: a
+    # config may state attn_logit_softcapping that its forward never applies (Gemma-3)
+    cap = raw.get(("softcap", layer))
     if cap:
         product = cap * torch.tanh(product / cap)
     return product
@@ -675,7 +699,7 @@ def gated(z: Any, gate: Any) -> Any:
     return gate
 
 
-def _mlp_checks(
+def mlp_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
@@ -692,6 +716,7 @@ def _mlp_checks(
     module = _row_module(model, layer, "mlps_neurons")
     with torch.no_grad():
         projected = module._module(neurons)
+        projected = projected * _down_scale(model, layer)
     targets = [t for t in (v.get(key("mlp_output")), raw.get(("mlps", layer))) if t is not None]
     if targets:
         ok = any(close(projected, t)[0] for t in targets)
@@ -779,7 +804,7 @@ def _activation_function(
     return None, ""
 
 
-def _mlp_projection_checks(
+def mlp_projection_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     layer: int,

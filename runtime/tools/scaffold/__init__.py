@@ -34,7 +34,7 @@ what a person must decide, and the evidence for each choice.
 
 from __future__ import annotations
 
-from causalab_mini.tools.scaffold.build import _rows_for, scaffold
+from causalab_mini.tools.scaffold.build import rows_for, scaffold
 from causalab_mini.tools.scaffold.capture import Capture, capture, walk_layer
 from causalab_mini.tools.scaffold.command import new_family_command, print_summary
 from causalab_mini.tools.scaffold.data import (
@@ -74,7 +74,6 @@ __all__ = [
     "StructureTrial",
     "Verdict",
     "Written",
-    "_rows_for",
     "add_rule",
     "capture",
     "decide_structure",
@@ -88,6 +87,7 @@ __all__ = [
     "print_summary",
     "render_family",
     "resolve_spec",
+    "rows_for",
     "rule_text",
     "scaffold",
     "try_structure",

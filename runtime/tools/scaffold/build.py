@@ -22,23 +22,23 @@ from causalab_mini.tools.scaffold.data import (
     ScaffoldError,
     StructureTrial,
     Verdict,
-    _first_reason,
+    first_reason,
 )
 from causalab_mini.tools.scaffold.loading import (
-    _quiet,
     detect_containers,
     family_name,
     force_structure,
     load,
+    quiet,
     resolve_spec,
 )
 from causalab_mini.tools.scaffold.places import RELATIONS, place_verdicts
-from causalab_mini.tools.scaffold.probabilities import _probabilities
+from causalab_mini.tools.scaffold.probabilities import probability_candidates
 from causalab_mini.tools.scaffold.search import (
-    _layers_text,
-    _scales,
-    _Search,
+    Search,
     decide_structure,
+    layers_text,
+    scale_candidates,
     try_structure,
 )
 
@@ -52,7 +52,7 @@ def _nnterp_container(model: Any, name: str) -> str | None:
     return path.removeprefix("model.") if path.startswith("model.") else None
 
 
-def _rows_for(verdicts: dict[str, Verdict]) -> dict[str, Address]:
+def rows_for(verdicts: dict[str, Verdict]) -> dict[str, Address]:
     rows = dict(DEFAULT_ADDRESSES)  # every name, so no existing family's row leaks in
     for name, verdict in verdicts.items():
         if verdict.status == "verified" and verdict.fields:
@@ -97,7 +97,7 @@ def _versions() -> dict[str, str]:
 
 def scaffold(arg: str, family: str | None = None) -> Scaffold:
     """Inspect, try and verify: everything a family file for ``arg`` can say."""
-    _quiet()
+    quiet()
     spec, model_type = resolve_spec(arg)
     containers, notes, model_class = _inspect(spec, model_type)
     family = family_name(model_type, family)
@@ -170,13 +170,13 @@ def _load_eager(spec: str, containers: dict[str, str | bool], notes: list[str]) 
     return model
 
 
-def _decide(model: Any) -> tuple[_Search, list[StructureTrial], str | None, str]:
+def _decide(model: Any) -> tuple[Search, list[StructureTrial], str | None, str]:
     """One capture, every structure tried on it, the one decided (or None, with why)."""
     from causalab_mini.tools import certify
 
     inputs = certify.sample_inputs(model)
     cap = capture(model, inputs)
-    search = _Search(cap, _scales(model.text_config))
+    search = Search(cap, scale_candidates(model.text_config))
     trials = [try_structure(search, name) for name in BLOCK_STRUCTURES]
     layer0 = model.internals.layer_envoy(0)._module
 
@@ -192,7 +192,7 @@ def _decide(model: Any) -> tuple[_Search, list[StructureTrial], str | None, str]
 
 def _structure_verdicts(
     model: Any,
-    search: _Search,
+    search: Search,
     trials: list[StructureTrial],
     structure: str | None,
     structure_evidence: str,
@@ -225,9 +225,9 @@ def _verified_load(
     """The probabilities tried on ``model``, then the model loaded with the rows found
     (probabilities enabled where a row reaches them, unless nnterp's own load-time
     check refuses it): (that model, the probabilities' verdict)."""
-    probs = _probabilities(model, _rows_for(verdicts))
+    probs = probability_candidates(model, rows_for(verdicts))
     verdicts["attention_probabilities"] = probs
-    rows = _rows_for(verdicts)
+    rows = rows_for(verdicts)
     enabled = probs.status in ("default", "verified")
     try:
         return load(spec, containers, rows, enabled), probs
@@ -235,8 +235,8 @@ def _verified_load(
         if not enabled:
             raise
         probs.status = "missing"
-        probs.evidence += f"; but nnterp's load-time check refuses it: {_first_reason(exc)}"
-        return load(spec, containers, _rows_for(verdicts), False), probs
+        probs.evidence += f"; but nnterp's load-time check refuses it: {first_reason(exc)}"
+        return load(spec, containers, rows_for(verdicts), False), probs
 
 
 def _prove(
@@ -323,7 +323,7 @@ def _read_all(model: Any, inputs: dict[str, Any]) -> tuple[dict[Any, Any], dict[
         try:
             values.update(certify.read_places(model, inputs, [name]))
         except Exception as exc:
-            bad[name] = _first_reason(exc)
+            bad[name] = first_reason(exc)
     return values, bad
 
 
@@ -331,7 +331,7 @@ def _guarded(run: Any, notes: list[str]) -> list[Any]:
     try:
         return list(run())
     except Exception as exc:
-        notes.append(f"a check could not run: {_first_reason(exc)}")
+        notes.append(f"a check could not run: {first_reason(exc)}")
         return []
 
 
@@ -370,7 +370,7 @@ def _summarize(checks: list[Any], n: int) -> tuple[list[str], list[str]]:
         where = (
             "the whole model"
             if not layers
-            else _layers_text(n)
+            else layers_text(n)
             if len(layers) == n
             else f"layers {layers}"
         )

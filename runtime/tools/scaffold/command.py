@@ -13,7 +13,7 @@ from causalab_mini.tools.completion import complete_spec
 from causalab_mini.tools.scaffold.build import scaffold
 from causalab_mini.tools.scaffold.data import Scaffold, ScaffoldError, Verdict
 from causalab_mini.tools.scaffold.loading import family_name, resolve_spec
-from causalab_mini.tools.scaffold.writing import Written, _yaml_scalar, preflight, write_scaffold
+from causalab_mini.tools.scaffold.writing import Written, preflight, write_scaffold, yaml_scalar
 
 STATUS_STYLE = {
     "default": "green",
@@ -27,7 +27,7 @@ STATUS_STYLE = {
 
 def _where(v: Verdict) -> str:
     if v.status == "verified" and v.fields:
-        return ", ".join(f"{k}: {_yaml_scalar(val)}" for k, val in v.fields.items())
+        return ", ".join(f"{k}: {yaml_scalar(val)}" for k, val in v.fields.items())
     if v.status in ("ambiguous",):
         return " | ".join(c.describe() for c in v.choices)
     if v.chosen is not None:

@@ -35,7 +35,7 @@ ROWS: dict[str, Address] = dict(
 CONTRIBUTIONS = {"attentions_output": "self_attn", "mlps_output": "mlp"}
 
 
-class ScaffoldError(CausalabError):
+class ScaffoldError(CausalabError):  # type: ignore[misc]  # Any to mypy
     """The model cannot be scaffolded (not loadable, no layer list); says why."""
 
 
@@ -169,7 +169,7 @@ class Scaffold:
         }
 
 
-def _first_reason(exc: BaseException) -> str:
+def first_reason(exc: BaseException) -> str:
     """The most specific message in an exception chain, on one line."""
     from causalab_mini.ops import OperationNotFound
 

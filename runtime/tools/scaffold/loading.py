@@ -69,7 +69,7 @@ def _structural_overrides(model_type: str, config: dict[str, Any]) -> dict[str, 
     return out
 
 
-def _quiet() -> None:
+def quiet() -> None:
     import logging
     import warnings
 
@@ -230,6 +230,6 @@ def force_structure(model: Any, structure: str | None) -> None:
     """Resolve the model's places as if its block were ``structure``."""
     from causalab_mini.internals import Internals
 
-    rows = {name: place.row for name, place in model.internals._places.items()}
+    rows = {name: place.row for name, place in model.internals.places.items()}
     model.block_structure = structure
     model.internals = Internals(model, rows)

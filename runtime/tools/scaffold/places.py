@@ -17,7 +17,7 @@ from causalab_mini.generated import (
 from causalab_mini.tools.certify import difference, parse_identity
 from causalab_mini.tools.scaffold.capture import walk_layer
 from causalab_mini.tools.scaffold.data import ROWS, Candidate, StructureTrial, Verdict
-from causalab_mini.tools.scaffold.search import _layers_text, _Search
+from causalab_mini.tools.scaffold.search import Search, layers_text
 
 ACTIVATION_NAME = re.compile(r"act|gelu|silu|relu|swish|xielu|glu|tanh|sigmoid|mish", re.I)
 
@@ -38,7 +38,7 @@ def _canonical(model: Any, path: str) -> str | None:
     return None
 
 
-def _table_resolution(model: Any, search: _Search, place: str, structure: str) -> Candidate | None:
+def _table_resolution(model: Any, search: Search, place: str, structure: str) -> Candidate | None:
     """The candidate the runtime picks from structural.yaml (the one that exists)."""
     entry = STRUCTURAL_ADDRESSES.get(place, {}).get(structure)
     if entry is None or entry.reason is not None:
@@ -49,7 +49,7 @@ def _table_resolution(model: Any, search: _Search, place: str, structure: str) -
     return search.cand(found[0], ROWS[place].io.value)
 
 
-def _default_candidate(model: Any, search: _Search, place: str, structure: str) -> Candidate | None:
+def _default_candidate(model: Any, search: Search, place: str, structure: str) -> Candidate | None:
     row = ROWS[place]
     if row.is_structural:
         return _table_resolution(model, search, place, structure)
@@ -62,7 +62,7 @@ def _skip_layers(model: Any, place: str) -> set[int]:
     for item in ROWS[place].unavailable:
         if item.when.kind == "layer_kind" and item.when.layer_kind:
             for layer in range(len(model.layers)):
-                if model.internals._layer_kind(item.when.layer_kind, layer):
+                if model.internals.layer_kind_matches(item.when.layer_kind, layer):
                     out.add(layer)
     return out
 
@@ -132,11 +132,11 @@ def _pick_inner(
 
 
 def place_verdicts(
-    model: Any, search: _Search, structure: str, trial: StructureTrial
+    model: Any, search: Search, structure: str, trial: StructureTrial
 ) -> dict[str, Verdict]:
     """Every per-layer place of the default rows, for ``structure``."""
     out: dict[str, Verdict] = {}
-    span = _layers_text(search.cap.num_layers)
+    span = layers_text(search.cap.num_layers)
     solutions = trial.solutions
     for text in BLOCK_STRUCTURES[structure].identities:
         left, right = parse_identity(text)
@@ -194,7 +194,7 @@ RELATIONS: dict[str, Relation] = {
 class _Span:
     """The layers a relation is checked on (those its row does not refuse)."""
 
-    search: _Search
+    search: Search
     layers: list[int]
     text: str
 
@@ -243,7 +243,7 @@ class _Ask:
 
 def _relation(
     model: Any,
-    search: _Search,
+    search: Search,
     structure: str,
     place: str,
     chosen: dict[str, Candidate],
@@ -257,7 +257,7 @@ def _relation(
     if not layers:
         reason = model.internals[place].unavailable_on(0) if place in model.internals else None
         return Verdict(place, "refused", reason or "refused on every layer by its row")
-    span = _Span(search, layers, _layers_text(len(layers)) if not skip else f"layers {layers}")
+    span = _Span(search, layers, layers_text(len(layers)) if not skip else f"layers {layers}")
     default = _table_resolution(model, search, place, structure)
     relation = RELATIONS[place]
     ask = _Ask(model, structure, place, relation, span, chosen, default)
@@ -341,7 +341,7 @@ def _feeds(ask: _Ask) -> _Found | Verdict:
 
 
 def _feeds_down(
-    search: _Search, span: _Span, down: Candidate, c: Candidate, branches: list[Candidate]
+    search: Search, span: _Span, down: Candidate, c: Candidate, branches: list[Candidate]
 ) -> bool:
     """Whether ``down`` reads ``c``, alone or times another of the ``branches``."""
     cap = search.cap
@@ -369,7 +369,7 @@ CHECKS: dict[str, Callable[[_Ask], _Found | Verdict]] = {
 
 
 def _gated(
-    search: _Search, down: Candidate, act: Candidate, other: Candidate, layers: list[int]
+    search: Search, down: Candidate, act: Candidate, other: Candidate, layers: list[int]
 ) -> bool:
     for layer in layers:
         want = search.value(down, layer)

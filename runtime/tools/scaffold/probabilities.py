@@ -10,10 +10,10 @@ from causalab_mini.generated import (
     DEFAULT_ADDRESSES,
     FAMILY_ADDRESSES,
 )
-from causalab_mini.tools.scaffold.data import Candidate, Verdict, _first_reason
+from causalab_mini.tools.scaffold.data import Candidate, Verdict, first_reason
 
 
-def _probability_rows() -> list[Address]:
+def probability_rows() -> list[Address]:
     """The default attention_probabilities row, then every family's, once each."""
     rows = [DEFAULT_ADDRESSES["attention_probabilities"]]
     for _, family_rows in FAMILY_ADDRESSES:
@@ -23,7 +23,7 @@ def _probability_rows() -> list[Address]:
     return rows
 
 
-def _probabilities(model: Any, rows: dict[str, Address]) -> Verdict:
+def probability_candidates(model: Any, rows: dict[str, Address]) -> Verdict:
     """Try each known way to the probabilities against output_attentions, on one
     model loaded with eager attention (the runtime reads the row; nnterp's own
     load-time check runs later, on the chosen row)."""
@@ -34,7 +34,7 @@ def _probabilities(model: Any, rows: dict[str, Address]) -> Verdict:
     passing: list[Address] = []
     failures: list[str] = []
     default = DEFAULT_ADDRESSES["attention_probabilities"]
-    for row in _probability_rows():
+    for row in probability_rows():
         described = ".".join([row.module, *row.source])
         enabled = dataclasses.replace(
             row,
@@ -46,7 +46,7 @@ def _probabilities(model: Any, rows: dict[str, Address]) -> Verdict:
         try:
             checks = attention_oracle(model, inputs)
         except Exception as exc:
-            failures.append(f"{described}: {_first_reason(exc)}")
+            failures.append(f"{described}: {first_reason(exc)}")
             continue
         if checks and all(c.ok for c in checks):
             passing.append(row)

@@ -23,7 +23,7 @@ SCALE_NAME = re.compile(r"multiplier|scale|scaling|factor|coef|alpha", re.IGNORE
 NOT_SCALE = re.compile(r"rope|eps|init|dropout|theta|router|aux|z_loss|temperature", re.I)
 
 
-def _scales(config: Any) -> dict[str, float]:
+def scale_candidates(config: Any) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, value in sorted(config.to_dict().items()):
         if (
@@ -37,7 +37,7 @@ def _scales(config: Any) -> dict[str, float]:
     return out
 
 
-class _Search:
+class Search:
     """Solves a structure's identities over the candidates of one capture."""
 
     def __init__(self, cap: Capture, scales: dict[str, float]) -> None:
@@ -140,11 +140,11 @@ class _Search:
         return table, searched, None
 
 
-def _layers_text(n: int) -> str:
+def layers_text(n: int) -> str:
     return "layer 0" if n == 1 else f"layers 0-{n - 1}"
 
 
-def try_structure(search: _Search, structure: str) -> StructureTrial:
+def try_structure(search: Search, structure: str) -> StructureTrial:
     """Solve ``structure``'s identities: every assignment of candidates to the places
     they name that makes all of them hold on every layer."""
     identities = BLOCK_STRUCTURES[structure].identities
@@ -196,13 +196,13 @@ def try_structure(search: _Search, structure: str) -> StructureTrial:
     return StructureTrial(
         structure,
         True,
-        f"{evidence}, on {_layers_text(search.cap.num_layers)}",
+        f"{evidence}, on {layers_text(search.cap.num_layers)}",
         solutions=solutions,
         verified_places=places,
     )
 
 
-def _module_output_is_stream(search: _Search, trial: StructureTrial) -> list[str]:
+def _module_output_is_stream(search: Search, trial: StructureTrial) -> list[str]:
     """Which sublayer modules return the stream itself (the residual added inside):
     the attention module's own output is layers_mid, or the MLP's is layers_output."""
     if not trial.solutions:
@@ -217,7 +217,7 @@ def _module_output_is_stream(search: _Search, trial: StructureTrial) -> list[str
 
 
 def decide_structure(
-    search: _Search,
+    search: Search,
     trials: list[StructureTrial],
     layer_has: Callable[[str], bool] | None = None,
 ) -> tuple[str | None, str]:
@@ -287,7 +287,7 @@ def _rule_out_by_refusal(passed: list[StructureTrial], found: dict[str, str]) ->
                 break
 
 
-def _rule_out_by_residual(search: _Search, passed: list[StructureTrial]) -> None:
+def _rule_out_by_residual(search: Search, passed: list[StructureTrial]) -> None:
     """A structure that disagrees with whether a sublayer module returns the stream."""
     for t in passed:
         if t.ruled_out:

@@ -13,7 +13,7 @@ from causalab_mini.generated import (
     DEFAULT_ADDRESSES,
 )
 from causalab_mini.tools.scaffold.data import ROWS, Candidate, Scaffold, ScaffoldError, Verdict
-from causalab_mini.tools.scaffold.probabilities import _probability_rows
+from causalab_mini.tools.scaffold.probabilities import probability_rows
 
 WIDTH = 92
 
@@ -32,7 +32,7 @@ def _comment(text: str, indent: str = "", first: str = "") -> list[str]:
     return [(prefix + line).rstrip() for line in lines] or [prefix.rstrip()]
 
 
-def _yaml_scalar(value: Any) -> str:
+def yaml_scalar(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -40,7 +40,7 @@ def _yaml_scalar(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, list):
-        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+        return "[" + ", ".join(yaml_scalar(v) for v in value) + "]"
     text = str(value)
     plain = re.fullmatch(r"[A-Za-z_][A-Za-z0-9_ .,()/+-]*", text)
     if plain and text not in ("null", "true", "false") and not text.endswith(" "):
@@ -50,7 +50,7 @@ def _yaml_scalar(value: Any) -> str:
 
 def _row_lines(place: str, fields: dict[str, Any], indent: str = "  ") -> list[str]:
     lines = [f"{indent}{place}:"]
-    lines += [f"{indent}  {key}: {_yaml_scalar(value)}" for key, value in fields.items()]
+    lines += [f"{indent}  {key}: {yaml_scalar(value)}" for key, value in fields.items()]
     return lines
 
 
@@ -59,7 +59,7 @@ def _choice_fields(verdict: Verdict, choice: Candidate) -> dict[str, Any]:
         _, _, needles = choice.module.partition(".")
         fields: dict[str, Any] = {}
         default = DEFAULT_ADDRESSES["attention_probabilities"]
-        for row in _probability_rows():
+        for row in probability_rows():
             if ".".join([row.module, *row.source]) == choice.module:
                 if row.module != default.module:
                     fields["module"] = row.module
@@ -183,15 +183,15 @@ def _family_lines(sc: Scaffold) -> list[str]:
     out = [
         "schema_version: 1",
         f"family: {sc.family}",
-        f"doc: {_yaml_scalar(f'{sc.model_class} checkpoints (model_type {sc.model_type}).')}",
+        f"doc: {yaml_scalar(f'{sc.model_class} checkpoints (model_type {sc.model_type}).')}",
         "match:",
-        f"  model_types: [{_yaml_scalar(sc.model_type)}]",
+        f"  model_types: [{yaml_scalar(sc.model_type)}]",
         f"  classes: [{sc.model_class}]",
     ]
     out += _comment(f"verified: {sc.container_evidence}.")
     out.append("rename:")
     for key, value in sc.containers.items():
-        out.append(f"  {key}: {_yaml_scalar(value)}")
+        out.append(f"  {key}: {yaml_scalar(value)}")
     return out
 
 

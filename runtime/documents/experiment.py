@@ -1,0 +1,384 @@
+"""A validated document bound to a loaded model: its sites resolved on the model's
+layers and heads, its rows' positions checked in each row's content frame, its
+answers checked to be one token, and its cells (every result the run makes) with the
+addresses each needs, or the model's reason for refusing the cell.
+
+Nothing here runs a forward: the model may still be on the meta device.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .data import Rows
+from .metrics import Metric, MetricError, token_ids
+from .source import DocumentError, Issue, Source
+from .validate import static_issues
+
+AXES = {"layers": "layer", "positions": "position", "heads": "head"}
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A site's values in one cell: its layers, heads and position spec(s)."""
+
+    component: str
+    layers: tuple[int | None, ...]
+    heads: tuple[int | None, ...]
+    positions: Any  # as written: one spec, a list of specs, or None (every token)
+
+
+@dataclass
+class Cell:
+    """One result: an intervention at the swept values ``coords`` (none where the
+    intervention does not use the swept site)."""
+
+    intervention: str
+    coords: dict[str, Any]
+    bindings: dict[str, Binding]
+    addresses: dict[str, list[Any]] = field(default_factory=dict)
+    refused: str | None = None
+
+    @property
+    def key(self) -> str:
+        parts = [self.intervention]
+        parts += [f"{k}={json.dumps(v, sort_keys=True)}" for k, v in self.coords.items()]
+        return "|".join(parts)
+
+
+@dataclass
+class Experiment:
+    """Everything a run needs, checked."""
+
+    source: Source
+    rows: Rows
+    model: Any
+    checkpoint: str
+    cells: list[Cell]
+    metrics: list[Metric]
+    tokens: dict[str, list[int]]
+    frame: str
+    engine: str
+    batch_size: int
+    sites: dict[str, Binding] = field(default_factory=dict)
+    cache: dict[Any, Any] = field(default_factory=dict)  # a run's encoded texts and means
+
+    @property
+    def doc(self) -> dict[str, Any]:
+        return self.source.data  # type: ignore[no-any-return]
+
+    def writes_of(self, intervention: str) -> list[dict[str, Any]]:
+        writes = self.doc.get("writes") or {}
+        names = self.doc["interventions"][intervention].get("writes") or []
+        return [{"name": n, **writes[n]} for n in names]
+
+
+def _range(spec: Any, n: int, what: str) -> list[int]:
+    if spec == "all":
+        return list(range(n))
+    if isinstance(spec, int):
+        return [spec]
+    if isinstance(spec, dict):
+        return list(range(spec["start"], spec["stop"], spec.get("step", 1)))
+    return list(spec)
+
+
+def _bounded(
+    source: Source, path: tuple[Any, ...], code: str, values: list[int], n: int, what: str
+) -> list[Issue]:
+    bad = [v for v in values if not 0 <= v < n]
+    if not bad:
+        return []
+    return [
+        source.issue(
+            path,
+            code,
+            f"{what} {bad} beyond the model, which has {n} {what} (0..{n - 1}): give "
+            f"{what} counted from 0 below {n}, or all",
+        )
+    ]
+
+
+def _heads_of(model: Any, component: str, layer: int | None) -> int:
+    from causalab_mini.generated import COMPONENTS
+    from causalab_mini.geometry import num_heads, num_kv_heads
+
+    kind = COMPONENTS[component].per_head
+    return int(num_kv_heads(model, layer) if kind == "kv" else num_heads(model, layer))
+
+
+def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[Issue]]:
+    """Each site's full values on ``model``, or issues (D040, D041)."""
+    from causalab_mini.generated import COMPONENTS
+
+    n = model.internals.num_layers
+    out: dict[str, Binding] = {}
+    issues: list[Issue] = []
+    for name, site in source.data["sites"].items():
+        component = site["component"]
+        per_layer = COMPONENTS[component].per_layer
+        layers: list[int | None] = [None]
+        if per_layer:
+            found = _range(site.get("layers", "all"), n, "layers")
+            issues += _bounded(source, ("sites", name, "layers"), "D040", found, n, "layers")
+            layers = list(found)
+        heads: list[int | None] = [None]
+        if site.get("heads") is not None:
+            first = next((x for x in layers if x is not None and 0 <= x < n), None)
+            count = _heads_of(model, component, first)
+            found = _range(site["heads"], count, "heads")
+            issues += _bounded(source, ("sites", name, "heads"), "D041", found, count, "heads")
+            heads = list(found)
+        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"))
+    return out, issues
+
+
+def _uses(doc: dict[str, Any], intervention: str) -> list[str]:
+    """The sites an intervention's writes and readout name, in order."""
+    item = doc["interventions"][intervention]
+    writes, reads = doc.get("writes") or {}, doc.get("reads") or {}
+    sites = [writes[w]["site"] for w in item.get("writes") or []]
+    readout = item.get("readout", "logits")
+    if readout != "logits":
+        sites.append(reads[readout]["site"])
+    return list(dict.fromkeys(sites))
+
+
+def _sweep_values(binding: Binding, axis: str) -> list[Any]:
+    if axis == "layers":
+        return list(binding.layers)
+    if axis == "heads":
+        return list(binding.heads)
+    spec = binding.positions
+    return list(spec) if isinstance(spec, list) else [spec]
+
+
+def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell]:
+    """Every cell of the document, in the order of its interventions and sweep."""
+    sweep = doc.get("sweep")
+    cells: list[Cell] = []
+    for name in doc["interventions"]:
+        used = _uses(doc, name)
+        bindings = {s: sites[s] for s in used}
+        if not sweep or sweep["site"] not in used:
+            cells.append(Cell(name, {}, bindings))
+            continue
+        swept, axes = sites[sweep["site"]], list(sweep["axes"])
+        for values in itertools.product(*(_sweep_values(swept, a) for a in axes)):
+            coords = {AXES[a]: v for a, v in zip(axes, values, strict=True)}
+            one = Binding(
+                swept.component,
+                (coords["layer"],) if "layer" in coords else swept.layers,
+                (coords["head"],) if "head" in coords else swept.heads,
+                coords["position"] if "position" in coords else swept.positions,
+            )
+            cells.append(Cell(name, coords, {**bindings, sweep["site"]: one}))
+    return cells
+
+
+def locate_cells(model: Any, cells: list[Cell]) -> None:
+    """Each cell's addresses, or the model's reason for refusing it."""
+    from causalab_mini.geometry import ComponentError
+    from causalab_mini.locator import locate
+
+    for cell in cells:
+        for site, b in cell.bindings.items():
+            try:
+                cell.addresses[site] = [
+                    locate(model, b.component, layer, head, position=b.positions)
+                    for layer in b.layers
+                    for head in b.heads
+                ]
+            except ComponentError as exc:
+                cell.refused = str(exc)
+                break
+
+
+def _texts(rows: Rows, role: str, slot: int = 0) -> list[str]:
+    out = []
+    for row in rows.rows:
+        value = row[role]
+        out.append(value[slot] if isinstance(value, list) else value)
+    return out
+
+
+def _position_issues(
+    source: Source, model: Any, rows: Rows, sites: dict[str, Binding], frame: str
+) -> list[Issue]:
+    """D042: a site's position that a row lacks (in the base, or the source a patch
+    takes it from; a patch names as many tokens in both; a lens read one token)."""
+    from causalab_mini.positions import PositionError, encode, resolve
+
+    doc = source.data
+    patched = {
+        w["site"]: w.get("source", 0)
+        for w in (doc.get("writes") or {}).values()
+        if w.get("value") == "source"
+    }
+    lensed = {r["site"] for r in (doc.get("reads") or {}).values() if r.get("lens")}
+    issues: list[Issue] = []
+    texts = {"base": _texts(rows, "base")}
+    for slot in set(patched.values()):
+        texts[f"source {slot}"] = _texts(rows, "source", slot)
+    encoded = {k: encode(model, v, frame) for k, v in texts.items()}
+    for name, b in sites.items():
+        specs = b.positions if isinstance(b.positions, list) else [b.positions]
+        path = ("sites", name, "positions")
+        if b.positions is None and (name in patched or name in lensed):
+            why = "a patch moves" if name in patched else "a lens reads"
+            issues.append(
+                source.issue(
+                    ("sites", name),
+                    "D015",
+                    f"site {name!r} names no positions, and {why} tokens: "
+                    "say which (positions: all, or {index: -1})",
+                )
+            )
+            continue
+        for spec in specs if b.positions is not None else []:
+            try:
+                found = {
+                    k: resolve(model, e, spec)
+                    for k, e in encoded.items()
+                    if k == "base" or k == f"source {patched.get(name)}"
+                }
+            except PositionError as exc:
+                issues.append(source.issue(path, "D042", f"site {name!r}: {exc}"))
+                continue
+            issues += _counts(source, path, name, spec, found, texts, lensed)
+    return issues
+
+
+def _counts(
+    source: Source,
+    path: Any,
+    name: str,
+    spec: Any,
+    found: dict[str, Any],
+    texts: dict[str, list[str]],
+    lensed: set[str],
+) -> list[Issue]:
+    base = found["base"]
+    for key, indices in found.items():
+        for row, (b, s) in enumerate(zip(base, indices, strict=True)):
+            if len(b) != len(s):
+                return [
+                    source.issue(
+                        path,
+                        "D042",
+                        f"site {name!r}: position {json.dumps(spec)} names "
+                        f"{len(b)} tokens in row {row}'s base "
+                        f"{texts['base'][row]!r} and {len(s)} in its {key} "
+                        f"{texts[key][row]!r}: a patch moves as many tokens as "
+                        "it takes (a span with an index, or texts of as many "
+                        "tokens)",
+                    )
+                ]
+    if name in lensed:
+        for row, b in enumerate(base):
+            if len(b) != 1:
+                return [
+                    source.issue(
+                        path,
+                        "D042",
+                        f"site {name!r} is read through the lens, which reads "
+                        f"one token per row, and {json.dumps(spec)} names "
+                        f"{len(b)} in row {row} {texts['base'][row]!r}: sweep "
+                        "the positions, or name one token ({index: -1})",
+                    )
+                ]
+    return []
+
+
+def _token_issues(
+    source: Source, model: Any, rows: Rows, metrics: list[Metric]
+) -> tuple[dict[str, list[int]], list[Issue]]:
+    fields: dict[str, int] = {}
+    for i, m in enumerate(metrics):
+        if m.name != "kl":
+            fields.setdefault(m.target, i)
+        if m.name == "logit_diff":
+            fields.setdefault(m.contrast, i)
+    tokens: dict[str, list[int]] = {}
+    m_names = [m.label for m in metrics]
+    issues = []
+    for name, i in fields.items():
+        try:
+            tokens[name] = token_ids(model.tokenizer, [r[name] for r in rows.rows], name)
+        except MetricError as exc:
+            inline = "rows" in source.data["data"]
+            path = ("data", "rows", exc.row, name) if inline else ("data", "file")
+            issues.append(source.issue(path, "D043", f"{exc} (metric {i}: {m_names[i]})"))
+    return tokens, issues
+
+
+def load_model(source: Source, spec: str | None = None, trust_remote_code: bool = False) -> Any:
+    """The document's model (or ``spec``'s), built on the meta device where its family
+    allows: nothing runs until the first forward. ``trust_remote_code`` is only ever
+    the command line's."""
+    from causalab_mini.model import StandardizedTransformer
+
+    block = source.data["model"]
+    checkpoint = spec or block["checkpoint"]
+    local = source.folder / checkpoint
+    if spec is None and not checkpoint.startswith("tiny:") and local.is_dir():
+        checkpoint = str(local)
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if block.get("revision"):
+        kwargs["revision"] = block["revision"]
+    if block.get("dtype"):
+        import torch
+
+        kwargs["dtype"] = getattr(torch, block["dtype"])
+    if block.get("attn_implementation"):
+        kwargs["attn_implementation"] = block["attn_implementation"]
+    probs = bool(block.get("enable_attention_probs", False))
+    return StandardizedTransformer(checkpoint, enable_attention_probs=probs, **kwargs)
+
+
+def build(
+    source: Source,
+    *,
+    model: Any = None,
+    spec: str | None = None,
+    trust_remote_code: bool = False,
+) -> Experiment:
+    """The document checked (without and then with the model) and bound to it; every
+    problem raised at once as a ``DocumentError`` before anything runs."""
+    issues, rows = static_issues(source)
+    if issues or rows is None:
+        raise DocumentError(issues)
+    doc = source.data
+    if model is None:
+        model = load_model(source, spec, trust_remote_code)
+    frame = (doc.get("data") or {}).get("frame", "plain")
+    sites, issues = resolve_sites(source, model)
+    metrics = [Metric.of(m) for m in doc["metrics"]]
+    tokens, found = _token_issues(source, model, rows, metrics)
+    issues += found
+    if not issues:
+        issues += _position_issues(source, model, rows, sites, frame)
+    if issues:
+        raise DocumentError(issues)
+    cells = enumerate_cells(doc, sites)
+    locate_cells(model, cells)
+    block = doc["model"]
+    return Experiment(
+        source,
+        rows,
+        model,
+        spec or block["checkpoint"],
+        cells,
+        metrics,
+        tokens,
+        frame,
+        block.get("engine", "nnsight"),
+        int(block.get("batch_size", 32)),
+        sites,
+    )
+
+
+__all__ = ["Binding", "Cell", "Experiment", "build", "load_model"]

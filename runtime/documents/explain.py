@@ -1,0 +1,141 @@
+"""``explain``: what a run of a document will do, said without running the model (it is
+built on the meta device where its family allows): the model, each site's place on it
+per layer (or the model's reason for refusing it), each row's content frame with the
+tokens each site's positions name, the cells (refused ones with why) and the number
+of forwards."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .execute import forwards
+from .experiment import Experiment, _texts
+from .plots import position_label
+
+
+def _places(exp: Experiment, name: str) -> dict[int | None, str]:
+    """A site's address per layer on the model (its text), or the model's refusal."""
+    from causalab_mini.geometry import ComponentError
+    from causalab_mini.locator import locate
+
+    bound = exp.sites[name]
+    layers: list[int | None] = [x for x in bound.layers if x is not None]
+    out: dict[int | None, str] = {}
+    for layer in layers or [None]:
+        try:
+            out[layer] = str(locate(exp.model, bound.component, layer))
+        except ComponentError as exc:
+            out[layer] = f"refused: {exc}"
+    return out
+
+
+def _site_lines(exp: Experiment) -> list[str]:
+    lines = ["sites:"]
+    for name, site in exp.doc["sites"].items():
+        heads = [x for x in exp.sites[name].heads if x is not None]
+        written = site.get("positions")
+        lines.append(
+            f"  {name}: {site['component']}"
+            + (f", heads {heads}" if heads else "")
+            + (f", positions {json.dumps(written)}" if written is not None else "")
+        )
+        lines += [f"    layer {layer}: {text}" for layer, text in _places(exp, name).items()]
+    return lines
+
+
+def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
+    from causalab_mini.positions import PositionError, encode, resolve
+
+    encoded = encode(exp.model, texts, exp.frame)
+    marks: list[dict[int, list[str]]] = [{} for _ in texts]
+    for name, site in exp.doc["sites"].items():
+        written = site.get("positions")
+        specs = written if isinstance(written, list) else [written]
+        for spec in specs if written is not None else []:
+            try:
+                found = resolve(exp.model, encoded, spec)
+            except PositionError:
+                continue  # checked before: only a site no patch reads from the source
+            for row, indices in enumerate(found):
+                for i in indices:
+                    marks[row].setdefault(i, []).append(f"{name} {position_label(spec)}")
+    lines = []
+    for row, frame in enumerate(encoded.frames):
+        lines.append(f"  row {row} {role}: {frame.text!r}")
+        content = {t: n for n, t in enumerate(frame.content)}
+        for i, token in enumerate(frame.tokens):
+            if i not in frame.real:
+                continue
+            where = (
+                f"index {content[i]:>3}"
+                if i in content
+                else next((f"anchor {k}" for k, v in frame.anchors.items() if v == i), "special")
+            )
+            note = ("  <- " + "; ".join(marks[row][i])) if i in marks[row] else ""
+            lines.append(f"    {i:>4}  {token!r:<14} {where}{note}")
+    return lines
+
+
+def _cell_lines(exp: Experiment) -> list[str]:
+    refused = [c for c in exp.cells if c.refused is not None]
+    lines = [
+        f"cells: {len(exp.cells)} ({len(exp.cells) - len(refused)} to run, {len(refused)} refused)"
+    ]
+    for name in exp.doc["interventions"]:
+        mine = [c for c in exp.cells if c.intervention == name]
+        axes = sorted({k for c in mine for k in c.coords})
+        lines.append(f"  {name}: {len(mine)} cells" + (f" over {' x '.join(axes)}" if axes else ""))
+    for cell in refused:
+        lines.append(f"  refused {cell.key}: {cell.refused}")
+    return lines
+
+
+def explain(exp: Experiment, max_rows: int = 3) -> str:
+    """The explanation of ``exp`` as text."""
+    model = exp.model
+    families = ", ".join(getattr(model, "families", ())) or "the defaults"
+    rows = exp.rows.rows
+    lines = [
+        f"document: {exp.source.path} ({exp.doc['name']}, {exp.source.digest[:19]})",
+        f"model: {exp.checkpoint}: {model.internals.model_class} (family: {families}), "
+        f"{model.internals.num_layers} layers, block structure "
+        f"{getattr(model, 'block_structure', '?')}, engine {exp.engine}",
+        f"data: {len(rows)} rows ({exp.rows.origin}, {exp.rows.digest[:19]}), frame {exp.frame}",
+        *_site_lines(exp),
+        f"frames (first {min(max_rows, len(rows))} rows; positions marked):",
+    ]
+    shown = rows[:max_rows]
+    lines += _marks(exp, [r["base"] for r in shown], "base")
+    if all("source" in r for r in shown) and any(
+        w.get("value") == "source" for w in (exp.doc.get("writes") or {}).values()
+    ):
+        lines += _marks(exp, _texts(exp.rows, "source")[:max_rows], "source")
+    lines += _cell_lines(exp)
+    lines.append(f"forwards: {forwards(exp)} (batch size {exp.batch_size}); backwards: 0")
+    return "\n".join(lines)
+
+
+def explained(exp: Experiment) -> dict[str, Any]:
+    """The explanation as data: the model, each site's address (or refusal) per layer,
+    the cells (refused ones with why) and the forwards."""
+    sites = {
+        name: {
+            "component": bound.component,
+            "places": {str(k): v for k, v in _places(exp, name).items()},
+        }
+        for name, bound in exp.sites.items()
+    }
+    return {
+        "document": exp.doc["name"],
+        "digest": exp.source.digest,
+        "model": exp.checkpoint,
+        "layers": exp.model.internals.num_layers,
+        "rows": len(exp.rows.rows),
+        "sites": sites,
+        "cells": [{"key": c.key, "refused": c.refused} for c in exp.cells],
+        "forwards": forwards(exp),
+    }
+
+
+__all__ = ["explain", "explained"]

@@ -1,0 +1,237 @@
+"""The engines a lowered program runs on, behind one interface.
+
+Every verb (``Plan.run``, ``interchange``, ``Plan.generate`` and what is built on them)
+does the same three things: resolve its inputs, *lower* what it wants into a
+``Program`` (``causalab_mini.lower``: typed steps, ``causalab_mini.plain.Step``), and
+hand that program to an ``Engine``, which runs it in one forward and returns the reads
+in program order. The verb is written once; which engine runs it is one argument:
+
+- ``NnsightEngine``: an nnsight trace of the model here, with its internals (every
+  place; a refusal raised inside the trace is handed back as it was written);
+- ``RemoteEngine``: the same program as plain nnsight module accesses, on NDIF (or on
+  any nnsight backend), ``causalab_mini.remote``;
+- ``HooksEngine``: the plain steps run with torch forward hooks here, no trace
+  (``causalab_mini.hooks``).
+
+``engine_for(engine, remote=..., backend=...)`` is the one place an entry point's
+``engine=`` and ``remote=`` become an engine.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from . import hooks, plain
+from . import remote as remote_runs
+from .errors import CausalabError, RemoteRefused
+from .lower import Program, Target, lower, prepare_sources
+
+if TYPE_CHECKING:
+    from .plain import Step
+
+ENGINES = ("nnsight", "hooks")
+
+
+class Engine(ABC):
+    """Runs lowered programs: ``lower`` a plan for this engine's target, ``run`` the
+    program in one forward of the model on its inputs."""
+
+    name: ClassVar[str]
+    target: ClassVar[Target]
+
+    def lower(
+        self,
+        plan: Any,
+        model: Any,
+        held: bool = False,
+        indices: Mapping[Any, Any] | None = None,
+        edits: Sequence[tuple[Any, Any]] | None = None,
+    ) -> Program:
+        """``plan`` lowered for this engine (``causalab_mini.lower.lower``)."""
+        return lower(plan, model, held, indices, target=self.target, edits=edits)
+
+    @abstractmethod
+    def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
+        """Run ``program`` in one forward of ``model`` on ``inputs`` (what nnsight's
+        ``trace`` takes: text, or the batch ``positions.trace_inputs`` makes); return
+        its reads in program order, as tensors (a read's ``then`` may make a list)."""
+
+    def reads(self, model: Any, program: Program, inputs: Any) -> dict[Any, Any]:
+        """``run``'s reads by address."""
+        return dict(zip(program.reads, self.run(model, program, inputs), strict=True))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    """What the caller is handed for ``exc``, raised inside an nnsight trace: nnsight
+    wraps what a trace body raises in its own traceback text and keeps the exception
+    it caught as ``original``; a refusal of this library is handed back as written."""
+    original = getattr(exc, "original", None)
+    if isinstance(original, CausalabError) and original is not exc:
+        return original
+    return exc
+
+
+def _saved(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_saved(v) for v in value]
+    return value.save()
+
+
+def _value(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_value(v) for v in value]
+    return getattr(value, "value", value)
+
+
+def open_sources(model: Any, steps: Sequence[Step]) -> None:
+    """Touch the ``.source`` of every module a step reaches operations under, before
+    the trace (nnsight needs it first)."""
+    for step in steps:
+        if step["ops"]:
+            (model if step["envoy"] is None else step["envoy"]).source  # noqa: B018
+
+
+class NnsightEngine(Engine):
+    """An nnsight trace of the model here, with the model's internals."""
+
+    name = "nnsight"
+    target = Target.TRACE
+
+    def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
+        open_sources(model, program.steps)
+        saved: list[Any] = []  # bound before the trace: nnsight hands saves back
+        try:
+            with model.trace(inputs):
+                values = plain.run(model, program.steps, None, model.internals)
+                saved.extend(_saved(v) for v in values)
+        except CausalabError as exc:
+            raise unwrapped(exc) from None
+        return [_value(v) for v in saved]
+
+    def generate(
+        self,
+        model: Any,
+        programs: tuple[Program, Program],
+        batch: Mapping[str, Any],
+        at_step: Any,
+        max_new_tokens: int,
+        generate_kwargs: Mapping[str, Any],
+    ) -> tuple[list[list[Any]], Any]:
+        """Run ``programs[0]`` at the first step of ``model.generate`` on ``batch`` and
+        ``programs[1]`` at each later one (``at_step(step)`` first, where given); per
+        step its reads, and the generated sequences (None where generate returned
+        none)."""
+        first, later = programs
+        open_sources(model, first.steps)
+        saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
+        result: list[Any] = []
+        try:
+            with model.generate(
+                dict(batch), max_new_tokens=max_new_tokens, **generate_kwargs
+            ) as tracer:
+                for step in tracer.iter[:max_new_tokens]:
+                    if step and at_step is not None:
+                        at_step(step)
+                    program = later if step else first
+                    values = plain.run(model, program.steps, None, model.internals)
+                    saved.append([_saved(v) for v in values])
+                result.append(tracer.result.save())
+        except CausalabError as exc:
+            raise unwrapped(exc) from None
+        steps = [[_value(v) for v in values] for values in saved]
+        return steps, (_value(result[0]) if result else None)
+
+
+class HooksEngine(Engine):
+    """The plain steps run with torch forward hooks and pre-hooks here, no trace."""
+
+    name = "hooks"
+    target = Target.HOOKS
+
+    def lower(
+        self,
+        plan: Any,
+        model: Any,
+        held: bool = False,
+        indices: Mapping[Any, Any] | None = None,
+        edits: Sequence[tuple[Any, Any]] | None = None,
+    ) -> Program:
+        hooks.dispatched(model)
+        return super().lower(plan, model, held, indices, edits)
+
+    def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
+        return hooks.run(model, program.steps, inputs)
+
+
+class RemoteEngine(Engine):
+    """The program as plain nnsight module accesses, on NDIF with ``remote=True`` (or
+    ``remote="http://host"``), on an nnsight ``backend``, or ``remote="local"``:
+    nnsight's in-process simulation of a request."""
+
+    name = "nnsight"
+    target = Target.REMOTE
+
+    def __init__(self, remote: bool | str = True, backend: Any = None, blocking: bool = True):
+        if not blocking:
+            raise RemoteRefused(
+                "Plan.run(remote=True) waits for its reads: blocking=False would return "
+                "before they exist; submit a trace of your own with blocking=False instead"
+            )
+        self.remote, self.backend = remote, backend
+
+    def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
+        return remote_runs.execute(model, program, inputs, remote=self.remote, backend=self.backend)
+
+    def __repr__(self) -> str:
+        return f"RemoteEngine(remote={self.remote!r}, backend={self.backend!r})"
+
+
+def engine_for(
+    engine: str | Engine = "nnsight",
+    *,
+    remote: bool | str | None = None,
+    backend: Any = None,
+    blocking: bool = True,
+) -> Engine:
+    """The engine an entry point's ``engine=`` and ``remote=`` / ``backend=`` name: an
+    ``Engine`` as given, ``"hooks"`` (here, torch hooks), or ``"nnsight"`` (a trace
+    here, or a remote run where ``remote`` or ``backend`` is given)."""
+    wants_remote = bool(remote) or backend is not None
+    if isinstance(engine, Engine):
+        if wants_remote:
+            raise ValueError(
+                f"engine={engine!r} is an engine already: give remote=/backend= to "
+                "RemoteEngine(...) instead"
+            )
+        return engine
+    if engine not in ENGINES:
+        raise ValueError(f"engine is one of {', '.join(map(repr, ENGINES))}, not {engine!r}")
+    if engine == "hooks" and wants_remote:
+        raise RemoteRefused(
+            "engine='hooks' runs the model here, with torch hooks, and a remote run is "
+            "nnsight's (the server runs the plan in an nnsight trace): drop engine='hooks' "
+            "to run remotely, or drop remote=/backend= to run here with hooks"
+        )
+    if engine == "hooks":
+        return HooksEngine()
+    if wants_remote:
+        return RemoteEngine(remote if remote else False, backend, blocking)
+    return NnsightEngine()
+
+
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "HooksEngine",
+    "NnsightEngine",
+    "RemoteEngine",
+    "engine_for",
+    "open_sources",
+    "prepare_sources",
+    "unwrapped",
+]

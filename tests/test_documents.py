@@ -1,0 +1,466 @@
+"""Experiments as documents: every document of documents/ validated, explained and
+run on two families (one whose tokenizer adds a BOS, one that adds nothing), with
+what its results must show; bad documents refused before anything runs, each with
+its code, place and hint; the run's folder, receipt, plots and resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from causalab_mini.documents import DocumentError, load
+from causalab_mini.documents.execute import forwards
+from causalab_mini.documents.experiment import Experiment, build
+from causalab_mini.documents.explain import explain
+from causalab_mini.documents.run import run
+from causalab_mini.documents.validate import static_issues
+
+from .conftest import REPO, cli, load_model
+
+pytestmark = [pytest.mark.slow]
+
+DOCS = REPO / "documents"
+DOCUMENTS = sorted(p.stem for p in DOCS.glob("*.yaml"))
+# a tokenizer that puts <s> first, and one that adds nothing (registry/tiny.yaml)
+FAMILIES = ["tiny:llama", "tiny:gpt2"]
+
+
+def _model(source: Any, spec: str) -> Any:
+    probs = bool(source.data["model"].get("enable_attention_probs", False))
+    return load_model(spec, probs)
+
+
+def _built(name: str, spec: str) -> Experiment:
+    source = load(DOCS / f"{name}.yaml")
+    return build(source, model=_model(source, spec), spec=spec)
+
+
+def _counted(model: Any) -> Iterator[list[int]]:
+    from causalab_mini.hooks import dispatched
+
+    dispatched(model)
+    count = [0]
+    handle = model._model.register_forward_pre_hook(lambda *a: count.__setitem__(0, count[0] + 1))
+    try:
+        yield count
+    finally:
+        handle.remove()
+
+
+def _cells(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["key"]: c for c in results["cells"]}
+
+
+def test_the_library_has_the_documents_the_tests_run() -> None:
+    assert set(DOCUMENTS) >= {
+        "activation_patching",
+        "head_patching",
+        "ablation",
+        "logit_lens",
+        "attention_knockout",
+    }
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_each_document_is_valid_without_a_model(name: str) -> None:
+    issues, rows = static_issues(load(DOCS / f"{name}.yaml"))
+    assert issues == [] and rows is not None and rows.rows
+
+
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_each_document_names_its_model_on_one_line(name: str) -> None:
+    # only the model line changes for a real checkpoint
+    text = (DOCS / f"{name}.yaml").read_text()
+    assert [line.strip() for line in text.splitlines() if "tiny:" in line] == [
+        "checkpoint: tiny:llama"
+    ]
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+@pytest.mark.parametrize("name", DOCUMENTS)
+def test_explain_says_places_frames_cells_and_forwards(name: str, spec: str) -> None:
+    exp = _built(name, spec)
+    text = explain(exp)
+    assert f"model: {spec}:" in text
+    for site in exp.doc["sites"]:
+        assert f"  {site}: {exp.doc['sites'][site]['component']}" in text
+    assert f"forwards: {forwards(exp)} " in text
+    # the frame: llama's <s> is an anchor outside the content, gpt2 has none
+    first = exp.rows.rows[0]["base"]
+    assert f"row 0 base: {first!r}" in text
+    assert ("anchor bos" in text) == (spec == "tiny:llama")
+    assert "<- " in text  # positions marked
+
+
+def test_explain_runs_no_forward() -> None:
+    exp = build(load(DOCS / "activation_patching.yaml"))  # its own model, fresh
+    assert "cells: 18 (18 to run, 0 refused)" in explain(exp)
+    assert not exp.model.dispatched  # nothing ran: the weights are not even loaded
+
+
+def _run(name: str, spec: str, out: Path) -> tuple[Experiment, dict[str, Any], int]:
+    source = load(DOCS / f"{name}.yaml")
+    model = _model(source, spec)
+    counted = _counted(model)
+    count = next(counted)
+    results = run(source, out, model=model, spec=spec)
+    counted.close()
+    exp = build(source, model=model, spec=spec)
+    return exp, results, count[0]
+
+
+def _files_ok(out: Path, results: dict[str, Any]) -> None:
+    for label in results["metrics"]:
+        rows = (out / "metrics" / f"{label.replace('[', '_').rstrip(']')}.csv").read_text()
+        assert len(rows.splitlines()) == len(results["cells"]) + 1
+    pngs = sorted((out / "plots").glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert json.loads((out / "results.json").read_text())["digest"] == results["digest"]
+    assert not list(out.rglob(".*.tmp*"))
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_activation_patching_full_patch_at_layer_0_is_the_source(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("activation_patching", spec, tmp_path)
+    layers = exp.model.internals.num_layers
+    cells = _cells(results)
+    assert len(cells) == layers * 6 and all(c["status"] == "ok" for c in cells.values())
+    assert count == forwards(exp) == results["forwards"]
+    source, base = results["clean"]["source"], results["clean"]["base"]
+    # every content token of layer 0's input from the source: the source's logits
+    full = cells['patched|layer=0|position="all"']
+    assert full["metrics"]["kl[source]"] == 0.0
+    assert full["metrics"]["logit_diff"] == source["metrics"]["logit_diff"]
+    # read before, write, read after: the clean base is not the source, a patch at
+    # the first name changes the base, and at layer 0 the last token (the same token
+    # at the same place in both prompts) changes nothing
+    assert base["metrics"]["kl[source]"] > 0
+    first = cells['patched|layer=0|position={"index": 2}']["metrics"]
+    assert first["logit_diff"] != base["metrics"]["logit_diff"]
+    last = cells['patched|layer=0|position={"index": -1}']["metrics"]
+    assert last == base["metrics"]
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_head_patching_is_a_layer_by_head_grid(spec: str, tmp_path: Path) -> None:
+    from causalab_mini.geometry import num_heads
+
+    exp, results, count = _run("head_patching", spec, tmp_path)
+    heads, layers = num_heads(exp.model, 0), exp.model.internals.num_layers
+    cells = results["cells"]
+    assert [(c["layer"], c["head"]) for c in cells] == [
+        (layer, head) for layer in range(layers) for head in range(heads)
+    ]
+    assert all(c["status"] == "ok" for c in cells) and count == forwards(exp)
+    base = results["clean"]["base"]["metrics"]["logit_diff"]
+    # one head's write moves the logits, and no head alone is the whole source
+    assert any(c["metrics"]["logit_diff"] != base for c in cells)
+    assert all(c["metrics"]["kl"] > 0 for c in cells)
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_zero_and_mean_ablation_move_the_logits(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("ablation", spec, tmp_path)
+    cells = _cells(results)
+    layers = exp.model.internals.num_layers
+    assert len(cells) == 2 * layers and count == forwards(exp)
+    for kind in ("zero_ablated", "mean_ablated"):
+        for layer in range(layers):
+            metrics = cells[f"{kind}|layer={layer}"]["metrics"]
+            assert metrics["kl"] > 0 and math.isfinite(metrics["logprob"])
+    assert all(
+        cells[f"zero_ablated|layer={n}"]["metrics"] != cells[f"mean_ablated|layer={n}"]["metrics"]
+        for n in range(layers)
+    )
+    assert results["clean"]["base"]["metrics"]["kl"] == 0.0
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_logit_lens_at_the_last_layer_is_the_model(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("logit_lens", spec, tmp_path)
+    layers = exp.model.internals.num_layers
+    cells = [c for c in results["cells"]]
+    assert [c["layer"] for c in cells] == list(range(layers)) and count == forwards(exp)
+    last = cells[-1]["metrics"]
+    clean = results["clean"]["base"]["metrics"]
+    assert abs(last["kl"]) < 1e-5
+    assert last["logprob"] == pytest.approx(clean["logprob"], abs=1e-4)
+    assert all(c["metrics"]["kl"] > 1e-5 for c in cells[:-1])
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_attention_knockout_moves_the_last_token(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("attention_knockout", spec, tmp_path)
+    cells = results["cells"]
+    assert len(cells) == exp.model.internals.num_layers and count == forwards(exp)
+    assert all(c["status"] == "ok" and c["metrics"]["kl"] > 0 for c in cells)
+
+
+# ------------------------------------------------------------------ refused cells
+
+MID = """\
+document: 1
+name: mid-ablation
+model: {checkpoint: tiny:llama, engine: hooks}
+data:
+  rows: [{base: "Mary and John ran to his door", answer: " the"}]
+sites:
+  mid: {component: block_mid, layers: all, positions: {index: -1}}
+writes:
+  zero: {site: mid, value: zero}
+interventions:
+  ablated: {writes: [zero]}
+metrics: [{metric: kl}]
+sweep: {site: mid, axes: [layers]}
+"""
+
+
+def _doc(tmp_path: Path, text: str, name: str = "doc.yaml") -> Any:
+    path = tmp_path / name
+    path.write_text(text)
+    return load(path)
+
+
+def test_a_place_the_family_lacks_is_a_refused_cell_not_an_error(tmp_path: Path) -> None:
+    source = _doc(tmp_path, MID)
+    out = tmp_path / "out"
+    results = run(source, out, model=load_model("tiny:gpt_neox"), spec="tiny:gpt_neox")
+    cells = results["cells"]
+    assert cells and all(c["status"] == "refused" for c in cells)
+    assert all("parallel" in c["reason"] for c in cells)
+    assert "refused" in (out / "metrics" / "kl.csv").read_text()
+    # the same document on a family that has the place runs every cell
+    fine = run(source, tmp_path / "llama", model=load_model("tiny:llama"), spec="tiny:llama")
+    assert all(c["status"] == "ok" for c in fine["cells"])
+
+
+# ------------------------------------------------------------------ bad documents
+
+GOOD = (DOCS / "logit_lens.yaml").read_text()
+
+
+def _issues(tmp_path: Path, text: str, spec: str = "tiny:llama") -> list[Any]:
+    source = _doc(tmp_path, text)
+    out = tmp_path / "out"
+    with pytest.raises(DocumentError) as caught:
+        run(source, out, model=load_model(spec), spec=spec)
+    assert not out.exists(), "a refused document wrote something"
+    return caught.value.issues
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(n for n, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "code", "hint"),
+    [
+        (
+            "component: block_output",
+            "component: block_ouput",
+            "D010",
+            "did you mean 'block_output'",
+        ),
+        ("metrics:", "metircs:", "D002", "did you mean 'metrics'"),
+        ("{metric: logprob}", "{metric: log_prob}", "D011", "did you mean 'logprob'"),
+        ("layers: all", "layers: [0, 7]", "D040", "layers [7] beyond the model"),
+        (
+            "positions: {index: -1}",
+            "positions: {index: 40}",
+            "D042",
+            "is outside row 0: 'When Mary",
+        ),
+        ('answer: " the"}', 'answer: " Paris"}', "D043", "' Paris' is 3 tokens"),
+        (
+            "  engine: hooks",
+            "  engine: hooks\n  trust_remote_code: true",
+            "D021",
+            "--trust-remote-code",
+        ),
+        ("sweep:", "save: {path: ../elsewhere}\nsweep:", "D020", "leaves the --out folder"),
+        ("sweep:", "save: {path: /tmp/elsewhere}\nsweep:", "D020", "it is absolute"),
+        ("sweep:", "train: {objective: das}\nsweep:", "D014", "no training"),
+        (
+            "sweep:",
+            "featurizers: {f: {kind: subspac}}\nsweep:",
+            "D013",
+            "causalab_mini.featurizers",
+        ),
+    ],
+)
+def test_a_bad_document_is_refused_before_anything_runs(
+    tmp_path: Path, old: str, new: str, code: str, hint: str
+) -> None:
+    assert GOOD.count(old) == 1, old
+    text = GOOD.replace(old, new)
+    issues = _issues(tmp_path, text)
+    found = [i for i in issues if i.code == code]
+    assert found, [str(i) for i in issues]
+    assert hint in found[0].message or (code == "D013" and "featurizer" in found[0].message)
+    # the place: the line the change is on
+    changed = next(line for line in new.splitlines() if line not in old.splitlines())
+    assert found[0].line == _line_of(text, changed.strip()[:12]), str(found[0])
+    assert str(found[0]).startswith(f"{tmp_path / 'doc.yaml'}:{found[0].line}:")
+
+
+def test_a_head_beyond_the_model_is_refused(tmp_path: Path) -> None:
+    text = (DOCS / "head_patching.yaml").read_text().replace("heads: all", "heads: [1, 9]")
+    issues = _issues(tmp_path, text)
+    assert [i.code for i in issues] == ["D041"] and "heads [9] beyond" in issues[0].message
+
+
+def test_every_problem_is_said_at_once(tmp_path: Path) -> None:
+    text = GOOD.replace("block_output", "block_ouput").replace("{metric: kl}", "{metric: kll}")
+    text = text.replace("name: logit-lens", "name: logit-lens\nsed: 3")
+    codes = sorted(i.code for i in _issues(tmp_path, text))
+    assert codes == ["D002", "D010", "D011"]
+
+
+def test_a_missing_or_malformed_data_file_is_refused(tmp_path: Path) -> None:
+    rows = 'rows:\n    - {base: "When Mary and John went, John gave it to", answer: " Mary"}\n    - {base: "The capital of the model is", answer: " the"}'
+    assert rows in GOOD
+    issues = _issues(tmp_path, GOOD.replace(rows, "file: rows.jsonl"))
+    assert [i.code for i in issues] == ["D030"] and "rows.jsonl" in issues[0].message
+    (tmp_path / "rows.jsonl").write_text('{"base": "The dog ran", "answer": " the"}\n{"base": \n')
+    issues = _issues(tmp_path, GOOD.replace(rows, "file: rows.jsonl"))
+    assert [i.code for i in issues] == ["D031"] and "line 2" in issues[0].message
+
+
+def test_a_data_file_is_read_as_the_same_rows(tmp_path: Path) -> None:
+    rows = [{"prompt": "The dog ran from the door to", "label": " the"}]
+    (tmp_path / "rows.csv").write_text(
+        "prompt,label\n" + f"{rows[0]['prompt']},{rows[0]['label']}\n"
+    )
+    text = (
+        GOOD.split("data:")[0]
+        + "data:\n  file: rows.csv\n  fields: {base: prompt, answer: label}\nsites:"
+        + GOOD.split("sites:")[1]
+    )
+    source = _doc(tmp_path, text)
+    exp = build(source, model=load_model("tiny:llama"))
+    assert exp.rows.rows == ({"base": rows[0]["prompt"], "answer": " the"},)
+    assert exp.rows.origin == "rows.csv" and exp.rows.digest.startswith("sha256:")
+
+
+def test_an_out_folder_of_another_document_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    model = load_model("tiny:llama")
+    run(_doc(tmp_path, GOOD, "a.yaml"), out, model=model)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    other = _doc(tmp_path, GOOD.replace("name: logit-lens", "name: other"), "b.yaml")
+    with pytest.raises(DocumentError) as caught:
+        run(other, out, model=model)
+    assert caught.value.issues[0].code == "D050" and "another document" in str(caught.value)
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    strange = tmp_path / "strange"
+    strange.mkdir()
+    (strange / "notes.txt").write_text("mine")
+    with pytest.raises(DocumentError, match="not a document's results"):
+        run(other, strange, model=model)
+
+
+def test_a_save_path_through_a_link_out_of_out_is_refused(tmp_path: Path) -> None:
+    out, away = tmp_path / "out", tmp_path / "away"
+    out.mkdir()
+    away.mkdir()
+    (out / "link").symlink_to(away)
+    source = _doc(tmp_path, GOOD.replace("sweep:", "save: {path: link/results}\nsweep:"))
+    with pytest.raises(DocumentError) as caught:
+        run(source, out, model=load_model("tiny:llama"))
+    assert caught.value.issues[0].code == "D020"
+    assert list(away.iterdir()) == [] and [p.name for p in out.iterdir()] == ["link"]
+
+
+def test_a_save_path_inside_out_holds_the_results(tmp_path: Path) -> None:
+    source = _doc(tmp_path, GOOD.replace("sweep:", "save: {path: lens/here}\nsweep:"))
+    run(source, tmp_path / "out", model=load_model("tiny:llama"))
+    assert (tmp_path / "out" / "lens" / "here" / "results.json").is_file()
+
+
+# ------------------------------------------------------------------ the run's folder
+
+
+def test_an_interrupted_run_keeps_its_cells_and_resumes(tmp_path: Path) -> None:
+    source = load(DOCS / "activation_patching.yaml")
+    model, out = load_model("tiny:llama"), tmp_path / "out"
+    seen: list[str] = []
+
+    def stop_after_two(record: dict[str, Any]) -> None:
+        seen.append(record["key"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(source, out, model=model, on_cell=stop_after_two)
+    kept = [json.loads(line) for line in (out / "cells.jsonl").read_text().splitlines()]
+    assert [c["key"] for c in kept] == seen and not (out / "results.json").exists()
+    counted = _counted(model)
+    count = next(counted)
+    results = run(source, out, model=model, resume=True)
+    counted.close()
+    cells = _cells(results)
+    assert all(cells[c["key"]] == c for c in kept)  # kept as they were (their timings too)
+    assert len(cells) == 18 and results["forwards"] - count[0] == 2  # two cells not rerun
+    fresh = run(source, tmp_path / "fresh", model=model)
+    for key, cell in _cells(fresh).items():
+        assert cell["metrics"] == cells[key]["metrics"]
+
+
+def test_the_receipt_records_versions_and_digests_and_no_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "hf_s3cr3t_value_not_to_be_seen"
+    monkeypatch.setenv("HF_TOKEN", secret)
+    monkeypatch.setenv("NDIF_API_KEY", secret)
+    source = load(DOCS / "logit_lens.yaml")
+    run(source, tmp_path, model=load_model("tiny:llama"))
+    receipt = json.loads((tmp_path / "receipt.json").read_text())
+    assert receipt["document"]["digest"] == source.digest
+    assert receipt["data"]["digest"].startswith("sha256:") and receipt["seed"] == 0
+    assert receipt["versions"]["torch"] and receipt["versions"]["causalab-mini"]
+    assert receipt["device"] == "cpu" and receipt["timings"]["run_seconds"] >= 0
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
+    assert os.environ["HF_TOKEN"] == secret
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_validate_prints_every_problem_with_its_place(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace("block_output", "block_ouput"))
+    done = cli("validate", str(path))
+    assert done.exit_code == 1
+    line = _line_of(path.read_text(), "block_ouput")
+    assert f"{path}:{line}:" in done.output and "D010" in done.output
+    assert "did you mean 'block_output'" in done.output
+    good = cli("validate", str(DOCS / "logit_lens.yaml"), "--static")
+    assert good.exit_code == 0 and "valid" in good.output
+
+
+def test_run_and_explain_on_the_command_line(tmp_path: Path) -> None:
+    doc = str(DOCS / "logit_lens.yaml")
+    explained = cli("explain", doc, "--model", "tiny:gpt2")
+    assert explained.exit_code == 0 and "model: tiny:gpt2:" in explained.output
+    done = cli("run", doc, "--out", str(tmp_path / "out"))
+    assert done.exit_code == 0, done.output
+    assert "3 cells (0 refused)" in done.output
+    assert (tmp_path / "out" / "plots" / "lensed_kl.png").is_file()
+
+
+def test_tokens_is_positions_under_its_new_name() -> None:
+    new = cli("tokens", "tiny:llama", "The fox")
+    old = cli("positions", "tiny:llama", "The fox")
+    assert new.exit_code == 0 and new.output == old.output and "anchor bos" in new.output
