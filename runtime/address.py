@@ -545,7 +545,7 @@ class Interior:
     name: str
     within: str
     needles: tuple[str, ...]
-    order: int
+    order: int | float
     arg: int | None = None
     returns: int | None = None
     eager_only: bool = False
@@ -556,6 +556,8 @@ class Interior:
     note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
     unavailable: str | None = field(default=None, compare=False)
+    # why a forward that makes no such call has no such tensor (no rotary embedding)
+    missing: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -146,3 +146,59 @@ def test_a_heads_term_is_read_only_and_refused_after_a_post_norm(tiny_model: Loa
     sandwich = tiny_model("tiny:gemma2")
     with pytest.raises(ComponentError, match="a norm is not linear"):
         locate(sandwich, "attention_head_output", 0)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def test_the_rotary_embedding_of_the_pre_rotary_query_is_the_query(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    names = [
+        "attention_query_pre_rope",
+        "attention_key_pre_rope",
+        "attention_query",
+        "attention_key",
+    ]
+    addresses = {name: locate(model, name, 1) for name in names}
+    # one text, unpadded: positions 0..n-1 on its one row
+    out = Plan.of(reads=addresses.values()).run(model, "The quick brown fox jumps")
+    v = {name: out[a] for name, a in addresses.items()}
+    q_pre, q = locate(model, names[0], 1), locate(model, "attention_query", 1)
+    assert q_pre.rank < q.rank and q_pre.head_dim == q.head_dim
+    # Llama's rotary by hand: cos/sin of the position times the inverse frequencies
+    hd = q.head_dim
+    assert hd is not None
+    base = float(getattr(model._model.config, "rope_theta", None) or 10000.0)
+    params = getattr(model._model.config, "rope_parameters", None) or {}
+    base = float(params.get("rope_theta", base))
+    inv = 1.0 / (base ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    seq = v["attention_query"].shape[1]
+    angles = torch.arange(seq, dtype=torch.float32)[:, None] * inv[None, :]
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    for pre, post in (
+        ("attention_query_pre_rope", "attention_query"),
+        ("attention_key_pre_rope", "attention_key"),
+    ):
+        heads = v[pre].unflatten(-1, (-1, hd))  # (batch, seq, heads, head size)
+        rotated = heads * cos[None, :, None] + _rotate_half(heads) * sin[None, :, None]
+        assert torch.allclose(rotated.flatten(2), v[post], atol=1e-5)
+        assert not torch.allclose(v[pre], v[post])  # the rotary moved it
+
+
+def test_a_write_before_the_rotary_reaches_the_query_rotated(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    inputs = c.sample_inputs(model)
+    pre, q, first = (
+        locate(model, n, 1) for n in ("attention_query_pre_rope", "attention_query", "block_input")
+    )
+    clean = Plan.of(reads=[first, pre, q]).run(model, inputs)
+    zeros = torch.zeros_like(clean[pre])
+    out = Plan.of(reads=[first, pre, q], writes=[(pre, zeros)]).run(model, inputs)
+    assert torch.equal(out[first], clean[first])  # read before: kept
+    assert torch.equal(out[pre], zeros)  # read after: what was written
+    assert torch.equal(out[q], torch.zeros_like(out[q]))  # the rotary of zeros
+    gpt2 = tiny_model("tiny:gpt2")  # absolute positions: no rotary call to read before
+    with pytest.raises(ComponentError, match="apply_rotary_pos_emb"):
+        locate(gpt2, "attention_query_pre_rope", 0)
