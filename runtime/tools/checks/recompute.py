@@ -768,7 +768,8 @@ def _activation_function(
     model: Any, layer: int, v: dict[tuple[str, int | None], Any]
 ) -> tuple[Any, str]:
     """The MLP's activation as (a callable, its name): the module whose output the
-    mlps_activation row reads, where it reads one's output; else the function
+    mlps_activation row reads, where it reads one's output; else the one module the
+    structure's candidates for that row name; else the function
     transformers maps the config's activation name to; else (a forward that calls
     F.silu itself and a config that names none) the one activation of transformers'
     table that maps mlp_gate (or mlp_pre) to mlp_activation, said by name. The checks
@@ -780,6 +781,15 @@ def _activation_function(
     if not row.source and row.io.value == "output" and row.select is None:
         module = _row_module(model, layer, "mlps_activation")._module
         return module, f"the module {row.module}"
+    # the activation module the structure's candidates name, where the row reads the
+    # tensor elsewhere (GPT-1's act is one module every layer shares)
+    from causalab_mini.generated import STRUCTURAL_ADDRESSES
+    from causalab_mini.internals import child
+
+    entry = STRUCTURAL_ADDRESSES.get("mlps_activation", {}).get(model.block_structure or "")
+    found = [c for c in (entry.candidates if entry else ()) if child(model.layers[layer], c)]
+    if len(found) == 1:
+        return child(model.layers[layer], found[0])._module, f"the module {found[0]}"
     from transformers.activations import ACT2FN
 
     config = layer_config(model.text_config, layer)
@@ -886,7 +896,7 @@ def rotary_checks(
         if q is None or k is None or ("attention_query", layer) not in v:
             continue
         envoy = _module(model, layer, q.module)
-        name = q.needles[-1].rstrip("(").split(".")[-1]
+        name = q.needles[-1].split("(")[0].split(".")[-1]
         function = getattr(sys.modules.get(type(envoy._module).__module__), name, None)
         if function is None or len(q.needles) != 1:
             continue
