@@ -413,7 +413,6 @@ CHECKS: tuple[Check, ...] = (
     interiors,
     mlp_interiors,
     mlp_projections,
-    rotary,
     final_norm,
     model_outputs,
     unembedding,
