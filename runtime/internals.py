@@ -867,8 +867,40 @@ class Internals(Mapping[str, Place]):
             shared = shared_on(base, result[0].module)
             if shared is not None:
                 result = (None, shared_reason(name, result[0].module, shared))
+        if base is not None and result[0] is not None and result[0].heads_through:
+            result = (result[0], self._computed_refusal(name, result[0], base, layer))
+            if result[1] is not None:
+                result = (None, result[1])
         self._resolved[key] = result
         return result
+
+    def _computed_refusal(
+        self, name: str, row: Address, base: Any, layer: int | None
+    ) -> str | None:
+        """Why a computed row (``heads_through``) is refused at ``layer``: the row it is
+        computed from is refused there, or reads another module or side, or the
+        module's weight has no stated orientation; None where it is available."""
+        from .heads import projection_weight
+
+        source = row.heads_through
+        assert source is not None
+        if source not in self:
+            return f"{name} is computed from {source}, which this model has no row for"
+        reason = self[source].unavailable_on(layer)
+        if reason is not None:
+            return f"{name} is computed from {source}, which is refused here: {reason}"
+        other = self[source].address_at(layer)
+        if (other.module, other.io) != (row.module, row.io) or other.source or other.select:
+            return (
+                f"{name} is computed at {row.module}.{row.io.value}, and {source} reads "
+                f"{other.describe()}: they must be one tensor. A family file says where "
+                f"{name} is (or refuses it)"
+            )
+        envoy = child(base, row.module)
+        if envoy is None:
+            return f"{name} reads {row.module!r}, which the layer does not have"
+        # a computed place needs a weight whose orientation is stated
+        return projection_weight(envoy._module, name)[1]
 
     def _structural(
         self, name: str, row: Address, layer_envoy: Any

@@ -440,6 +440,10 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
             model_class=internals.model_class,
         )
     except OperationNotFound as exc:
+        if interior.missing is not None and "has no operation" in str(exc):
+            # the interior says what a forward without its call lacks (no rotary)
+            reason = interior.missing.replace("{place}", spec.name)
+            raise refuse(spec.name, f"{reason} ({str(exc).splitlines()[0]})") from None
         raise refuse(spec.name, str(exc)) from None
     return module, op
 

@@ -60,6 +60,7 @@ TAMPER: dict[str, tuple[tuple[str, int | None], str]] = {
     "attention_input_norm": (("attention_input_norm", 1), "v"),
     "interiors": (("attention_z", 1), "v"),
     "mlp_interiors": (("mlp_neuron_output", 1), "v"),
+    "mlp_projections": (("mlp_up", 1), "v"),
     "final_norm": (("ln_final", None), "v"),
     "model_outputs": (("embeddings", None), "v"),
     "unembedding": (("lm_head", None), "v"),

@@ -317,6 +317,20 @@ def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
         yield from recompute.mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
+def mlp_projections(ctx: Context) -> Iterator[Outcome]:
+    """act(mlp_gate) * mlp_up == mlp_neuron_output on a gated MLP, act(mlp_pre) ==
+    mlp_activation on a non-gated one, and each half its linear of mlp_input
+    (checks.recompute)."""
+    for layer in range(ctx.n):
+        yield from recompute.mlp_projection_checks(ctx.model, ctx.v, layer)
+
+
+def rotary(ctx: Context) -> Iterator[Outcome]:
+    """rotary(attention_query_pre_rope) == attention_query and the same for the keys,
+    with the family's own rotary function and arguments (checks.recompute)."""
+    yield from recompute.rotary_checks(ctx.model, ctx.inputs, ctx.addresses, ctx.v)
+
+
 # ---------------------------------------------------------------- writes
 
 
@@ -400,6 +414,7 @@ CHECKS: tuple[Check, ...] = (
     attention_input_norm,
     interiors,
     mlp_interiors,
+    mlp_projections,
     final_norm,
     model_outputs,
     unembedding,
