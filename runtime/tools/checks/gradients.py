@@ -42,7 +42,9 @@ def _oracle(model: Any, inputs: dict[str, Any], layer: int, last: Any) -> Any:
         hidden = out[0] if isinstance(out, (tuple, list)) else out
         zero["z"] = torch.zeros_like(hidden, requires_grad=True)
         moved = hidden + zero["z"]
-        return (moved, *out[1:]) if isinstance(out, tuple) else moved
+        if isinstance(out, (tuple, list)):  # as the layer returned it (GPT-1: a list)
+            return type(out)([moved, *out[1:]])
+        return moved
 
     handle = model.layers[layer]._module.register_forward_hook(hook)
     try:
@@ -90,11 +92,13 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
 
     from causalab_mini.attribution import gradients as grads_of
     from causalab_mini.errors import CausalabError
+    from causalab_mini.hooks import dispatched
     from causalab_mini.positions import encode, trace_inputs
 
     model = ctx.model
     if set(ctx.inputs) - {"input_ids", "attention_mask", "position_ids"}:
         return  # media and encoder inputs: the oracle's forward needs more than ids
+    dispatched(model)  # the oracle calls the module itself: its real weights
     try:
         encoded = encode(model, {k: v for k, v in ctx.inputs.items()})
     except CausalabError:
