@@ -72,6 +72,11 @@ def _extras(row: Address) -> tuple[str, ...]:
     if row.scale:
         factor = row.scale if isinstance(row.scale, (int, float)) else f"config.{row.scale}"
         out.append(f"multiplied by {factor}")
+    if row.heads_through:
+        out.append(
+            f"computed from `{row.heads_through}` at this module: each head's slice through "
+            "its own columns of the module's weight, bias left out (read-only)"
+        )
     if row.seq_first:
         out.append("held (seq, batch, ...) by the model: read and written as (batch, seq, ...)")
     if row.leading_positions is not None:

@@ -387,6 +387,7 @@ def interior(raw: dict[str, Any]) -> Interior:
         eager_only=raw.get("eager_only", False),
         versions=tuple(sorted(raw.get("versions", {}).items())),
         doc=raw["doc"].strip(),
+        missing=" ".join(raw["missing"].split()) if "missing" in raw else None,
     )
 
 

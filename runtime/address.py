@@ -214,7 +214,10 @@ class Address:
     read and written as (batch, seq, ...) through a transposed view. ``spelled`` is
     the model attribute a whole-model place is read and written as where that is not
     its name (``token_embeddings``); ``replaces_accessor`` says nnterp has an accessor
-    of the row's name, which the row is mounted in place of.
+    of the row's name, which the row is mounted in place of. ``heads_through`` marks a
+    computed place: the tensor of the row it names (the heads' outputs concatenated, at
+    this row's module), sent head by head through the module's weight, bias left out
+    (``causalab_mini.heads``); refused wherever that row is.
     """
 
     module: str
@@ -234,6 +237,7 @@ class Address:
     read_only: str | None = None
     flat_tokens: bool = False
     merged_heads: bool = False
+    heads_through: str | None = None
     spelled: str | None = None
     replaces_accessor: bool = False
     unavailable: tuple[Unavailable, ...] = ()
@@ -442,6 +446,10 @@ class RenameConfig:
     # identities do not hold there)
     attends_ahead: str | None = None
     interchange_unavailable: str | None = None
+    # why a row padded on that side is not computed as the row alone (the sweep's
+    # ragged-batch check measures it): the runtime pads on the other side, or refuses
+    left_padding_unavailable: str | None = None
+    right_padding_unavailable: str | None = None
     # where audio enters the stream (an audio-language wrapper): the config attribute(s)
     # holding the audio placeholder token's id, the first set one the model's
     addresses: Mapping[str, Address] = field(default_factory=dict)
@@ -541,7 +549,7 @@ class Interior:
     name: str
     within: str
     needles: tuple[str, ...]
-    order: int
+    order: int | float
     arg: int | None = None
     returns: int | None = None
     eager_only: bool = False
@@ -552,6 +560,8 @@ class Interior:
     note: str = field(default="", compare=False)
     doc: str = field(default="", compare=False)
     unavailable: str | None = field(default=None, compare=False)
+    # why a forward that makes no such call has no such tensor (no rotary embedding)
+    missing: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -578,7 +588,16 @@ PerHead = Literal["q", "kv", "none"]
 # k keys, f heads x head_dim concatenated (bhds: a key transposed for q·kᵀ, as a
 # family's own matmul takes it).
 Layout = Literal["bhsd", "bshd", "bsf", "bhsk", "bhds"]
-Width = Literal["hidden_size", "intermediate_size", "q_width", "kv_width", "z_width", "vocab_size"]
+Width = Literal[
+    "hidden_size",
+    "intermediate_size",
+    "q_width",
+    "kv_width",
+    "z_width",
+    "value_width",
+    "heads_hidden",
+    "vocab_size",
+]
 
 
 @dataclass(frozen=True)

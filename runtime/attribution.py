@@ -77,9 +77,11 @@ def _cut(address: ComponentAddress, whole: Any, index: Any) -> Any:
 
 
 def _last(encoded: Encoded) -> Any:
+    """Each row's last token as the model receives it (``{"anchor": "last"}``): where it
+    predicts the next token, as interchange reads its logits."""
     import torch
 
-    return torch.tensor([f.content[-1] for f in encoded.frames])
+    return torch.tensor([f.real[-1] for f in encoded.frames])
 
 
 def _take_last(full: Any, last: Any) -> Any:

@@ -19,6 +19,7 @@ in program order. The verb is written once; which engine runs it is one argument
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -136,16 +137,22 @@ class NnsightEngine(Engine):
         saved: list[list[Any]] = []  # bound before the trace: values saved in it stay
         result: list[Any] = []
         try:
-            with model.generate(
-                dict(batch), max_new_tokens=max_new_tokens, **generate_kwargs
-            ) as tracer:
-                for step in tracer.iter[:max_new_tokens]:
-                    if step and at_step is not None:
-                        at_step(step)
-                    program = later if step else first
-                    values = plain.run(model, program.steps, None, model.internals)
-                    saved.append([_saved(v) for v in values])
-                result.append(tracer.result.save())
+            with warnings.catch_warnings():
+                # a run that stops before max_new_tokens (EOS, a stopping criterion) ends
+                # the step loop early, and nnsight warns of the steps it did not reach:
+                # that is what a generation that stops means here
+                warnings.filterwarnings("ignore", message=".*was never reached.*")
+                with model.generate(max_new_tokens=max_new_tokens, **generate_kwargs) as tracer:
+                    with tracer.invoke(dict(batch)):
+                        for step in tracer.iter[:max_new_tokens]:
+                            if step and at_step is not None:
+                                at_step(step)
+                            program = later if step else first
+                            values = plain.run(model, program.steps, None, model.internals)
+                            saved.append([_saved(v) for v in values])
+                    # an invoke of its own: it runs however many steps the loop made
+                    with tracer.invoke():
+                        result.append(tracer.result.save())
         except CausalabError as exc:
             raise unwrapped(exc) from None
         steps = [[_value(v) for v in values] for values in saved]

@@ -10,6 +10,12 @@ names a token of such a step, so any other spec is refused before anything runs.
 An address without positions reads each step's whole tensor: the prompt's at step 0,
 (batch, 1, ...) after.
 
+It stops where transformers' ``generate`` stops with the same arguments: at EOS (every
+row finished) or a stopping criterion, before ``max_new_tokens`` if it comes first, so
+``steps`` and ``tokens`` hold the steps it ran. Nothing is added to what the caller
+passes but ``logits_to_keep=0`` (step 0's logits cover the prompt, as in a trace);
+``min_new_tokens=max_new_tokens`` runs every step whatever is generated.
+
 ``generate`` is handed ``input_ids`` and ``attention_mask`` only: transformers'
 ``generate`` counts ``position_ids`` from the attention mask itself (each left-padded
 row from its first real token) and extends them step by step, so the ones
@@ -29,6 +35,7 @@ from .positions import (
     Encoded,
     Position,
     PositionError,
+    check_frame,
     encode,
     parse,
     resolve,
@@ -37,7 +44,9 @@ from .positions import (
     text_of,
 )
 
-LAST = (Position(index=-1),)  # the one position a step after the first has
+# the one token a step after the first has, in either spelling: the last content token
+# ({"index": -1}) and the last token of the input ({"anchor": "last"}) are both it
+LAST = ((Position(index=-1),), (Position(anchor="last"),))
 
 
 class GenerationRefused(CausalabError, ValueError):
@@ -47,8 +56,9 @@ class GenerationRefused(CausalabError, ValueError):
 @dataclass(frozen=True, eq=False)
 class Generation:
     """What ``Plan.generate`` returns: ``steps``, one {address: tensor} per generation
-    step in order (step 0 ran the prompt); ``tokens``, the generated ids (batch,
-    max_new_tokens); ``sequences``, the prompt batch (padding included) followed by
+    step in order (step 0 ran the prompt), as many as generate ran (it stops at EOS as
+    transformers' generate does, at most max_new_tokens); ``tokens``, the generated ids
+    (batch, new tokens); ``sequences``, the prompt batch (padding included) followed by
     them, as ``generate`` returns it."""
 
     steps: tuple[dict[Any, Any], ...]
@@ -61,14 +71,14 @@ def _refuse_positions(plan: Any) -> None:
     ``{"index": -1}``, before anything runs."""
     for s in plan.steps:
         spec = s.address.position
-        if spec and parse(spec) != LAST:
+        if spec and parse(spec) not in LAST:
             spec = spec_of(parse(spec))
             raise PositionError(
                 f"{s.address} in generate: {text_of(spec)} names tokens of the prompt, and at "
                 "step 1 and after each step's forward runs one new token per row (the token "
-                'being generated), which only {"index": -1} names: read it at step 0, on '
-                "the prompt (Plan.of(...).run(model, texts) runs that forward), or address "
-                '{"index": -1}'
+                'being generated), which only {"index": -1} and {"anchor": "last"} name: '
+                "read it at step 0, on the prompt (Plan.of(...).run(model, texts) runs that "
+                'forward), or address {"index": -1} or {"anchor": "last"}'
             )
 
 
@@ -106,9 +116,23 @@ def _refuse_setup(kwargs: Mapping[str, Any]) -> None:
 
 
 def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
-    encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
-    mask = encoded.inputs["attention_mask"]
-    if not bool(mask[:, -1].all()):
+    check_frame(inputs, frame)
+    # generate appends each new token after the batch's last column: the prompt rows are
+    # padded on the left, or refused where the family cannot pad a row exactly there
+    encoded = (
+        inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame, padding_side="left")
+    )
+    decoder = "decoder_input_ids" in encoded.inputs  # an encoder-decoder's batch
+    mask = encoded.inputs["decoder_attention_mask" if decoder else "attention_mask"]
+    if mask is not None and decoder and not bool(mask[:, -1].all()):
+        rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
+        raise GenerationRefused(
+            f"Plan.generate on decoder prefixes of different lengths (rows {rows} end in "
+            "padding): transformers generates each row's next token after the last column, "
+            "which in those rows is padding: give prefixes of as many tokens, or generate "
+            "each row alone"
+        )
+    if mask is not None and not bool(mask[:, -1].all()):
         rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
         raise GenerationRefused(
             f"Plan.generate on a right-padded batch (rows {rows} end in padding): "
@@ -122,7 +146,9 @@ def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
 def _width(model: Any, step: int) -> int:
     """The number of tokens per row the forward of ``step`` (after the first) runs."""
     args, kwargs = model.inputs
-    ids = kwargs.get("input_ids", args[0] if args else None)
+    ids = kwargs.get("decoder_input_ids")  # an encoder-decoder's step: the decoder's
+    if ids is None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is None:
         raise GenerationRefused(
             f"generate step {step}: the forward was given no input_ids, so the token being "
@@ -164,8 +190,11 @@ def generate(
     program0 = lower(plan, model, False, first, target=Target.TRACE)
     program = lower(plan, model, False, dict.fromkeys(specs, last), target=Target.TRACE)
     batch = {"input_ids": ids, "attention_mask": encoded.inputs["attention_mask"]}
-    # an EOS does not end the run early (the steps and tokens are max_new_tokens long)
-    generate_kwargs.setdefault("min_new_tokens", max_new_tokens)
+    if "decoder_input_ids" in encoded.inputs:  # an encoder-decoder: the decoder's prefix
+        ids = encoded.inputs["decoder_input_ids"]
+        batch["decoder_input_ids"] = ids
+        if encoded.inputs.get("decoder_attention_mask") is not None:
+            batch["decoder_attention_mask"] = encoded.inputs["decoder_attention_mask"]
     if _keeps_logits(model):
         # generate computes step 0's logits at the last column only (logits_to_keep=1);
         # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
@@ -178,11 +207,10 @@ def generate(
     saved, sequences = NnsightEngine().generate(
         model, (program0, program), batch, at_step, max_new_tokens, generate_kwargs
     )
-    if sequences is None or len(saved) != max_new_tokens:
+    if sequences is None:
         raise GenerationRefused(
-            f"generate ran {len(saved)} of max_new_tokens={max_new_tokens} steps (it "
-            "stopped early, min_new_tokens being lower): leave min_new_tokens unset, or "
-            "ask for as many new tokens as it runs"
+            f"generate ran {len(saved)} steps and returned no sequences: nnsight did not "
+            "hand back generate's result; run Plan.run on the prompt instead"
         )
     steps_out = tuple(
         {  # a featurized read returns features (causalab_mini.featurizers)

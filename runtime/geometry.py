@@ -94,7 +94,14 @@ class HeadSizeUnknown(ComponentError):
 # models have one head_dim; multi-head latent attention (DeepSeek-V2/V3, MiniCPM3,
 # GLM-4-MoE-Lite, ...) holds them apart as qk_head_dim (nope + rope) and v_head_dim,
 # and its config's head_dim is the rope part only, which is neither.
-HEAD_KINDS = {"q_width": "qk", "kv_width": "qk", "z_width": "v"}
+HEAD_KINDS = {
+    "q_width": "qk",
+    "kv_width": "qk",
+    "z_width": "v",
+    "value_width": "v",
+    # each head's term of the output projection: a head is as wide as the model
+    "heads_hidden": "hidden",
+}
 _OWN_KEYS = {"qk": ("qk_head_dim",), "v": ("v_head_dim",)}
 _GENERIC_KEYS = ("head_dim", "head_size")
 _KIND_NAMES = {"qk": "q/k", "v": "value"}
@@ -129,7 +136,12 @@ def head_size(model: Any, layer: int | None, kind: str) -> int:
     qk_rope_head_dim, v_head_dim) first, then the one generic head_dim. Raises
     HeadSizeUnknown where what they state leaves it open: a generic head_dim that
     another source contradicts, or a value head size where only a q/k size apart
-    from head_dim is stated."""
+    from head_dim is stated. A head's term of the output projection ("hidden") is
+    as wide as the model."""
+    if kind == "hidden":
+        width = width_of(model, "hidden_size", layer)
+        assert width is not None
+        return width
     sources = [
         (where, source)
         for where, source in (
@@ -212,6 +224,10 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
         return num_heads(model, layer) * head_size(model, layer, HEAD_KINDS[name])
     if name == "kv_width":
         return num_kv_heads(model, layer) * head_size(model, layer, "qk")
+    if name == "value_width":
+        return num_kv_heads(model, layer) * head_size(model, layer, "v")
+    if name == "heads_hidden":
+        return num_heads(model, layer) * head_size(model, layer, "hidden")
     if name == "intermediate_size":
         place = model.internals["mlps_neurons"]
         at = 0 if layer is None else layer

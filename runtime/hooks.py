@@ -148,6 +148,7 @@ _PLAIN_READ = {
     "unmerge": None,
     "views": (),
     "scale": None,
+    "heads_through": None,
     "held": False,
     "index": None,
     "head": None,

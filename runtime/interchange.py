@@ -17,7 +17,8 @@ later patch still reads the clean source. Reads and the logits are the base run'
         bases=["The Eiffel Tower is in Paris"],
         sources=["The Colosseum is in Rome, not Paris"],
     )
-    result.logits          # (pairs, vocab): the base rows' last content token
+    result.logits          # (pairs, vocab): at each base row's last token as the model
+                           # receives it (where it predicts the next token)
     result.reads[address]  # (pairs, ...): what each read address held in the base run
 """
 
@@ -33,6 +34,8 @@ from .locator import ComponentAddress, locate
 from .plan import Plan, Step, featurized
 from .positions import PositionError, encode, resolve, stacked, take, trace_inputs
 
+NEXT = {"anchor": "last"}  # the token whose logits give the next token
+
 
 @dataclass(frozen=True)
 class Patch:
@@ -46,7 +49,9 @@ class Patch:
 @dataclass
 class InterchangeResult:
     """What the base runs read, by address, each (pairs, ...) in the order of the pairs;
-    ``logits`` (pairs, vocab) at each base row's last content token; and, where asked,
+    ``logits`` (pairs, vocab) at each base row's last token as the model receives it
+    (``{"anchor": "last"}``: the end of the chat prompt in the chat frame, an EOS the
+    tokenizer adds; where it predicts the next token); and, where asked,
     the same of every source (``sources[k]``: source k's reads and logits)."""
 
     reads: dict[ComponentAddress, Any] = field(default_factory=dict)
@@ -96,8 +101,38 @@ def _patches(model: Any, patches: Sequence[Any], slots: int) -> list[Patch]:
     return out
 
 
-def _pairs(bases: Sequence[str], sources: Sequence[Any]) -> tuple[list[str], list[list[str]]]:
-    """The bases, and per source slot its texts (one per base)."""
+_MEDIA_KEYS = ("pixel_values", "input_features", "input_values", "pixel_values_videos")
+
+
+def _refuse_media(given: Any, what: str) -> None:
+    """Refuse a batch of token ids (a processor's output: media placeholders among the
+    text's tokens, pixel or audio values beside them) given as ``what``: interchange
+    tokenizes bases and sources together into one batch of text rows, and a media batch
+    cannot be joined row by row with its media values."""
+    from collections.abc import Mapping
+
+    if isinstance(given, Mapping) or hasattr(given, "keys"):
+        media = [k for k in _MEDIA_KEYS if k in given]
+        held = f" with {', '.join(media)}" if media else ""
+        raise PositionError(
+            f"interchange was given a batch of token ids{held} as {what}: it pairs texts, "
+            "tokenized together into one batch, and does not join media inputs (image "
+            "or audio placeholders and their pixel or audio values) row by row. Patch a "
+            "media input in a trace of its own: read the source with "
+            "Plan.of([address]).run(model, source_batch) and write that value with "
+            "Plan.of([], [(address, value)]).run(model, base_batch) (positions resolve on "
+            "the ids, media tokens outside the content), or give interchange the texts"
+        )
+
+
+def _pairs(
+    bases: Sequence[Any], sources: Sequence[Any], one: Any = lambda s: False
+) -> tuple[list[Any], list[list[Any]]]:
+    """The bases, and per source slot its texts (one per base); ``one(s)`` says a tuple
+    is one input (an encoder-decoder's pair), not several sources."""
+    _refuse_media(bases, "bases")
+    for source in sources if isinstance(sources, (list, tuple)) else [sources]:
+        _refuse_media(source, "sources")
     if isinstance(bases, str) or isinstance(sources, str):
         raise PositionError("bases and sources are lists of texts, one source (or tuple) per base")
     if len(bases) != len(sources):
@@ -107,7 +142,9 @@ def _pairs(bases: Sequence[str], sources: Sequence[Any]) -> tuple[list[str], lis
         )
     if not bases:
         raise PositionError("no pairs: give at least one base and its source")
-    rows = [list(s) if isinstance(s, (list, tuple)) else [s] for s in sources]
+    # a source is one text, or one (source, decoder prefix) pair of an encoder-decoder;
+    # a list (or a tuple that is not such a pair) holds several
+    rows = [list(s) if isinstance(s, (list, tuple)) and not one(s) else [s] for s in sources]
     slots = {len(r) for r in rows}
     if len(slots) != 1:
         raise PositionError(
@@ -139,7 +176,9 @@ def interchange(
     runner = engine_for(engine)
     if type(batch_size) is not int or batch_size < 1:
         raise ValueError(f"batch_size is a positive int, not {batch_size!r}")
-    base_texts, slot_texts = _pairs(bases, sources)
+    from .seq2seq import is_pair
+
+    base_texts, slot_texts = _pairs(bases, sources, lambda s: is_pair(model, s))
     plan = _patches(model, patches, len(slot_texts))
     logits_at = locate(model, "logits")
     chunks: list[InterchangeResult] = []
@@ -308,8 +347,10 @@ def _chunk(
     encoded = encode(model, [*bases, *(t for texts in slots for t in texts)], frame)
     groups = [range(0, k), *(range(k * (s + 1), k * (s + 2)) for s in range(len(slots)))]
     moves = _moves(model, encoded, plan, groups, bases, slots)
-    # the logits at every row's last content token (the base's, and each source's)
-    last = stacked(resolve(model, encoded, {"index": -1}), {"index": -1})
+    # the logits where each row predicts its next token: the last token of the input as
+    # the model receives it (an EOS the tokenizer adds, the chat template's generation
+    # prompt), in every frame (the base's, and each source's)
+    last = stacked(resolve(model, encoded, NEXT), NEXT)
     wanted = [
         (a, [_row_index(model, encoded, a, g) if a.position else None for g in groups])
         for a in reads

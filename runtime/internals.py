@@ -228,6 +228,18 @@ class Place:
     def __call__(self, layer: int | None = None, index: Any = None) -> Any:
         return self.get(layer) if index is None else self.get_at(layer, index)
 
+    def save(self) -> Any:
+        """``model.<place>.save()``: a whole-model place's tensor, saved (what
+        ``model.<place>().save()`` gives, as ``model.logits.save()`` does); refused on a
+        place per layer, which names no tensor until a layer is given. Without this
+        nnsight's ``save`` of any object would hand back the place itself."""
+        if self.per_layer:
+            raise PlaceUnavailable(
+                f"model.{self.name}.save(): {self.name} is a place per layer, which names no "
+                f"tensor until a layer is given: write model.{self.name}[layer].save()"
+            )
+        return self.get(None).save()
+
     def _key(self, key: Any) -> tuple[Any, Any]:
         if not isinstance(key, tuple):
             return key, None
@@ -257,6 +269,11 @@ class Place:
         row = self.address
         if row.streams is not None:
             return 2 if row.streams.layout == "nbsh" else 1
+        if row.before_layers and row.per_layer and row.io in (IOType.INPUT, IOType.OUTPUT):
+            # a stream of the stack run wholly before the layers (an encoder-decoder's
+            # encoder): (batch, seq, hidden), its positions counted in the encoder's
+            # input (positions.resolve(..., stack="encoder"))
+            return 1
         for spec in COMPONENTS.values():
             if spec.kind == "boundary" and spec.target == self.name:
                 if spec.sequence_axis is None:
@@ -850,8 +867,40 @@ class Internals(Mapping[str, Place]):
             shared = shared_on(base, result[0].module)
             if shared is not None:
                 result = (None, shared_reason(name, result[0].module, shared))
+        if base is not None and result[0] is not None and result[0].heads_through:
+            result = (result[0], self._computed_refusal(name, result[0], base, layer))
+            if result[1] is not None:
+                result = (None, result[1])
         self._resolved[key] = result
         return result
+
+    def _computed_refusal(
+        self, name: str, row: Address, base: Any, layer: int | None
+    ) -> str | None:
+        """Why a computed row (``heads_through``) is refused at ``layer``: the row it is
+        computed from is refused there, or reads another module or side, or the
+        module's weight has no stated orientation; None where it is available."""
+        from .heads import projection_weight
+
+        source = row.heads_through
+        assert source is not None
+        if source not in self:
+            return f"{name} is computed from {source}, which this model has no row for"
+        reason = self[source].unavailable_on(layer)
+        if reason is not None:
+            return f"{name} is computed from {source}, which is refused here: {reason}"
+        other = self[source].address_at(layer)
+        if (other.module, other.io) != (row.module, row.io) or other.source or other.select:
+            return (
+                f"{name} is computed at {row.module}.{row.io.value}, and {source} reads "
+                f"{other.describe()}: they must be one tensor. A family file says where "
+                f"{name} is (or refuses it)"
+            )
+        envoy = child(base, row.module)
+        if envoy is None:
+            return f"{name} reads {row.module!r}, which the layer does not have"
+        # a computed place needs a weight whose orientation is stated
+        return projection_weight(envoy._module, name)[1]
 
     def _structural(
         self, name: str, row: Address, layer_envoy: Any

@@ -38,9 +38,12 @@ from .versions import outside_versions
 class ComponentAddress:
     """Where one component is on one model, as data.
 
-    Two addresses are equal when they name the same component, layer, head, resolved
-    operation and rank; the family's spelling of the child module (``module``) is
-    resolution detail and takes no part in equality or ordering.
+    Two addresses are equal (and hash equal) when they name the same component, layer,
+    head, resolved operation and rank on models whose tensor there is the same kind of
+    tensor: the number of heads, the head size, the width, the streams and the model's
+    families (``family``) take part, so results keyed by address never mix models. The
+    family's spelling of the child module (``module``) is resolution detail and takes
+    no part in equality or ordering.
     """
 
     rank: tuple[int, int | float]
@@ -58,9 +61,9 @@ class ComponentAddress:
     layout: str | None = field(default=None, compare=False)
     # the call holds it (batch*heads, ...): read and written through (batch, heads, ...)
     merged_heads: bool = field(default=False, compare=False)
-    head_dim: int | None = field(default=None, compare=False)
-    heads: int | None = field(default=None, compare=False)
-    width: int | None = field(default=None, compare=False)
+    head_dim: int | None = None
+    heads: int | None = None
+    width: int | None = None
     sequence_axis: int | None = field(default=None, compare=False)
     keys_axis: int | None = field(default=None, compare=False)
     writable: bool = field(default=True, compare=False)
@@ -71,7 +74,7 @@ class ComponentAddress:
     # a place that carries several residual streams (hyper-connections, AltUp): one
     # stream (``stream``) or all, handed on flat like heads, (batch, seq, n x hidden)
     stream: int | None = None
-    streams: int | None = field(default=None, compare=False)
+    streams: int | None = None
     stream_layout: str | None = field(default=None, compare=False)
     # the tokens of each row a read returns and a write replaces (``positions.parse``
     # of a spec; empty: every position), resolved on the batch a plan runs
@@ -79,6 +82,9 @@ class ComponentAddress:
     # the basis a read returns and a write takes (``causalab_mini.featurizers``), bound
     # to this place's width; None: the place's own coordinates
     featurizer: Any = None
+    # the model's families (``model.families``, the class name where it has none): an
+    # address on another family names another tensor even where the sizes agree
+    family: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
@@ -115,7 +121,7 @@ def locate(
     replaces them only. It is resolved on the batch a ``Plan`` runs. ``featurizer`` (a
     ``causalab_mini.featurizers`` one) binds the address to a basis, sized by the
     component table's width here: a read returns features, a write takes them."""
-    address = _located(model, component, layer, head, stream)
+    address = replace(_located(model, component, layer, head, stream), family=_family(model))
     if featurizer is not None:
         bind = getattr(featurizer, "bind", None)
         if not callable(bind):
@@ -137,12 +143,30 @@ def locate(
             if known
             else "it is a place of your own, whose sequence axis the component table does not state"
         )
+        row = model.internals[component].row if component in model.internals else None
+        if row is not None and row.before_layers:
+            why = (
+                "it is a place of the encoder, whose positions count in the encoder's input, "
+                "which a plan does not resolve; in a trace, read "
+                f"model.{component}[layer, index] with index = positions.stacked("
+                "positions.resolve(model, batch, spec, stack='encoder'), spec)"
+            )
         raise refuse(
             component,
             f"position {position!r} cannot apply: {why}. Address it without a position "
             "(and select the tokens from what it returns)",
         )
     return replace(address, position=parsed)
+
+
+def _family(model: Any) -> tuple[str, ...]:
+    """What an address records of the model it was located on: its families, or its
+    class name where it matched none."""
+    families = tuple(getattr(model, "families", ()) or ())
+    if families:
+        return families
+    inner = getattr(model, "_model", model)
+    return (type(inner).__name__,)
 
 
 def _located(
@@ -416,6 +440,10 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
             model_class=internals.model_class,
         )
     except OperationNotFound as exc:
+        if interior.missing is not None and "has no operation" in str(exc):
+            # the interior says what a forward without its call lacks (no rotary)
+            reason = interior.missing.replace("{place}", spec.name)
+            raise refuse(spec.name, f"{reason} ({str(exc).splitlines()[0]})") from None
         raise refuse(spec.name, str(exc)) from None
     return module, op
 

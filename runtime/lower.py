@@ -74,6 +74,12 @@ def _boundary_step(model: Any, address: ComponentAddress, *, write: bool, target
         raise WriteRefused(f"{place.where(address.layer)} is read-only: {row.read_only}")
     if not target.plain_only:
         return step
+    if row.heads_through and target is Target.REMOTE:
+        raise target.refused(
+            f"{address.component} is computed from the output projection's weight, which "
+            "a plan sent as plain code does not carry (read attention_premix remotely and "
+            "the weight locally)"
+        )
     if row.merged_heads:
         raise _heads_merged(address, target)
     if row.flat_tokens:

@@ -1,7 +1,8 @@
 """Metrics: what a gradient or an attribution differentiates, one value per row.
 
-A metric is a callable on the (rows, vocab) logits at each row's last content token
-(the token whose logits give the next one) that returns one value per row; its sum
+A metric is a callable on the (rows, vocab) logits at each row's last token as the
+model receives it (``{"anchor": "last"}``: the token whose logits give the next one;
+the end of the chat prompt in the chat frame) that returns one value per row; its sum
 is what ``causalab_mini.attribution`` differentiates. The usual ones:
 
 - ``logit_diff(good, bad)``: logit of ``good`` minus logit of ``bad``;

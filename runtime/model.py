@@ -357,8 +357,21 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         self.internals = Internals(self, dict(self.resolution.rows))
         self._causalab.attached = True
         self._attach(self.internals)
+        self._pad_exactly()
         if not kwargs.get("remote"):
             self.internals.install_sources()
+
+    def _pad_exactly(self) -> None:
+        """Pad on a side where a row of a batch is computed as it would be alone on this
+        family (``causalab_mini.padding``): nnsight pads a causal LM on the left, and a
+        family whose forward ignores position_ids there (its file's
+        left_padding_unavailable) is padded on the right instead."""
+        tokenizer: Any = getattr(self, "tokenizer", None)
+        side = getattr(tokenizer, "padding_side", None)
+        if tokenizer is not None and side in ("left", "right"):
+            from .padding import exact_side
+
+            tokenizer.padding_side = exact_side(self, side)
 
     def _widths_from_text_config(self) -> None:
         """nnterp reads the widths off the top-level config; where a family names the

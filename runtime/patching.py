@@ -260,7 +260,9 @@ def grid(
         runner,
         trace_inputs(model, encoded),
         logits_at,
-        torch.tensor([f.content[-1] for f in encoded.frames]),
+        torch.tensor(
+            [f.real[-1] for f in encoded.frames]
+        ),  # where each row predicts its next token ({"anchor": "last"})
         torch.arange(k).repeat(len(specs)),
         torch.tensor([t for base_at, _ in cells for t in base_at]),
         batch_size,

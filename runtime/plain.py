@@ -55,6 +55,7 @@ if TYPE_CHECKING:
         views: tuple[tuple[Any, ...], ...]
         copy: bool
         scale: float | None
+        heads_through: Callable[[Any], Any] | None
         in_place: bool
         snapshot: bool
         edit_copy: bool
@@ -369,6 +370,8 @@ def _meant(step: Step, raw: Any, env: Env | None) -> Any:
         value = value.clone()
     if step["scale"] is not None:
         value = value * step["scale"]
+    if step["heads_through"] is not None:  # a computed place: each head's term
+        value = step["heads_through"](value)
     return value
 
 
@@ -379,7 +382,7 @@ def whole_value(model: Any, step: Step, env: Env | None = None, edit: bool = Fal
     place's write (``causalab_mini.edits``)."""
     target, _, raw = _raw(model, step, env)
     value = _meant(step, raw, env)
-    if edit and env is not None and step["take"] is None:
+    if edit and env is not None and step["take"] is None and step["heads_through"] is None:
         value = env.handed(step, value, target)
     return value
 

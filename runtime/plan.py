@@ -10,7 +10,7 @@ without them."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,7 @@ from .engines import Engine, engine_for
 from .internals import WriteRefused, check_value
 from .locator import ComponentAddress, refuse
 from .lower import Target, geometry, lower_step
-from .positions import Encoded, encode, resolve, stacked, trace_inputs
+from .positions import Encoded, check_frame, encode, resolve, stacked, trace_inputs
 
 if TYPE_CHECKING:
     from .generation import Generation
@@ -154,7 +154,9 @@ class Plan:
         or ``positions.encode(model, texts)``): it is tokenized once, each step's
         positions are resolved per row of that batch in the content ``frame`` (plain or
         chat), and the trace runs on the batch with ``position_ids`` counted from each
-        row's first real token.
+        row's first real token. ``frame="chat"`` always runs the chat prompt (the
+        template rendered around each text, generation prompt included), whether or not
+        a step names positions; a frame the inputs cannot take is refused.
 
         ``remote=True`` (or ``backend=...``) runs it on NDIF as plain nnsight module
         accesses (``causalab_mini.remote``): every read comes back, or it raises.
@@ -189,7 +191,9 @@ class Plan:
         the token being generated: ``{"index": -1}`` there is that token, and any other
         position is refused before anything runs. A write at ``{"index": -1}`` is made
         at every step (it steers generation); an address without positions reads each
-        step's whole tensor. Local nnsight>=0.8 only (``causalab_mini.generation``)."""
+        step's whole tensor. It stops where transformers' generate stops (EOS, a stopping
+        criterion; ``min_new_tokens=max_new_tokens`` runs every step). Local nnsight>=0.8
+        only (``causalab_mini.generation``)."""
         from .generation import generate
 
         return generate(
@@ -209,11 +213,21 @@ def featurized(values: dict[Any, Any]) -> dict[Any, Any]:
 
 def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dict[Any, Any]]:
     """The inputs the trace runs and, per position spec of the plan's steps, its (batch,
-    n) token index on that batch (none where no step names positions: the inputs go to
-    the trace as given)."""
+    n) token index on that batch (none where no step names positions). A frame other
+    than plain is always the batch the trace runs (the chat prompt, whether or not a
+    step names positions); a frame the inputs cannot take is refused, never replaced by
+    another (``check_frame``)."""
+    from . import seq2seq
+
+    check_frame(inputs, frame)
     specs = {s.address.position for s in plan.steps if s.address.position}
-    if not specs:
-        return (inputs.inputs if isinstance(inputs, Encoded) else inputs), {}
+    if isinstance(inputs, Encoded) and not specs:
+        return inputs.inputs, {}
+    if not specs and frame == "plain" and not seq2seq.is_encoder_decoder(model):
+        return inputs, {}
+    if not specs and isinstance(inputs, Mapping):
+        seq2seq.check_ids(model, inputs)  # an encoder-decoder's ids need the decoder's
+        return inputs, {}
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
     indices = {spec: stacked(resolve(model, encoded, spec), spec) for spec in specs}
     return trace_inputs(model, encoded), indices

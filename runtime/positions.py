@@ -8,6 +8,9 @@ A position is pure data, written the way documents write it::
     {"span": "fox", "index": -1}   the last token of that span
     {"anchor": "bos"}              the special token the tokenizer put first
     {"anchor": "eos"}              the special token the tokenizer put last
+    {"anchor": "last"}             the last token of the row as the model receives it
+                                   (an EOS, the chat template's generation prompt
+                                   included): the token whose logits give the next one
     {"anchor": "image"}            every token an image's features fill (its placeholders)
     {"anchor": "audio"}            every token an audio's features fill, likewise
     {"anchor": "video"}            every token a video's features fill, likewise
@@ -45,7 +48,7 @@ from typing import Any
 from . import plain
 from .errors import CausalabError
 
-ANCHORS = ("bos", "eos", "image", "audio", "video")
+ANCHORS = ("bos", "eos", "last", "image", "audio", "video")
 # anchors that name every token of a medium (the placeholders its features fill), not one
 MEDIA_ANCHORS = ("image", "audio", "video")
 FRAMES = ("plain", "chat")
@@ -78,7 +81,7 @@ class Position:
             raise PositionError(
                 f"{self.spec()!r} mixes kinds of position: write one of "
                 '{"index": i}, {"span": "text"} (with an optional "index"), '
-                '{"anchor": "bos"|"eos"|"image"|"audio"|"video"} or "all"'
+                '{"anchor": "bos"|"eos"|"last"|"image"|"audio"|"video"} or "all"'
             )
         if self.anchor is not None and self.anchor not in ANCHORS:
             raise PositionError(
@@ -143,7 +146,7 @@ def parse(spec: Any) -> tuple[Position, ...]:
             return (Position(every=True),)
         raise PositionError(
             f'unknown position {spec!r}: write "all", {{"index": i}}, '
-            '{"span": "text"} or {"anchor": "bos"|"eos"|"image"|"audio"|"video"}'
+            '{"span": "text"} or {"anchor": "bos"|"eos"|"last"|"image"|"audio"|"video"}'
         )
     if isinstance(spec, Mapping):
         extra = set(spec) - _KEYS
@@ -212,6 +215,8 @@ class Encoded:
     inputs: Mapping[str, Any]
     frames: tuple[Frame, ...]
     frame: str = "plain"
+    # an encoder-decoder's batch: ``frames`` are the decoder's rows, these the encoder's
+    encoder_frames: tuple[Frame, ...] = ()
 
 
 def _tokenizer_of(model: Any) -> Any:
@@ -344,24 +349,34 @@ def _chat_render(tokenizer: Any, text: str) -> tuple[str, tuple[int, int]]:
     return rendered, (start, end)
 
 
-def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
+def encode(
+    model: Any, inputs: Any, frame: str = "plain", padding_side: str | None = None
+) -> Encoded:
     """Tokenize ``inputs`` (a text or a list of texts) into the batch a trace runs:
     ``input_ids``, ``attention_mask`` and ``position_ids`` (each row counted from its
-    first real token, so padding moves no position), padded on the tokenizer's side;
-    and each row's frame (``plain``: everything the user wrote; ``chat``: the user
-    message inside the tokenizer's chat template)."""
+    first real token, so padding moves no position), padded on the tokenizer's side
+    where that is exact for the model's family, else on the other side
+    (``causalab_mini.padding``: rows of different lengths the family cannot pad exactly
+    are refused); ``padding_side`` demands a side. And each row's frame (``plain``:
+    everything the user wrote; ``chat``: the user message inside the tokenizer's chat
+    template)."""
     if frame not in FRAMES:
         raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
     import torch
 
     tokenizer = _tokenizer_of(model)
     media, no_media = media_token_ids(model)
+    from . import seq2seq
+
+    if seq2seq.is_encoder_decoder(model):
+        return _encode_pairs(model, tokenizer, inputs, frame, (media, no_media))
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
         if frame != "plain":
             raise PositionError(
                 f"a batch of token ids has no chat template rendering to find: the {frame} "
                 "frame takes text; use the plain frame"
             )
+        _check_padded_ids(model, inputs, padding_side)
         return _encode_ids(tokenizer, inputs, media, no_media)
     texts = _texts(inputs)
     windows: list[tuple[int, int]] = []
@@ -373,14 +388,7 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     else:
         sources = texts
         add_special = True
-    # lists, not tensors: a frame reads them token by token; the trace's two are made below
-    batch = tokenizer(
-        sources,
-        padding=True,
-        add_special_tokens=add_special,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
+    batch = _tokenized(model, tokenizer, sources, add_special, padding_side)
     ids = torch.tensor(batch["input_ids"], dtype=torch.long)
     mask = torch.tensor(batch["attention_mask"], dtype=torch.long)
     specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
@@ -401,6 +409,125 @@ def encode(model: Any, inputs: Any, frame: str = "plain") -> Encoded:
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     out = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
     return Encoded(inputs=out, frames=tuple(frames), frame=frame)
+
+
+def check_frame(inputs: Any, frame: str) -> None:
+    """Refuse a ``frame`` the inputs cannot be run in: an unknown frame, an encoded
+    batch of another frame, and (outside the plain frame) anything but text."""
+    if frame not in FRAMES:
+        raise PositionError(f"unknown frame {frame!r}: the frames are {', '.join(FRAMES)}")
+    if isinstance(inputs, Encoded):
+        if inputs.frame != frame:
+            raise PositionError(
+                f"frame={frame!r} was given with a batch encoded in the {inputs.frame} frame: "
+                f"encode it in that frame (positions.encode(model, texts, frame={frame!r})) "
+                f"or pass frame={inputs.frame!r}"
+            )
+        return
+    if frame != "plain" and not (
+        isinstance(inputs, str)
+        or (isinstance(inputs, (list, tuple)) and all(isinstance(t, str) for t in inputs))
+    ):
+        raise PositionError(
+            f"frame={frame!r} renders text (each string as the user message of the chat "
+            f"template), and the inputs are a {type(inputs).__name__}: give the texts, or "
+            "run the batch as given in the plain frame (frame='plain')"
+        )
+
+
+def _encode_pairs(
+    model: Any, tokenizer: Any, inputs: Any, frame: str, media: tuple[Any, Any]
+) -> Encoded:
+    """An encoder-decoder's batch (``causalab_mini.seq2seq``): the encoder's rows and the
+    decoder's, each with its frames (``frames`` the decoder's, ``encoder_frames`` the
+    encoder's), both padded on the right."""
+    import torch
+
+    from . import seq2seq
+
+    found, no_media = media
+    if isinstance(inputs, Mapping) and "input_ids" in inputs:
+        seq2seq.check_ids(model, inputs)
+        encoder = _encode_ids(tokenizer, inputs, found, no_media)
+        mask = inputs.get("decoder_attention_mask")
+        given = {"input_ids": inputs["decoder_input_ids"]}
+        decoder = _encode_ids(
+            tokenizer, given if mask is None else {**given, "attention_mask": mask}, {}, {}
+        )
+        return Encoded(dict(inputs), decoder.frames, "plain", encoder.frames)
+    if frame != "plain":
+        raise PositionError(
+            f"the {frame} frame renders one text, and {type(model._model).__name__} is an "
+            "encoder-decoder fed pairs (source, decoder prefix): use the plain frame"
+        )
+    sources, prefixes = seq2seq.pairs(model, inputs)
+    sources = _texts(sources)
+    batch = _tokenized(model, tokenizer, sources, True, "right")
+    specials = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id}
+    encoder_frames = tuple(
+        _row_frame(tokenizer, batch, r, (t, t), "plain", [], specials, found, no_media)
+        for r, t in enumerate(sources)
+    )
+    dec = seq2seq.decoder_batch(model, tokenizer, prefixes)
+    frames = []
+    for row, prefix in enumerate(prefixes):
+        real = [i for i, m in enumerate(dec["attention_mask"][row]) if m]
+        frames.append(
+            Frame(
+                text=prefix,
+                tokens=tuple(tokenizer.convert_ids_to_tokens(dec["input_ids"][row])),
+                content=tuple(i for i in real if not dec["special_tokens_mask"][row][i]),
+                offsets=tuple(dec["offset_mapping"][row]),
+                anchors={"bos": 0},  # the decoder start token
+                real=tuple(real),
+                no_media=no_media,
+            )
+        )
+    tensors = {
+        "input_ids": batch["input_ids"],
+        "attention_mask": batch["attention_mask"],
+        "decoder_input_ids": dec["input_ids"],
+        "decoder_attention_mask": dec["attention_mask"],
+    }
+    out = {k: torch.tensor(v, dtype=torch.long) for k, v in tensors.items()}
+    return Encoded(out, tuple(frames), "plain", encoder_frames)
+
+
+def _tokenized(
+    model: Any, tokenizer: Any, sources: list[str], add_special: bool, required: str | None
+) -> Any:
+    """``sources`` tokenized into one batch, as lists (a frame reads them token by token),
+    padded on the side ``padding.side_for`` gives (refused where the family cannot pad
+    rows of different lengths exactly)."""
+    from .padding import side_for
+
+    lengths = [len(r) for r in tokenizer(sources, add_special_tokens=add_special)["input_ids"]]
+    side = side_for(model, str(tokenizer.padding_side), lengths, required)
+    return tokenizer(
+        sources,
+        padding=True,
+        padding_side=side,
+        add_special_tokens=add_special,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+
+
+def _check_padded_ids(model: Any, inputs: Mapping[str, Any], required: str | None) -> None:
+    """Refuse a batch of token ids padded on a side the model's family does not compute
+    a padded row exactly on (``causalab_mini.padding``): the batch is run as given."""
+    import torch
+
+    from .padding import side_for
+
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return
+    mask = torch.as_tensor(mask)
+    if mask.dim() != 2 or bool(mask.all()):
+        return
+    side = "left" if bool((mask[:, 0] == 0).any()) else "right"
+    side_for(model, side, [int(n) for n in mask.sum(-1)], required or side)
 
 
 def _encode_ids(
@@ -557,6 +684,8 @@ def _one(position: Position, frame: Frame, row: int) -> list[int]:
                 f"{medium} (the processor's batch, placeholders included) or address text"
             )
         return placed
+    if position.anchor == "last":
+        return [frame.real[-1]]  # the last token the attention mask keeps
     if position.anchor is not None:
         at = frame.anchors.get(position.anchor)
         if at is None:
@@ -629,17 +758,31 @@ def _span(position: Position, frame: Frame, row: int) -> list[int]:
     return covering
 
 
-def resolve(model: Any, inputs: Any, position: Any, frame: str = "plain") -> list[list[int]]:
+def resolve(
+    model: Any, inputs: Any, position: Any, frame: str = "plain", stack: str = "decoder"
+) -> list[list[int]]:
     """The token indices ``position`` names in each row of the batch a trace runs on
     ``inputs`` (a text, a list of texts, a batch of token ids, or an ``Encoded`` from
     ``encode``): one list
     per row, in the order the position spec gives, in the batch's own coordinates
     (padding counted). Refuses, with the position, the row and what to write, any
-    position a row does not have."""
+    position a row does not have. On an encoder-decoder's batch the positions count in
+    the decoder's input (where every component is), or with ``stack="encoder"`` in the
+    encoder's (its ``encoder_layers_*`` places)."""
     positions = parse(position)
     encoded = inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
+    frames = encoded.frames
+    if stack == "encoder":
+        frames = encoded.encoder_frames
+        if not frames:
+            raise PositionError(
+                "stack='encoder' counts positions in an encoder-decoder's encoder input, and "
+                "this batch has none (the model runs one stack): leave stack unset"
+            )
+    elif stack != "decoder":
+        raise PositionError(f"unknown stack {stack!r}: 'decoder' (the default) or 'encoder'")
     out: list[list[int]] = []
-    for row, fr in enumerate(encoded.frames):
+    for row, fr in enumerate(frames):
         indices: list[int] = []
         for p in positions:
             for i in _one(p, fr, row):
@@ -714,6 +857,7 @@ __all__ = [
     "Frame",
     "Position",
     "PositionError",
+    "check_frame",
     "describe_frame",
     "encode",
     "media_token_id",

@@ -6,10 +6,11 @@ as plain data. ``causalab_mini.internals`` makes each place's steps here, and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import compat
-from .errors import RemoteRefused
+from .errors import PlaceUnavailable, RemoteRefused
 from .tree import boundary
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ def blank(where: str) -> Step:
         "views": (),
         "copy": False,
         "scale": None,
+        # a computed place (heads_through): the function of the tensor there that
+        # gives each head's term (local engines only)
+        "heads_through": None,
         "in_place": False,
         "snapshot": False,
         "edit_copy": False,
@@ -150,6 +154,7 @@ def row_step(internals: Internals, name: str, row: Address, envoy: Any, layer: i
     step["copy"] = copied(row)
     step["snapshot"] = bool(row.snapshot)
     step["scale"] = internals.scale(row.scale) if row.scale is not None else None
+    step["heads_through"] = heads_through(internals, where, row, envoy, layer)
     step["in_place"] = row.write == "in_place"
     step["edit_copy"] = copied_for_edits(row, attr)
     step["first_input_via"] = first_input_via(row, envoy, side)
@@ -158,6 +163,31 @@ def row_step(internals: Internals, name: str, row: Address, envoy: Any, layer: i
     step["row"] = name
     step["module_path"] = f"layers.{layer}.{row.module}" if row.per_layer else row.module
     return step
+
+
+def heads_through(
+    internals: Internals, where: str, row: Address, envoy: Any, layer: int | None
+) -> Callable[[Any], Any] | None:
+    """Where the row is computed head by head through its module's weight
+    (``heads_through``), the function that makes each head's term of the tensor there
+    (``causalab_mini.heads``). It reads the weight when it runs: a step outlives
+    dispatch, which replaces a meta model's weights."""
+    if not row.heads_through:
+        return None
+    from .geometry import num_heads
+    from .heads import projection_weight, through_heads
+
+    heads = num_heads(internals.model, layer)
+
+    def terms(value: Any) -> Any:
+        weight, why = projection_weight(getattr(envoy, "_module", envoy), where)
+        if weight is not None:
+            value, why = through_heads(value, weight, heads, where)
+        if why is not None:
+            raise PlaceUnavailable(why)
+        return value
+
+    return terms
 
 
 def first_input_via(row: Address, envoy: Any, side: str) -> str | None:
@@ -175,6 +205,7 @@ __all__ = [
     "copied",
     "copied_for_edits",
     "first_input_via",
+    "heads_through",
     "row_step",
     "select_of",
     "token_views",

@@ -60,6 +60,7 @@ TAMPER: dict[str, tuple[tuple[str, int | None], str]] = {
     "attention_input_norm": (("attention_input_norm", 1), "v"),
     "interiors": (("attention_z", 1), "v"),
     "mlp_interiors": (("mlp_neuron_output", 1), "v"),
+    "mlp_projections": (("mlp_up", 1), "v"),
     "final_norm": (("ln_final", None), "v"),
     "model_outputs": (("embeddings", None), "v"),
     "unembedding": (("lm_head", None), "v"),
@@ -76,6 +77,9 @@ def test_every_check_has_a_unit_test() -> None:
     writes.add("hooks_engine")  # tests/test_hooks_engine.py, with a tampered engine
     # below: the mechanisms' and featurizers' identities, with a wrong edit or swap
     writes |= {"mechanism_identities", "featurizer_interchange"}
+    # tests/test_ragged.py (a family's padding fact removed: the check fails) and
+    # tests/test_encoder_decoder.py
+    writes |= {"ragged_batches", "ragged_interchange", "ragged_pairs"}
     writes.add("gradients")  # below: an engine whose gradient is doubled fails it
     assert {check.__name__ for check in k.CHECKS} == set(TAMPER) | writes
 

@@ -40,11 +40,21 @@ def eager(tiny_model: Load) -> Eager:
     return lambda family: tiny_model(f"tiny:{family}", probs=True)
 
 
+# the components one family has and another refuses by what its block is: a gated or
+# a non-gated MLP, a rotary embedding or absolute positions
+BY_BLOCK = {"attention_query_pre_rope", "attention_key_pre_rope", "mlp_gate", "mlp_up", "mlp_pre"}
+# a head's term of the output projection is refused where a norm follows it
+AFTER_A_NORM = "a norm is not linear"
+
+
 def _all(model: StandardizedTransformer) -> list[comp.ComponentAddress]:
     out = []
     for name, spec in COMPONENTS.items():
         for layer in range(model.num_layers) if spec.per_layer else [None]:
-            out.append(locate(model, name, layer))
+            try:
+                out.append(locate(model, name, layer))
+            except ComponentError:
+                assert name in BY_BLOCK, name
     return out
 
 
@@ -52,9 +62,14 @@ def test_one_address_serves_both_families(eager: Eager) -> None:
     llama, gpt2 = eager("llama"), eager("gpt2")
     assert llama.num_layers == gpt2.num_layers
     for name, spec in COMPONENTS.items():
+        if name in BY_BLOCK:  # Llama's MLP is gated and rotary, GPT-2's neither
+            continue
         for layer in range(llama.num_layers) if spec.per_layer else [None]:
             a, b = locate(llama, name, layer), locate(gpt2, name, layer)
-            assert a == b, (name, layer)
+            # the same component, layer and rank; the family (and the heads and width
+            # where they differ) keep the keys of two models apart
+            # (tests/test_address_identity.py)
+            assert a != b, (name, layer)
             assert (a.component, a.layer, a.op, a.rank) == (b.component, b.layer, b.op, b.rank)
     # the spelling differs and is resolution detail
     assert locate(llama, "block_mid", 0).module == "post_attention_layernorm"
@@ -66,8 +81,10 @@ def test_spec_ranks(eager: Eager) -> None:
     ranks = {
         name: locate(model, name, 0 if spec.per_layer else None).rank
         for name, spec in COMPONENTS.items()
+        if name != "mlp_pre"  # Llama's MLP is gated; GPT-2's input projection below
     }
     n = model.num_layers
+    assert locate(eager("gpt2"), "mlp_pre", 0).rank == (0, 43)
     assert ranks == {
         "input_ids": (-1, -2),
         "embeddings": (-1, -1),
@@ -75,15 +92,19 @@ def test_spec_ranks(eager: Eager) -> None:
         "attention_input_norm": (0, 5),
         "attention_query": (0, 11),
         "attention_key": (0, 12),
+        "attention_value": (0, 13),
         "attention_scores": (0, 15),
         "attention_probs": (0, 20),
         "attention_z": (0, 22),
         "attention_premix": (0, 25),
+        "attention_head_output": (0, 27),
         "attention_output": (0, 30),
         "block_mid": (0, 33),
         "mlp_input_norm": (0, 36),
         "mlp_input": (0, 40),
+        "mlp_gate": (0, 41),
         "mlp_activation": (0, 44),
+        "mlp_up": (0, 45),
         "mlp_neuron_output": (0, 47),
         "mlp_output": (0, 50),
         "block_output": (0, 60),
@@ -383,7 +404,10 @@ def test_every_component_reads_on_the_semantic_families(eager: Eager) -> None:
             try:
                 addresses.append(locate(model, name, 1 if spec.per_layer else None))
             except ComponentError as exc:
-                assert "mixture-of-experts" in str(exc) or "block is 'parallel'" in str(exc), (
+                said = str(exc)
+                by_block = name in BY_BLOCK and ("gated" in said or "rotary" in said)
+                by_block = by_block or AFTER_A_NORM in said
+                assert by_block or "mixture-of-experts" in said or "block is 'parallel'" in said, (
                     family,
                     name,
                     exc,

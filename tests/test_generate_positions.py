@@ -190,10 +190,51 @@ def test_what_generate_cannot_run_is_refused_with_the_fix(
         plan.generate(model, TEXTS, max_new_tokens=2, num_beams=2)
     with pytest.raises(GenerationRefused, match="positive int"):
         plan.generate(model, TEXTS, max_new_tokens=0)
-    monkeypatch.setattr(model.tokenizer, "padding_side", "right")
+    # text is padded on the left for generate whatever the tokenizer's side; a batch
+    # encoded on the right is refused
+    from causalab_mini.positions import encode
+
+    right = encode(model, TEXTS, padding_side="right")
     with pytest.raises(GenerationRefused, match=r"right-padded.*rows \[1\].*padding_side"):
-        plan.generate(model, TEXTS, max_new_tokens=2)
+        plan.generate(model, right, max_new_tokens=2)
+    monkeypatch.setattr(model.tokenizer, "padding_side", "right")
+    assert plan.generate(model, TEXTS, max_new_tokens=1).tokens.shape == (2, 1)
     monkeypatch.undo()
     monkeypatch.setattr(compat, "is_08", lambda: False)
     with pytest.raises(GenerationRefused, match=r"install nnsight>=0\.8"):
         plan.generate(model, TEXTS, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_stops_where_transformers_generate_stops(
+    family: str, tiny_model: Callable[..., StandardizedTransformer]
+) -> None:
+    """No min_new_tokens is added: with the first token generated as EOS, Plan.generate
+    stops after one step, as transformers' generate does with the same arguments; with
+    min_new_tokens=max_new_tokens it runs every step."""
+    if not compat.is_08():
+        pytest.skip("Plan.generate needs nnsight>=0.8")
+    model = _model(tiny_model, family)
+    last = locate(model, "block_output", 1, position=LAST)
+    plan = Plan.of([last])
+    free = plan.generate(model, ["Hello"], max_new_tokens=STEPS, do_sample=False)
+    first = int(free.tokens[0, 0])
+    stopped = plan.generate(
+        model, ["Hello"], max_new_tokens=STEPS, do_sample=False, eos_token_id=first
+    )
+    ids = model.tokenizer(["Hello"], return_tensors="pt")
+    reference = model._model.generate(
+        **ids, max_new_tokens=STEPS, do_sample=False, eos_token_id=first
+    )
+    assert torch.equal(stopped.sequences, reference)
+    assert tuple(stopped.tokens.shape) == (1, 1) and len(stopped.steps) == 1
+    assert torch.equal(stopped.steps[0][last], free.steps[0][last])
+    held = plan.generate(
+        model,
+        ["Hello"],
+        max_new_tokens=STEPS,
+        do_sample=False,
+        eos_token_id=first,
+        min_new_tokens=STEPS,
+    )
+    assert tuple(held.tokens.shape) == (1, STEPS) and len(held.steps) == STEPS

@@ -14,6 +14,7 @@ import torch
 
 from causalab_mini import locate
 from causalab_mini.interchange import Patch, interchange
+from causalab_mini.model import StandardizedTransformer
 from causalab_mini.plan import Plan
 from causalab_mini.positions import PositionError, resolve
 from causalab_mini.tools.checks import positions as checks
@@ -203,3 +204,19 @@ def test_the_sweep_check_notices_a_place_that_is_not_the_stream() -> None:
         "tiny:llama", rename_config=RenameConfig(addresses={"layers_input": norm})
     )
     assert not outcomes(wrong)[checks.ALL_TOKENS]
+
+
+def test_a_media_batch_is_refused_with_a_message_about_media(
+    tiny_model: Callable[..., StandardizedTransformer],
+) -> None:
+    """A processor's batch (ids with media placeholders, pixel values beside them) as the
+    bases or the sources is refused before anything runs, saying it is media that
+    interchange does not join, and how to patch it instead."""
+    model = tiny_model("tiny:llama")
+    address = locate(model, "block_output", 0, position={"index": -1})
+    ids = model.tokenizer(["The fox"], return_tensors="pt")
+    batch = {**ids, "pixel_values": torch.zeros(1, 3, 8, 8)}
+    for bases, sources in ((batch, ["A dog"]), (["A dog"], [batch])):
+        with pytest.raises(PositionError, match="pixel_values") as refused:
+            interchange(model, [address], bases=bases, sources=sources)
+        assert "media" in str(refused.value) and "Plan.of" in str(refused.value)

@@ -217,8 +217,10 @@ def test_at_a_glance_one_name_two_spellings(tiny_model: Load) -> None:
 
 
 DEFAULT_ROWS = list(DEFAULT_ADDRESSES)
-# the spec's twenty names, in forward order: what a pre-norm Llama or GPT-2 has
-TWENTY = [
+# the spec's twenty names and the four places the anchors add (each head's term of
+# the output projection, a gated MLP's halves, a non-gated MLP's input projection), in
+# forward order: what a pre-norm Llama or GPT-2 has
+DEFAULT_NAMES = [
     "embeddings_input",
     "embeddings_output",
     "layers_input",
@@ -227,12 +229,16 @@ TWENTY = [
     "attentions_input",
     "attention_probabilities",
     "attentions_premix",
+    "attentions_head_output",
     "attentions_output",
     "layers_mid",
     "mlps_norm_output",
     "mlps",
     "mlps_input",
+    "mlps_gate",
+    "mlps_pre",
     "mlps_activation",
+    "mlps_up",
     "mlps_neurons",
     "mlps_output",
     "layers_output",
@@ -244,12 +250,17 @@ POST_LN_ONLY = ["layers_mid_prenorm", "layers_output_prenorm"]
 
 
 def test_status_names_the_default_rows_in_forward_order(tiny_model: Load) -> None:
-    assert DEFAULT_ROWS == TWENTY
+    assert DEFAULT_ROWS == DEFAULT_NAMES
+    # Llama's MLP is gated (no single input projection), GPT-2's is not (no halves)
+    refused = {
+        "tiny:llama": ["attention_probabilities", "mlps_pre"],
+        "tiny:gpt2": ["attention_probabilities", "mlps_gate", "mlps_up"],
+    }
     for spec in ("tiny:llama", "tiny:gpt2"):
         status = tiny_model(spec).internals.status()
-        assert list(status) == TWENTY
+        assert list(status) == DEFAULT_NAMES
         missing = {k: v for k, v in status.items() if v is not None}
-        assert list(missing) == ["attention_probabilities"]
+        assert list(missing) == refused[spec]
         assert "enable_attention_probs=True" in missing["attention_probabilities"]
     assert (
         tiny_model("tiny:llama", probs=True).internals.status()["attention_probabilities"] is None
@@ -265,7 +276,7 @@ def test_a_post_ln_block_adds_its_structure_rows_in_forward_order(tiny_model: Lo
     assert model.block_structure == "post_ln"
     assert list(STRUCTURE_ADDRESSES["post_ln"]) == POST_LN_ONLY
     names = list(model.internals.status())
-    assert sorted(names) == sorted([*TWENTY, *POST_LN_ONLY])
+    assert sorted(names) == sorted([*DEFAULT_NAMES, *POST_LN_ONLY])
     assert names.index("layers_mid_prenorm") == names.index("attentions_output") + 1
     assert names.index("layers_output_prenorm") == names.index("layers_output") - 1
     orders = [model.internals[n].row.order for n in names if model.internals[n].row.per_layer]

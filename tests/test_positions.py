@@ -156,6 +156,25 @@ def test_the_cli_prints_the_frame() -> None:
     assert "'dog' does not occur in row 0" in bad.output
 
 
+def test_the_cli_prints_the_padding_side_the_model_runs() -> None:
+    """`registry positions` pads as the loaded model does (`registry model` prints the
+    same side): an encoder-decoder's tokenizer pads on the right once loaded, whatever
+    its files say, and the frame printed is that batch."""
+    from causalab_mini.model import StandardizedTransformer
+    from tests.conftest import cli
+
+    model = StandardizedTransformer("tiny:t5", remote=True)
+    side = model.tokenizer.padding_side
+    result = cli("positions", "tiny:t5", "The fox", "A lazy brown dog")
+    assert result.exit_code == 0, result.output
+    assert f"padding_side={side}" in result.output.splitlines()[0]
+    rows = result.output.split("row 1")[0].splitlines()
+    padded = [i for i, line in enumerate(rows) if line.endswith("padding")]
+    assert padded and (padded[-1] == len(rows) - 1) == (side == "right")
+    shown = cli("model", "tiny:t5")
+    assert f"padding_side={side}" in shown.output
+
+
 # ------------------------------------------------------------------ reads and writes
 
 

@@ -132,7 +132,7 @@ def test_an_unknown_key_in_a_family_row_names_the_fields_and_add(registry_copy: 
     (diag,) = [d for d in lint(registry_copy)[1] if d.code == "S001"]
     assert (diag.code, diag.row, diag.line, diag.col) == ("S001", "olmo2:attentions_output", 21, 5)
     assert diag.message == (
-        "unknown key 'gate' in the row; allowed here: add, before_layers, doc, flat_tokens, io, layer_list, "
+        "unknown key 'gate' in the row; allowed here: add, before_layers, doc, flat_tokens, heads_through, io, layer_list, "
         "leading_positions, merged_heads, module, order, per_layer, read_only, replaces_accessor, "
         "scale, select, seq_first, snapshot, source, spelled, streams, trailing_streams, "
         "unavailable, versions, write"

@@ -11,7 +11,7 @@ from causalab_mini import RenameConfig
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
-from causalab_mini.tools.checks import positions
+from causalab_mini.tools.checks import positions, ragged
 from causalab_mini.tools.sweep import Result, certify
 
 from .conftest import gpt2_with_a_moved_op
@@ -176,6 +176,7 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
             "output_hidden_states[i-1] == block_input[i]",
             positions.WRITE,
             positions.ALL_TOKENS,
+            *(ragged.WRITES.format(side=side) for side in ragged.SIDES),
         ]
     )
     assert _values(components["block_output"]["checks"]) == sorted(
@@ -184,6 +185,12 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
             "output_hidden_states[i] == block_output[i]",
             positions.READ,
             positions.LAST_TOKEN,
+            *(
+                n.format(side=side)
+                for n in (ragged.MEASURED, ragged.READS)
+                for side in ragged.SIDES
+            ),
+            ragged.SWAPPED,
         ]
     )
     # without the declaration the inputs' convention does not hold on Mamba ...

@@ -211,3 +211,58 @@ def test_a_template_that_cannot_serve_refuses_the_build(
     with pytest.raises(TinyBuildError, match=reason) as refused:
         tiny_tokenizer("toy")
     assert "tiny 'toy'" in str(refused.value) and "registry/tiny.yaml" in str(refused.value)
+
+
+# ---------------------------------------------- the rows held to transformers' classes
+
+# model types whose tokenizer class alone decides what it adds (the class's own post-
+# processor, built from a vocabulary here, no checkpoint's tokenizer config involved).
+# Gemma's and OPT's checkpoints set it in their tokenizer config (the class's defaults
+# add nothing) and Llama has no class of its own in the auto table, so their rows are
+# held to the real checkpoints by KINDS above instead.
+CLASS_DECIDES = (
+    "gpt2", "gpt_neox", "qwen2", "qwen3", "bart", "roberta", "bert", "pegasus",
+    "t5", "mt5", "switch_transformers",
+)  # fmt: skip
+
+
+def _class_tokenizer(model_type: str) -> Any:
+    """``model_type``'s tokenizer class in transformers' auto table, built from a small
+    vocabulary: byte-level BPE (the tiny tokenizer's own vocabulary and merges), a
+    sentencepiece-style unigram list, or a wordpiece dictionary, as its constructor
+    takes."""
+    import inspect
+    import json
+
+    import transformers
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES
+
+    name = TOKENIZER_MAPPING_NAMES[model_type]
+    if isinstance(name, (tuple, list)):
+        name = next(n for n in reversed(name) if n)
+    cls = getattr(transformers, str(name))
+    specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}
+    state = json.loads(tiny_tokenizer("gpt2").backend_tokenizer.to_str())
+    vocab = state["model"]["vocab"]
+    params = inspect.signature(cls.__init__).parameters
+    if "merges" in params:
+        merges = [
+            tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+            for m in state["model"]["merges"]
+        ]
+        return cls(vocab=vocab, merges=merges, **specials)
+    if "cls_token" in params:  # a wordpiece vocabulary (BERT)
+        return cls(vocab={**vocab, "[CLS]": len(vocab), "[SEP]": len(vocab) + 1}, **specials)
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [(c, -1.0) for c in "▁abcdefghijklmnopqrstuvwxyzHW,!"]
+    kwargs = {"extra_ids": 0} if "extra_ids" in params else {}
+    return cls(vocab=pieces, **{**specials, **kwargs})
+
+
+@pytest.mark.parametrize("model_type", CLASS_DECIDES)
+def test_the_row_adds_what_the_familys_tokenizer_class_adds(model_type: str) -> None:
+    tok = _class_tokenizer(model_type)
+    mask = tok("Hello world", return_special_tokens_mask=True)["special_tokens_mask"]
+    kind = {(0, 0): "none", (1, 0): "bos", (0, 1): "eos", (1, 1): "bos_eos"}[(mask[0], mask[-1])]
+    assert sum(mask) == mask[0] + mask[-1]  # added at the ends only
+    assert tokenizer_row(model_type)[0] == kind, (type(tok).__name__, kind)

@@ -12,7 +12,7 @@ import click
 
 from causalab_mini.tools.completion import complete_spec
 
-__all__ = ["load_tokenizer", "positions_command"]
+__all__ = ["load_tokenizer", "positions_command", "tokenizer_as_run"]
 
 
 def load_tokenizer(spec: str) -> Any:
@@ -24,6 +24,17 @@ def load_tokenizer(spec: str) -> Any:
 
     path, extra = prepare_model_spec(spec, {})
     return AutoTokenizer.from_pretrained(path, **extra)
+
+
+def tokenizer_as_run(spec: str) -> Any:
+    """The tokenizer of a model spec as the model runs it: loaded with the model on the
+    meta device (no weights), so its padding side and pad token are the ones the loaded
+    model sets (nnsight pads a causal LM on the left, an encoder-decoder on the right),
+    not the ones the tokenizer's files say."""
+    from causalab_mini.model import StandardizedTransformer
+
+    model = StandardizedTransformer(spec, remote=True)
+    return model.tokenizer
 
 
 @click.command("positions")
@@ -48,7 +59,8 @@ def load_tokenizer(spec: str) -> Any:
     "--padding-side",
     type=click.Choice(["left", "right"]),
     default=None,
-    help="Pad the batch on this side (default: the tokenizer's own).",
+    help="Pad the batch on this side (default: the side the loaded model pads on, "
+    "which `registry model` prints too).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the frame (and resolution) as JSON.")
 def positions_command(
@@ -70,7 +82,7 @@ def positions_command(
     """
     from causalab_mini import positions as p
 
-    tokenizer = load_tokenizer(spec)
+    tokenizer = tokenizer_as_run(spec)
     if padding_side is not None:
         tokenizer.padding_side = padding_side
     try:

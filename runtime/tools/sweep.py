@@ -1,6 +1,7 @@
 """``registry sweep``: every causal-LM architecture of the installed transformers (and
-of every other group registry/tiny.yaml names: image-text-to-text wrappers), each of
-the 21 components certified on real tensors or refused with a reason.
+of every other group registry/tiny.yaml names: image-text-to-text wrappers), each
+component of registry/components.yaml certified on real tensors or refused with a
+reason.
 
 Each architecture runs in its own process (``python -m causalab_mini.tools.sweep TYPE``)
 with a timeout, so a hang or a crash never stops the sweep. A component is
@@ -891,7 +892,7 @@ def sweep_command(
 ) -> None:
     """Certify every causal-LM architecture of the installed transformers, and every
     architecture of the other groups registry/tiny.yaml names (image-text-to-text
-    wrappers, on their text stacks): each of the 21 components ok (identities and
+    wrappers, on their text stacks): each component of the table ok (identities and
     oracles pass), refused (with the reason), or broken. Each architecture runs in
     its own process with a timeout; the report and the table give each group apart.
 

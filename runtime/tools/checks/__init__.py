@@ -19,6 +19,8 @@ from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
 from causalab_mini.tools.checks import engines, gradients, interventions, recompute
 from causalab_mini.tools.checks import positions as position_checks
+from causalab_mini.tools.checks import ragged as ragged_checks
+from causalab_mini.tools.checks import ragged_pairs as ragged_pair_checks
 from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
 from causalab_mini.tools.verdicts import ComponentState
 
@@ -315,6 +317,14 @@ def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
         yield from recompute.mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
+def mlp_projections(ctx: Context) -> Iterator[Outcome]:
+    """act(mlp_gate) * mlp_up == mlp_neuron_output on a gated MLP, act(mlp_pre) ==
+    mlp_activation on a non-gated one, and each half its linear of mlp_input
+    (checks.recompute)."""
+    for layer in range(ctx.n):
+        yield from recompute.mlp_projection_checks(ctx.model, ctx.v, layer)
+
+
 # ---------------------------------------------------------------- writes
 
 
@@ -398,6 +408,7 @@ CHECKS: tuple[Check, ...] = (
     attention_input_norm,
     interiors,
     mlp_interiors,
+    mlp_projections,
     final_norm,
     model_outputs,
     unembedding,
@@ -408,6 +419,9 @@ CHECKS: tuple[Check, ...] = (
     attention_write_shifts_mid,
     position_checks.position_reads_and_writes,
     position_checks.interchange_identities,
+    ragged_checks.ragged_batches,
+    ragged_checks.ragged_interchange,
+    ragged_pair_checks.ragged_pairs,
     engines.hooks_engine,
     interventions.mechanism_identities,
     interventions.featurizer_interchange,

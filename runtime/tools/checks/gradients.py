@@ -123,7 +123,7 @@ def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
     model = ctx.model
     inputs = trace_inputs(model, encoded)
     # where each row predicts its next token, as the metrics read the logits
-    last = torch.tensor([f.content[-1] for f in encoded.frames])
+    last = torch.tensor([f.real[-1] for f in encoded.frames])
     outputs = {
         key: a
         for key, a in ctx.addresses.items()

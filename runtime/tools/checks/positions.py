@@ -126,7 +126,9 @@ def interchange_identities(ctx: Any) -> Iterator[Outcome]:
         return  # the family file says why (docs/families.md)
     try:
         first = locate(model, "block_input", 0, position="all")
-        last = locate(model, "block_output", ctx.n - 1, position={"index": -1})
+        # the token whose logits interchange reads (the last of the input as the model
+        # receives it: an EOS the tokenizer adds, where it adds one)
+        last = locate(model, "block_output", ctx.n - 1, position={"anchor": "last"})
     except ComponentError:
         return
     pairs = equal_length_pairs(model)

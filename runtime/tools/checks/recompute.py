@@ -454,6 +454,14 @@ def interior_checks(
         mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
         ok, d = close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
         yield Outcome.of(["attention_z"], "attention_z == attention_probs · V", ok, d)
+    if key("attention_value") in v and key("attention_probs") in v and key("attention_z") in v:
+        ok, d = close(_mixed(model, v, layer), v[key("attention_z")])
+        yield Outcome.of(
+            ["attention_value"],
+            "attention_probs @ repeat_kv(attention_value) == attention_z",
+            ok,
+            d,
+        )
     if key("attention_z") in v and key("attention_premix") in v:
         z, premix = v[key("attention_z")], v[key("attention_premix")]
         gate = raw.get(("gate", layer))
@@ -471,6 +479,71 @@ def interior_checks(
                 d,
             )
     yield from _score_checks(model, v, raw, layer)
+    yield from _head_output_checks(model, v, raw, layer)
+
+
+def _mixed(model: Any, v: dict[tuple[str, int | None], Any], layer: int) -> Any:
+    """attention_probs @ attention_value, each key/value head repeated over its group
+    of query heads, heads concatenated: (batch, seq, heads x value head size)."""
+    from causalab_mini.geometry import num_kv_heads
+
+    probs, flat = v[("attention_probs", layer)], v[("attention_value", layer)]
+    kv = num_kv_heads(model, layer)
+    values = flat.unflatten(-1, (kv, -1)).transpose(1, 2).to(probs.dtype)
+    values = values.repeat_interleave(probs.shape[1] // kv, dim=1)
+    return (probs @ values).transpose(1, 2).flatten(2)
+
+
+def _head_output_checks(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    raw: dict[tuple[str, int], Any],
+    layer: int,
+) -> Iterator[Outcome]:
+    """The heads' terms summed, plus the output projection's bias once, == the
+    projection's output: attentions_output where the projection's output is the
+    contribution, else the projection of attention_premix."""
+    import torch
+
+    from causalab_mini.geometry import num_heads
+
+    key = ("attention_head_output", layer)
+    if key not in v:
+        return
+    terms = v[key]
+    heads = num_heads(model, layer)
+    proj = _row_module(model, layer, "attentions_head_output")._module
+    bias = getattr(proj, "bias", None)
+    total = terms.unflatten(-1, (heads, -1)).sum(-2)
+    if isinstance(bias, torch.Tensor):
+        total = total + bias.to(total.dtype)
+    output = v.get(("attention_output", layer))
+    if output is not None and close(total, output)[0]:
+        yield Outcome.of(
+            ["attention_head_output"],
+            "sum over heads of attention_head_output + the output bias == attention_output",
+            True,
+        )
+        return
+    premix = v.get(("attention_premix", layer))
+    if premix is None:
+        yield Outcome.of(
+            ["attention_head_output"],
+            "sum over heads of attention_head_output + the output bias == attention_output",
+            False,
+            "" if output is None else close(total, output)[1],
+        )
+        return
+    with torch.no_grad():
+        projected = proj(premix)
+    ok, d = close(total, projected[0] if isinstance(projected, tuple) else projected)
+    yield Outcome.of(
+        ["attention_head_output"],
+        "sum over heads of attention_head_output + the output bias == "
+        "output projection(attention_premix)",
+        ok,
+        d,
+    )
 
 
 def _score_checks(
@@ -679,3 +752,120 @@ def mlp_checks(
 
 
 # ---------------------------------------------------------------------- one architecture
+
+
+def _mlp_linears_input(model: Any, v: dict[tuple[str, int | None], Any], layer: int) -> Any | None:
+    """What the MLP's input projections read: mlp_input, or mlp_input_norm where its
+    row ranks after mlp_input's (a norm inside the MLP module: Reformer)."""
+    internals = model.internals
+    if ("mlp_input_norm", layer) in v and ("mlp_input", layer) in v:
+        if internals.rank("mlps_norm_output", layer) > internals.rank("mlps_input", layer):
+            return v[("mlp_input_norm", layer)]
+    return v.get(("mlp_input", layer))
+
+
+def _activation_function(
+    model: Any, layer: int, v: dict[tuple[str, int | None], Any]
+) -> tuple[Any, str]:
+    """The MLP's activation as (a callable, its name): the module whose output the
+    mlps_activation row reads, where it reads one's output; else the one module the
+    structure's candidates for that row name; else the function
+    transformers maps the config's activation name to; else (a forward that calls
+    F.silu itself and a config that names none) the one activation of transformers'
+    table that maps mlp_gate (or mlp_pre) to mlp_activation, said by name. The checks
+    hold it to mlp_activation, so a wrong one fails rather than passes; (None, "")
+    where none is found."""
+    from causalab_mini.internals import layer_config
+
+    row = model.internals["mlps_activation"].address_at(layer)
+    if not row.source and row.io.value == "output" and row.select is None:
+        module = _row_module(model, layer, "mlps_activation")._module
+        return module, f"the module {row.module}"
+    # the activation module the structure's candidates name, where the row reads the
+    # tensor elsewhere (GPT-1's act is one module every layer shares)
+    from causalab_mini.generated import STRUCTURAL_ADDRESSES
+    from causalab_mini.internals import child
+
+    entry = STRUCTURAL_ADDRESSES.get("mlps_activation", {}).get(model.block_structure or "")
+    found = [c for c in (entry.candidates if entry else ()) if child(model.layers[layer], c)]
+    if len(found) == 1:
+        return child(model.layers[layer], found[0])._module, f"the module {found[0]}"
+    from transformers.activations import ACT2FN
+
+    config = layer_config(model.text_config, layer)
+    for attribute in ("hidden_act", "hidden_activation", "activation_function", "afn"):
+        name = getattr(config, attribute, None)
+        if isinstance(name, str) and name in ACT2FN:
+            return ACT2FN[name], f"config.{attribute} {name!r}"
+    given = v.get(("mlp_gate", layer), v.get(("mlp_pre", layer)))
+    activation = v.get(("mlp_activation", layer))
+    if given is None or activation is None:
+        return None, ""
+    matching = []
+    for name in ACT2FN:
+        try:
+            function = ACT2FN[name]
+            if close(function(given), activation)[0]:
+                matching.append((function, name))
+        except Exception:  # an activation that needs arguments or another shape
+            continue
+    if matching:
+        return matching[0][0], f"transformers' {matching[0][1]!r} (the one that matches)"
+    return None, ""
+
+
+def mlp_projection_checks(
+    model: Any,
+    v: dict[tuple[str, int | None], Any],
+    layer: int,
+) -> Iterator[Outcome]:
+    """A gated MLP's halves: act(mlp_gate) == mlp_activation, act(mlp_gate) * mlp_up
+    == mlp_neuron_output (mlp_activation * mlp_up where act is not known); a non-gated
+    MLP's input projection: act(mlp_pre) == mlp_activation (``_activation_function``).
+    Each is also held to its own linear fed what the MLP's linears read, and to the
+    MLP's intermediate width (not a fused linear's two halves); where the activation is
+    refused (a norm after it: Kosmos-2, BitNet), that is what certifies the place."""
+    import torch
+
+    from causalab_mini.geometry import width_of
+
+    def key(n: str) -> tuple[str, int]:
+        return n, layer
+
+    activation = v.get(key("mlp_activation"))
+    neurons = v.get(key("mlp_neuron_output"))
+    act, act_name = (None, "") if activation is None else _activation_function(model, layer, v)
+    with torch.no_grad():
+        gate, up, pre = (v.get(key(n)) for n in ("mlp_gate", "mlp_up", "mlp_pre"))
+        if gate is not None and act is not None:
+            activated = act(gate)
+            ok, d = close(activated, activation)
+            yield Outcome.of(
+                ["mlp_gate"], "act(mlp_gate) == mlp_activation", ok, f"{act_name}: {d}"
+            )
+            if up is not None and neurons is not None:
+                ok, d = close(activated * up, neurons)
+                yield Outcome.of(
+                    ["mlp_gate", "mlp_up"], "act(mlp_gate) * mlp_up == mlp_neuron_output", ok, d
+                )
+        elif gate is not None and up is not None and activation is not None and neurons is not None:
+            ok, d = close(activation * up, neurons)
+            yield Outcome.of(["mlp_up"], "mlp_activation * mlp_up == mlp_neuron_output", ok, d)
+        if pre is not None and act is not None:
+            ok, d = close(act(pre), activation)
+            yield Outcome.of(["mlp_pre"], "act(mlp_pre) == mlp_activation", ok, f"{act_name}: {d}")
+        read = _mlp_linears_input(model, v, layer)
+        width = width_of(model, "intermediate_size", layer)
+        rows = {"mlp_gate": "mlps_gate", "mlp_up": "mlps_up", "mlp_pre": "mlps_pre"}
+        for name, row in rows.items():
+            if key(name) not in v or read is None:
+                continue
+            projection = _row_module(model, layer, row)._module
+            out = projection(read)
+            ok, d = close(out[0] if isinstance(out, tuple) else out, v[key(name)])
+            wide = int(v[key(name)].shape[-1])
+            if width is not None and wide != width:
+                ok, d = False, f"{wide} wide, and the MLP's intermediate width is {width}"
+            yield Outcome.of(
+                [name], f"its projection(mlp_input) == {name}, intermediate_size wide", ok, d
+            )

@@ -1,0 +1,45 @@
+"""An address names one tensor: two addresses compare and hash equal only where the
+tensor they name is the same kind of tensor (heads, head size, width, streams, the
+model's families), so a dict of results keyed by address never mixes models."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Callable
+
+import pytest
+
+from causalab_mini.components import locate
+from causalab_mini.model import StandardizedTransformer
+
+pytestmark = [pytest.mark.slow]
+
+Load = Callable[..., StandardizedTransformer]
+
+
+def test_addresses_on_models_of_other_heads_differ(tiny_model: Load) -> None:
+    four = tiny_model("tiny:llama?num_attention_heads=4&num_key_value_heads=4")
+    eight = tiny_model("tiny:llama?num_attention_heads=8&num_key_value_heads=8")
+    a, b = locate(four, "attention_query", 0), locate(eight, "attention_query", 0)
+    assert (a.heads, b.heads) == (4, 8)
+    assert (a.component, a.layer, a.rank, a.op) == (b.component, b.layer, b.rank, b.op)
+    assert a != b
+    assert len({a: 1, b: 2}) == 2
+    # the same address twice (and through pickle) is still one key
+    assert a == locate(four, "attention_query", 0)
+    assert hash(a) == hash(pickle.loads(pickle.dumps(a)))
+    # head 1 of each: one head of a tensor of 4 heads is not one of 8
+    ha, hb = locate(four, "attention_query", 0, head=1), locate(eight, "attention_query", 0, head=1)
+    assert ha != hb
+
+
+def test_addresses_on_other_widths_and_families_differ(tiny_model: Load) -> None:
+    small = tiny_model("tiny:llama")
+    wide = tiny_model("tiny:llama?hidden_size=128")
+    gpt2 = tiny_model("tiny:gpt2")
+    a, w, g = (locate(m, "block_output", 1) for m in (small, wide, gpt2))
+    assert a.width != w.width and a != w
+    assert a.width == g.width and a.family != g.family and a != g
+    assert dataclasses.replace(a, family=g.family) == g  # the family is what tells them apart
+    assert len({a, w, g}) == 3

@@ -1,0 +1,148 @@
+"""The places the anchors name beyond the first 21 components: a gated MLP's halves
+(mlp_gate, mlp_up), a non-gated MLP's input projection (mlp_pre), the values
+(attention_value) and each head's term of the output projection
+(attention_head_output). Each holds its identity on real tensors; a write is read
+before, written, read after; a family that has no such place refuses it with the
+reason."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from causalab_mini.components import ComponentError, Plan, locate
+from causalab_mini.errors import WriteRefused
+from causalab_mini.model import StandardizedTransformer
+from causalab_mini.tools import certify as c
+
+Load = Callable[..., StandardizedTransformer]
+
+pytestmark = [pytest.mark.slow, pytest.mark.semantic]
+
+
+def _reads(model: StandardizedTransformer, names: list[str], layer: int) -> dict[str, torch.Tensor]:
+    addresses = {name: locate(model, name, layer) for name in names}
+    out = Plan.of(reads=addresses.values()).run(model, c.sample_inputs(model))
+    return {name: out[a] for name, a in addresses.items()}
+
+
+def _act(model: StandardizedTransformer, layer: int) -> torch.nn.Module:
+    from causalab_mini.internals import child
+
+    row = model.internals["mlps_activation"].address_at(layer)
+    module: torch.nn.Module = child(model.layers[layer], row.module)._module
+    return module
+
+
+def test_gated_halves_give_the_neurons(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    v = _reads(model, ["mlp_gate", "mlp_activation", "mlp_up", "mlp_neuron_output"], 1)
+    act = _act(model, 1)
+    assert torch.allclose(act(v["mlp_gate"]), v["mlp_activation"], atol=1e-6)
+    assert torch.allclose(act(v["mlp_gate"]) * v["mlp_up"], v["mlp_neuron_output"], atol=1e-6)
+    # the halves are the two linears of the MLP's input, not two reads of one tensor
+    assert not torch.allclose(v["mlp_gate"], v["mlp_up"])
+
+
+def test_a_write_to_the_up_half_reaches_the_neurons_and_keeps_the_gate(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    inputs = c.sample_inputs(model)
+    gate, up, neurons = (locate(model, n, 1) for n in ("mlp_gate", "mlp_up", "mlp_neuron_output"))
+    clean = Plan.of(reads=[gate, up, neurons]).run(model, inputs)
+    written = clean[up] * -2.0 + 0.25
+    out = Plan.of(reads=[gate, up, neurons], writes=[(up, written)]).run(model, inputs)
+    assert torch.equal(out[gate], clean[gate])  # read before the write: its clean value
+    assert torch.equal(out[up], written)  # read after: what was written
+    expected = _act(model, 1)(clean[gate]) * written
+    assert torch.allclose(out[neurons], expected, atol=1e-6)
+    assert not torch.allclose(out[neurons], clean[neurons])
+
+
+def test_a_non_gated_mlp_reads_its_input_projection(tiny_model: Load) -> None:
+    model = tiny_model("tiny:gpt2")
+    v = _reads(model, ["mlp_pre", "mlp_activation", "mlp_output"], 1)
+    assert torch.allclose(_act(model, 1)(v["mlp_pre"]), v["mlp_activation"], atol=1e-6)
+    inputs = c.sample_inputs(model)
+    pre, act = locate(model, "mlp_pre", 1), locate(model, "mlp_activation", 1)
+    zeros = torch.zeros_like(v["mlp_pre"])
+    out = Plan.of(reads=[pre, act], writes=[(pre, zeros)]).run(model, inputs)
+    assert torch.equal(out[pre], zeros)
+    assert torch.allclose(out[act], _act(model, 1)(zeros))
+    with pytest.raises(ComponentError, match="its MLP is not gated"):
+        locate(model, "mlp_gate", 1)
+    gated = tiny_model("tiny:llama")
+    with pytest.raises(ComponentError, match="its MLP is gated, with two input"):
+        locate(gated, "mlp_pre", 1)
+
+
+def test_a_fused_gate_and_up_projection_refuses_both_halves(tiny_model: Load) -> None:
+    model = tiny_model("tiny:phi3")
+    for name in ("mlp_gate", "mlp_up", "mlp_pre"):
+        with pytest.raises(ComponentError, match="computes the gate and up halves in"):
+            locate(model, name, 0)
+
+
+def test_the_values_the_probabilities_mix_give_z(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama", True)
+    v = _reads(model, ["attention_value", "attention_probs", "attention_z"], 1)
+    probs = v["attention_probs"]
+    b, heads, seq = probs.shape[:3]
+    value = locate(model, "attention_value", 1)
+    assert value.heads is not None and value.head_dim is not None
+    assert value.heads < heads  # tiny:llama groups its query heads: the values are per kv head
+    values = v["attention_value"].reshape(b, seq, value.heads, value.head_dim).transpose(1, 2)
+    mixed = (probs @ values.repeat_interleave(heads // value.heads, dim=1)).transpose(1, 2)
+    assert torch.allclose(mixed.flatten(2), v["attention_z"], atol=1e-6)
+
+
+def test_a_write_to_one_value_head_changes_only_its_query_group(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama", True)
+    inputs = c.sample_inputs(model)
+    head = locate(model, "attention_value", 1, head=0)
+    whole, z, first = (
+        locate(model, n, 1) for n in ("attention_value", "attention_z", "block_input")
+    )
+    clean = Plan.of(reads=[first, whole, z]).run(model, inputs)
+    current = Plan.of(reads=[head]).run(model, inputs)[head]
+    out = Plan.of(reads=[first, z], writes=[(head, current * 0.0)]).run(model, inputs)
+    assert torch.equal(out[first], clean[first])
+    assert z.heads is not None and head.heads is not None and z.head_dim is not None
+    group = z.heads // head.heads
+    per_head = out[z].reshape(*out[z].shape[:2], z.heads, z.head_dim)
+    before = clean[z].reshape(*clean[z].shape[:2], z.heads, z.head_dim)
+    # query heads 0..group-1 read kv head 0, whose values are now zero: their z is zero
+    assert torch.equal(per_head[:, :, :group], torch.zeros_like(per_head[:, :, :group]))
+    assert torch.allclose(per_head[:, :, group:], before[:, :, group:], atol=1e-6)
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_the_heads_terms_and_the_bias_give_attentions_output(spec: str, tiny_model: Load) -> None:
+    model = tiny_model(spec)
+    v = _reads(model, ["attention_premix", "attention_head_output", "attention_output"], 1)
+    address = locate(model, "attention_head_output", 1)
+    heads, hidden = address.heads, model.hidden_size
+    assert heads is not None and address.head_dim == hidden
+    terms = v["attention_head_output"].unflatten(-1, (heads, hidden))
+    from causalab_mini.internals import child
+
+    row = model.internals["attentions_premix"].address_at(1)
+    proj = child(model.layers[1], row.module)._module
+    bias = proj.bias if proj.bias is not None else torch.zeros(hidden)
+    assert torch.allclose(terms.sum(2) + bias, v["attention_output"], atol=1e-5)
+    # one head's term is its slice, and not the same as another's
+    one = locate(model, "attention_head_output", 1, head=1)
+    got = Plan.of(reads=[one]).run(model, c.sample_inputs(model))[one]
+    assert torch.equal(got, terms[:, :, 1])
+    assert not torch.allclose(terms[:, :, 0], terms[:, :, 1])
+
+
+def test_a_heads_term_is_read_only_and_refused_after_a_post_norm(tiny_model: Load) -> None:
+    model = tiny_model("tiny:llama")
+    at = locate(model, "attention_head_output", 1)
+    with pytest.raises(WriteRefused, match="attention_z"):
+        Plan.of(writes=[(at, torch.zeros(1))]).run(model, c.sample_inputs(model))
+    sandwich = tiny_model("tiny:gemma2")
+    with pytest.raises(ComponentError, match="a norm is not linear"):
+        locate(sandwich, "attention_head_output", 0)
