@@ -21,15 +21,28 @@ pytestmark = pytest.mark.slow
 
 SVG = "{http://www.w3.org/2000/svg}"
 # structure -> the model docs/diagrams/<structure>.svg is drawn from, and what it refuses
+# (an MLP is gated or not: a gated one refuses mlps_pre, a plain one mlps_gate and
+# mlps_up; a post-norm block refuses the heads' terms of the output projection)
+GATED, PLAIN = {"mlps_pre"}, {"mlps_gate", "mlps_up"}
+# places drawn as lines inside their sublayer's box, and their labels
+INNER = {
+    "attentions_head_output": "per head",
+    "mlps_gate": "gate",
+    "mlps_up": "up",
+    "mlps_pre": "pre",
+}
 STRUCTURES = {
-    "pre_norm": ("tiny:llama", set()),
-    "sandwich_norm": ("tiny:gemma2", set()),
-    "post_norm": ("tiny:olmo2", {"attentions_norm_output", "mlps_norm_output"}),
-    "parallel": ("tiny:gpt_neox", {"layers_mid", "mlps_norm_output"}),
-    "residual_inside": ("tiny:bloom", set()),
+    "pre_norm": ("tiny:llama", GATED),
+    "sandwich_norm": ("tiny:gemma2", GATED | {"attentions_head_output"}),
+    "post_norm": (
+        "tiny:olmo2",
+        GATED | {"attentions_norm_output", "mlps_norm_output", "attentions_head_output"},
+    ),
+    "parallel": ("tiny:gpt_neox", PLAIN | {"layers_mid", "mlps_norm_output"}),
+    "residual_inside": ("tiny:bloom", PLAIN),
     "post_ln": (
         "tiny:openai-gpt",
-        {"attentions_norm_output", "mlps_norm_output"},
+        PLAIN | {"attentions_norm_output", "mlps_norm_output"},
     ),
 }
 
@@ -72,9 +85,14 @@ def test_one_valid_svg_per_structure_naming_what_it_refuses(
         for g in root.iter(f"{SVG}g")
         if g.get("class") == "place refused"
     }
-    assert marked == refused  # each refused place is marked where it would sit
+    # each refused place is marked where it would sit: on the stream, or a line inside
+    # its sublayer's box
+    assert marked == refused - set(INNER)
+    for name in refused & set(INNER):
+        assert f"{INNER[name]}: refused" in text
     for name in refused | unplaced:  # ... and listed with the registry's whole reason
-        assert " ".join(status[name].split()[:6]) in " ".join(text.split())
+        # (one entry per reason: places sharing one are listed together, "each" for the name)
+        assert " ".join(status[name].split()[1:7]) in " ".join(text.split())
     boxes = {
         "".join(g.find(f"{SVG}text").itertext())
         for g in root.iter(f"{SVG}g")  # type: ignore[union-attr]
@@ -105,7 +123,7 @@ def test_diagram_command_and_model_diagram(tmp_path: Path) -> None:
     result = cli("diagram", "tiny:gpt_neox", str(out))
     assert result.exit_code == 0
     assert result.stdout == (
-        f"wrote {out}: block parallel, layer 0; refused: layers_mid, mlps_norm_output\n"
+        f"wrote {out}: block parallel, layer 0; refused: layers_mid, mlps_norm_output, mlps_gate, mlps_up\n"
     )
     ET.fromstring(out.read_text())
     plain = cli("model", "tiny:gpt_neox")

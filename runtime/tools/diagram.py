@@ -348,9 +348,16 @@ class _Layout:
             places = [
                 ("premix", "attentions_premix"),
                 ("probabilities", "attention_probabilities"),
+                ("per head", "attentions_head_output"),
             ]
         else:
-            places = [("activation", "mlps_activation"), ("neurons", "mlps_neurons")]
+            places = [
+                ("gate", "mlps_gate"),
+                ("up", "mlps_up"),
+                ("pre", "mlps_pre"),
+                ("activation", "mlps_activation"),
+                ("neurons", "mlps_neurons"),
+            ]
         out = []
         inside = "attentions_output" if sub == "attentions" else "mlps_output"
         container = "self_attn" if sub == "attentions" else "mlp"
