@@ -181,7 +181,14 @@ def heads_through(
 
     def terms(value: Any) -> Any:
         weight, why = projection_weight(getattr(envoy, "_module", envoy), where)
-        if weight is not None:
+        if weight is not None and weight.is_meta:  # (a model's own weights, dispatched)
+            why = (
+                f"{where} sends each head through the output projection's weight, and "
+                "that weight is not in memory while this runs (offloaded: accelerate "
+                "puts it in place only inside the module's own forward). Load the model "
+                "without offloading, or read attention_premix and apply the weight yourself"
+            )
+        elif weight is not None:
             value, why = through_heads(value, weight, heads, where)
         if why is not None:
             raise PlaceUnavailable(why)

@@ -15,6 +15,7 @@ import torch
 
 from causalab_mini import WriteRefused, compat, remote
 from causalab_mini.components import ComponentAddress, Plan, component_status, locate
+from causalab_mini.errors import PlaceUnavailable
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
@@ -36,13 +37,26 @@ def eager(family: str) -> StandardizedTransformer:
 # (ndif_server08.py). The same tests run against either.
 
 
-def every_address(model: StandardizedTransformer, heads: bool = True) -> list[ComponentAddress]:
+def computed(model: StandardizedTransformer, address: ComponentAddress) -> bool:
+    """Whether the place is computed from a module's weight (attention_head_output):
+    refused in plain programs, which carry no weights (tested below)."""
+    if address.accessor not in model.internals:  # an interior of a forward
+        return False
+    return bool(model.internals[address.accessor].address_at(address.layer).heads_through)
+
+
+def every_address(
+    model: StandardizedTransformer, heads: bool = True, weights: bool = True
+) -> list[ComponentAddress]:
     """Every component the model has, on every layer, and one head of the per-head
-    ones (the last: a slice that starts at 0 would hide an offset gone wrong)."""
+    ones (the last: a slice that starts at 0 would hide an offset gone wrong); without
+    ``weights``, not the places computed from a module's weight."""
     out: list[ComponentAddress] = []
     for layer in range(model.num_layers):
         for name, (address, _) in component_status(model, layer).items():
             if address is None or (not COMPONENTS[name].per_layer and layer):
+                continue
+            if not weights and computed(model, address):
                 continue
             out.append(address)
             if heads and address.heads and (address.head_dim or address.layout == "bhsk"):
@@ -72,13 +86,17 @@ def family_model(family: str) -> StandardizedTransformer:
 def test_plain_program_reads_what_the_plan_reads(family: str) -> None:
     model = family_model(family)
     inputs = c.sample_inputs(model)
-    plan = Plan.of(every_address(model))
+    plan = Plan.of(every_address(model, weights=False))
     for held in (False, True):
         native = plan.run(model, inputs, held=held)
         plain = remote.run_plan(plan, model, inputs, held=held)
         assert list(plain) == list(native)
         differ = [str(a) for a in native if not torch.equal(native[a], plain[a])]
         assert not differ, (held, differ)
+    weighed = [a for a in every_address(model) if computed(model, a)]
+    for address in weighed[:2]:  # the places computed from a weight: refused, and why
+        with pytest.raises(remote.RemoteRefused, match="does not carry"):
+            remote.run_plan(Plan.of([address]), model, inputs)
 
 
 WRITE_FAMILIES = ["llama", "granite", "falcon"]
@@ -90,7 +108,7 @@ def test_plain_program_writes_what_the_plan_writes(family: str) -> None:
     written with half its clean value, then every later place read both ways."""
     model = family_model(family)
     inputs = c.sample_inputs(model)
-    addresses = every_address(model)
+    addresses = every_address(model, weights=False)
     clean = Plan.of(addresses).run(model, inputs)
     written = [a for a in addresses if a.writable and a.layer in (None, 1)]
     assert len(written) > 10, [str(a) for a in written]
@@ -523,7 +541,12 @@ def test_offloaded_layers_read_and_write_every_place_as_resident(tmp_path: Any) 
         k: v[1] for k, v in component_status(resident).items()
     }
     inputs = c.sample_inputs(resident)
-    addresses = every_address(resident)
+    addresses = every_address(resident, weights=False)
+    # a place computed from a weight offloaded to disk: refused where it is not in memory
+    with pytest.raises(PlaceUnavailable, match="offloaded"):
+        Plan.of([locate(offloaded, "attention_head_output", 1)]).run(
+            offloaded, c.sample_inputs(resident)
+        )
     twin = {a: locate(offloaded, a.component, a.layer, a.head) for a in addresses}
     clean = Plan.of(addresses).run(resident, inputs)
     got = Plan.of(twin.values()).run(offloaded, inputs)
