@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from causalab_mini.interchange import NEXT
 from causalab_mini.tools.checks.base import Outcome
 from causalab_mini.tools.checks.positions import SENTENCES, equal_length_pairs, text_fed
 
@@ -251,7 +252,7 @@ def _unpatched(model: Any, bases: list[str], sources: list[str], engine: str) ->
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode
 
-    last = locate(model, "logits", position={"index": -1})
+    last = locate(model, "logits", position=NEXT)  # where interchange reads the logits
     out = Plan.of([last]).run(model, encode(model, [*bases, *sources]), engine=engine)
     return out[last][: len(bases), 0]
 
