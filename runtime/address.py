@@ -450,6 +450,9 @@ class RenameConfig:
     # ragged-batch check measures it): the runtime pads on the other side, or refuses
     left_padding_unavailable: str | None = None
     right_padding_unavailable: str | None = None
+    # an encoder-decoder whose config has no decoder_start_token_id: the config
+    # attribute (dotted) its own right shift starts the decoder from
+    decoder_start_config: str | None = None
     # where audio enters the stream (an audio-language wrapper): the config attribute(s)
     # holding the audio placeholder token's id, the first set one the model's
     addresses: Mapping[str, Address] = field(default_factory=dict)

@@ -47,10 +47,19 @@ def _missing(model: Any, given: str) -> DecoderInputMissing:
 
 def decoder_start(model: Any) -> int:
     """The token the decoder starts from: the config's (or generation config's)
-    ``decoder_start_token_id``; refused where neither sets one."""
+    ``decoder_start_token_id``, else the config attribute the family file names
+    (``decoder_start_config``); refused where none sets one."""
     module = getattr(model, "_model", None)
     for config in (getattr(module, "config", None), getattr(module, "generation_config", None)):
         value = getattr(config, "decoder_start_token_id", None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    resolution = getattr(model, "resolution", None)
+    path = getattr(getattr(resolution, "rename", None), "decoder_start_config", None)
+    if path:  # the family file: where its own right shift finds the start token
+        value = getattr(module, "config", None)
+        for part in path.split("."):
+            value = getattr(value, part, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     raise DecoderInputMissing(

@@ -23,6 +23,9 @@ SWAPPED = (
     "interchange on pairs of different lengths (both ways, decoder frame): the source's logits"
 )
 
+# the inputs a pair of texts makes (an encoder-decoder fed by text alone)
+TEXT = {"input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask"}
+
 PAIRS = (
     ("The cat sat on the mat by the door", "The dog"),
     ("Hello, world!", "Rome is the capital of Italy"),
@@ -48,6 +51,7 @@ def ragged_pairs(ctx: Any) -> Iterator[Outcome]:
 
 def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.components import ComponentError, locate
+    from causalab_mini.padding import SIDES, unavailable_sides
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode, resolve
     from causalab_mini.seq2seq import DecoderInputMissing, is_encoder_decoder
@@ -55,8 +59,10 @@ def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
     model = ctx.model
     if not is_encoder_decoder(model) or getattr(model, "tokenizer", None) is None:
         return
-    if ("block_output", ctx.n - 1) not in ctx.addresses:
-        return
+    if ("block_output", ctx.n - 1) not in ctx.addresses or set(ctx.inputs) - TEXT:
+        return  # (an encoder that reads an image or audio: pairs of texts do not feed it)
+    if len(unavailable_sides(model)) == len(SIDES):
+        return  # the family refuses ragged batches, with the measured reason
     try:
         out = locate(model, "block_output", ctx.n - 1)
         reads = [locate(model, "block_output", ctx.n - 1, position=s) for s in SPECS]
@@ -97,7 +103,8 @@ def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[Outcome]:
         with model.trace(trace_inputs(model, one)):
             alone = place.read(0).save()
         n = int(encoded.inputs["attention_mask"][r].sum())
-        errors.append(relative(whole[r, :n], alone[0]))
+        # (the real tokens of each: LED pads its encoder's input to its attention window)
+        errors.append(relative(whole[r, :n], alone[0, :n]))
         at = stacked(resolve(model, one, {"index": -1}, stack="encoder"), {"index": -1})
         errors.append(relative(take(whole, index, 1)[r : r + 1], take(alone, at, 1)))
     detail = f"max relative error {max(errors):.3g}"
