@@ -195,6 +195,9 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             super().dispatch()
         if self._causalab.attached:  # the loaded modules replace the meta ones: hook them
             self.internals.layers_swapped()
+            # nnsight sets the tokenizer's side again as it dispatches (left for a
+            # causal LM): the family's exact side again, as at the load
+            self._pad_exactly()
 
     def _causalab_init(
         self,
