@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from causalab_mini.documents import DocumentError, load
-from causalab_mini.documents.execute import forwards
+from causalab_mini.documents.cells import forwards
 from causalab_mini.documents.experiment import Experiment, build
 from causalab_mini.documents.explain import explain
 from causalab_mini.documents.run import run

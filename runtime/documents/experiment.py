@@ -19,7 +19,13 @@ from .metrics import Metric, MetricError, token_ids
 from .source import DocumentError, Issue, Source
 from .validate import static_issues
 
-AXES = {"layers": "layer", "positions": "position", "heads": "head", "units": "unit"}
+AXES = {
+    "layers": "layer",
+    "positions": "position",
+    "heads": "head",
+    "units": "unit",
+    "features": "feature",
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class Binding:
     heads: tuple[int | None, ...]
     positions: Any  # as written: one spec, a list of specs, or None (every token)
     units: tuple[int, ...] | None = None  # of the last axis; None: the whole width
+    featurizer: str | None = None  # the document's featurizer the site is in
+    features: tuple[int, ...] | None = None  # of the featurizer; None: every feature
 
 
 @dataclass
@@ -137,8 +145,59 @@ def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[
             heads = list(found)
         units, found_issues = _units(source, model, name, site, layers)
         issues += found_issues
-        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"), units)
+        features, found_issues = _features(source, model, name, site, layers)
+        issues += found_issues
+        out[name] = Binding(
+            component,
+            tuple(layers),
+            tuple(heads),
+            site.get("positions"),
+            units,
+            site.get("featurizer"),
+            features,
+        )
     return out, issues
+
+
+def _width(model: Any, component: str, layers: list[int | None]) -> int | None:
+    """The place's width at the first layer the model has it (None: no width)."""
+    from ..geometry import ComponentError
+    from ..locator import locate
+
+    for layer in layers:
+        try:
+            return locate(model, component, layer).width
+        except ComponentError:
+            continue  # a layer the model refuses: its cells say so
+    return None
+
+
+def _features(
+    source: Source, model: Any, name: str, site: dict[str, Any], layers: list[int | None]
+) -> tuple[tuple[int, ...] | None, list[Issue]]:
+    """A featurized site's features, checked against its featurizer's number of
+    features (D018: a place with no width to featurize; D044: a feature beyond)."""
+    from .sections import feature_count
+
+    if site.get("featurizer") is None:
+        return None, []
+    width = _width(model, site["component"], layers)
+    if width is None:
+        return None, [
+            source.issue(
+                ("sites", name, "featurizer"),
+                "D018",
+                f"site {name!r} puts featurizer {site['featurizer']!r} on component "
+                f"{site['component']!r}, which has no width on this model (its last axis is "
+                "not a feature axis): a featurizer maps a place of a width; give a site "
+                "with one (block_output, attention_z, mlp_activation, ...)",
+            )
+        ]
+    if site.get("features") is None:
+        return None, []
+    k = feature_count(source, site["featurizer"], width)
+    found = _range(site["features"], k, "features")
+    return tuple(found), _bounded(source, ("sites", name, "features"), "D044", found, k, "features")
 
 
 def _units(
@@ -190,6 +249,8 @@ def _sweep_values(binding: Binding, axis: str) -> list[Any]:
         return list(binding.heads)
     if axis == "units":
         return list(binding.units or ())
+    if axis == "features":
+        return list(binding.features or ())
     spec = binding.positions
     return list(spec) if isinstance(spec, list) else [spec]
 
@@ -213,6 +274,8 @@ def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell
                 (coords["head"],) if "head" in coords else swept.heads,
                 coords["position"] if "position" in coords else swept.positions,
                 (coords["unit"],) if "unit" in coords else swept.units,
+                swept.featurizer,
+                (coords["feature"],) if "feature" in coords else swept.features,
             )
             cells.append(Cell(name, coords, {**bindings, sweep["site"]: one}))
     return cells
@@ -372,7 +435,7 @@ def _token_issues(
 ) -> tuple[dict[str, list[int]], list[Issue]]:
     fields: dict[str, int] = {}
     for i, m in enumerate(metrics):
-        if m.name != "kl":
+        if m.name != "kl" and not m.from_reference:
             fields.setdefault(m.target, i)
         if m.name == "logit_diff":
             fields.setdefault(m.contrast, i)

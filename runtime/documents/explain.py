@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .execute import backwards, forwards
+from .cells import backwards, forwards
 from .experiment import Experiment, texts_of
 from .plots import position_label
 
