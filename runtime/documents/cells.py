@@ -139,7 +139,7 @@ def _plan_forwards(exp: Experiment, cell: Cell, means: set[Any], vectors: set[An
     for w in writes:
         for a in cell.addresses[w["site"]]:
             if w.get("value") == "mean":
-                means.add((a, role, cell.bindings[w["site"]].featurizer))
+                means.add((a, role, exp.featurizer_of(cell.intervention, w["site"])))
             if "mechanism" in w:
                 vectors.add((w["mechanism"], a))
     if "generate" in exp.doc["interventions"][cell.intervention]:
@@ -164,8 +164,9 @@ def _once(exp: Experiment, pending: list[Cell]) -> int:
     total = 0
     interventions = {c.intervention for c in pending}
     steps = {steps_of(exp, i) for i in interventions if "generate" in exp.doc["interventions"][i]}
-    total += sum(math.ceil(len(exp.rows.rows) / exp.batch_size) for _ in steps)
-    total += _label_forwards(exp)
+    total += sum(math.ceil(len(exp.rows.rows) / exp.batch_size) * k for k in steps)
+    if isinstance(exp.doc.get("train"), dict):
+        total += _label_forwards(exp)
     return total + _fit_forwards(exp, pending)
 
 
@@ -192,10 +193,11 @@ def _fit_forwards(exp: Experiment, pending: list[Cell]) -> int:
 
     places: set[Any] = set()
     for cell in pending:
-        for site, b in cell.bindings.items():
-            item = (exp.doc.get("featurizers") or {}).get(b.featurizer or "", {})
+        for site in cell.bindings:
+            name = exp.featurizer_of(cell.intervention, site)
+            item = (exp.doc.get("featurizers") or {}).get(name or "", {})
             if item.get("kind") == "pca" or (item.get("kind") == "sae" and "file" not in item):
-                places.update((b.featurizer, a) for a in cell.addresses[site])
+                places.update((name, a) for a in cell.addresses[site])
     total = 0
     for name, a in places:
         place = replace(a, featurizer=None)

@@ -80,6 +80,14 @@ class Experiment:
     def doc(self) -> dict[str, Any]:
         return self.source.data  # type: ignore[no-any-return]
 
+    def featurizer_of(self, intervention: str, site: str) -> str | None:
+        """The featurizer intervention ``intervention`` writes site ``site`` in: its
+        write's own, else the site's (None: the place itself)."""
+        for w in self.writes_of(intervention):
+            if w["site"] == site and w.get("featurizer") is not None:
+                return str(w["featurizer"])
+        return self.sites[site].featurizer if site in self.sites else None
+
     def writes_of(self, intervention: str) -> list[dict[str, Any]]:
         writes = self.doc.get("writes") or {}
         names = self.doc["interventions"][intervention].get("writes") or []
@@ -179,21 +187,27 @@ def _features(
     features (D018: a place with no width to featurize; D044: a feature beyond)."""
     from .sections import feature_count
 
-    if site.get("featurizer") is None:
+    written = [
+        ("writes", w, "featurizer")
+        for w, item in (source.data.get("writes") or {}).items()
+        if item.get("site") == name and item.get("featurizer") is not None
+    ]
+    where = [("sites", name, "featurizer")] if site.get("featurizer") is not None else written
+    if not where:
         return None, []
     width = _width(model, site["component"], layers)
     if width is None:
         return None, [
             source.issue(
-                ("sites", name, "featurizer"),
+                where[0],
                 "D018",
-                f"site {name!r} puts featurizer {site['featurizer']!r} on component "
+                f"site {name!r} puts a featurizer on component "
                 f"{site['component']!r}, which has no width on this model (its last axis is "
                 "not a feature axis): a featurizer maps a place of a width; give a site "
                 "with one (block_output, attention_z, mlp_activation, ...)",
             )
         ]
-    if site.get("features") is None:
+    if site.get("features") is None or site.get("featurizer") is None:
         return None, []
     k = feature_count(source, site["featurizer"], width)
     found = _range(site["features"], k, "features")

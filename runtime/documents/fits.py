@@ -94,7 +94,7 @@ def train_cell(exp: Experiment, cell: Cell) -> tuple[Cell, dict[str, Any]]:
         a
         for w in exp.writes_of(cell.intervention)
         for a in bound.addresses[w["site"]]
-        if cell.bindings[w["site"]].featurizer == spec["featurizer"]
+        if exp.featurizer_of(cell.intervention, w["site"]) == spec["featurizer"]
     ]
     rows = rows_of_split(exp, "split")
     held = rows_of_split(exp, "eval_split")

@@ -136,12 +136,15 @@ def build(exp: Experiment, name: str, address: Any, features: Any = None) -> Any
 def featurize(exp: Experiment, cell: Cell) -> Cell:
     """``cell`` with the addresses of its featurized sites bound to their featurizers
     (the same cell where it has none)."""
-    if not any(b.featurizer for b in cell.bindings.values()) or cell.refused is not None:
+    names = {s: exp.featurizer_of(cell.intervention, s) for s in cell.bindings}
+    if not any(names.values()) or cell.refused is not None:
         return cell
     addresses = dict(cell.addresses)
     for site, b in cell.bindings.items():
-        if b.featurizer is not None:
-            addresses[site] = [build(exp, b.featurizer, a, b.features) for a in addresses[site]]
+        name = names[site]
+        if name is not None:
+            features = b.features if name == b.featurizer else None
+            addresses[site] = [build(exp, name, a, features) for a in addresses[site]]
     return dataclasses.replace(cell, addresses=addresses)
 
 

@@ -194,6 +194,19 @@ def _write_issues(source: Source) -> list[Issue]:
     known = doc.get("mechanisms") or {}
     out: list[Issue] = []
     for name, item in (doc.get("writes") or {}).items():
+        f = item.get("featurizer")
+        featurizers = doc.get("featurizers") or {}
+        if f is not None and f not in featurizers:
+            out.append(_ref(source, ("writes", name, "featurizer"), f, "featurizer", featurizers))
+        if f is not None and "mechanism" in item:
+            out.append(
+                source.issue(
+                    ("writes", name, "featurizer"),
+                    "D014",
+                    f"write {name!r} applies a mechanism in a featurizer's basis: a "
+                    "document's mechanisms act on the place itself",
+                )
+            )
         mechanism = item.get("mechanism")
         if mechanism is None:
             continue
@@ -369,7 +382,8 @@ def trained_interventions(doc: dict[str, Any]) -> list[str]:
         for w in item.get("writes") or []:
             write = writes.get(w) or {}
             site = sites.get(write.get("site")) or {}
-            if write.get("value") == "source" and site.get("featurizer") == train["featurizer"]:
+            basis = write.get("featurizer", site.get("featurizer"))
+            if write.get("value") == "source" and basis == train["featurizer"]:
                 out.append(name)
                 break
     return out
