@@ -822,7 +822,8 @@ def test_das_fit_finds_the_planted_direction(spec: str, tmp_path: Path) -> None:
     cells = _cells(results)
     layers = exp.model.internals.num_layers
     assert len(cells) == 1 + layers and all(c["status"] == "ok" for c in cells.values())
-    assert count == results["forwards"] == forwards(exp)
+    # explain says the forwards of every epoch; a fit that stops early makes fewer
+    assert count == results["forwards"] <= forwards(exp)
     assert results["backwards"] == sum(
         len(c["train"]["history"]) * 4 for c in cells.values() if "train" in c
     )
@@ -869,7 +870,9 @@ def test_a_zero_length_subspace_changes_nothing(tmp_path: Path) -> None:
     text = (DOCS / "das_fit.yaml").read_text()
     text = text.replace("das: {kind: subspace, k: 1, seed: 7}", "das: {kind: subspace, k: 0}")
     text = (
-        text.split("train:")[0] + "metrics:\n  - {metric: kl}\n  - {metric: kl, against: source}\n"
+        text.split("\ntrain:")[0]
+        + "\nmetrics:\n  - {metric: kl}\n  - {metric: kl, against: source}\n"
+        + "sweep: {site: stream, axes: [layers]}\n"
     )
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
@@ -887,7 +890,7 @@ def test_dbm_fit_opens_the_planted_units(spec: str, tmp_path: Path) -> None:
     exp, results, count = _run("dbm_fit", spec, tmp_path)
     cells = _cells(results)
     assert all(c["status"] == "ok" for c in cells.values())
-    assert count == results["forwards"] == forwards(exp)
+    assert count == results["forwards"] <= forwards(exp)
     assert cells["planted"]["metrics"] == {"iia[labels]": 1.0, "kl[labels]": 0.0}
     fitted = cells["masked|layer=1"]
     mask = fitted["train"]["mask"]
@@ -992,7 +995,7 @@ def test_sae_ablation_of_no_feature_changes_nothing_and_a_saved_sae_is_the_same(
         (tmp_path / "data" / f"sae_{layer}.safetensors").write_bytes(saved.read_bytes())
     from_file = text.replace(
         "features: 32, seed: 0, fit: {split: train, epochs: 300, learning_rate: 0.01, l1: 0.4}",
-        "file: data/sae_{layer}.safetensors",
+        'file: "data/sae_{layer}.safetensors"',
     )
     assert from_file != text
     loaded = run(_doc(tmp_path, from_file, "file.yaml"), tmp_path / "file", model=model)
