@@ -1071,7 +1071,7 @@ def test_a_bad_fit_or_steering_section_is_refused_before_anything_runs(
     # that is what does not fit)
     elsewhere = {"D014": "steered: {input", "D003": "axes: [layers, features]"}
     changed = text.replace(old, new)
-    if code in elsewhere and "units" in new or code == "D014":
+    if code == "D014" or (code == "D003" and "units" in new):
         assert found[0].line == _line_of(changed, elsewhere[code]), str(found[0])
     else:
         assert found[0].line == changed[: changed.index(new)].count("\n") + 1, str(found[0])

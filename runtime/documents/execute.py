@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .experiment import Cell, Experiment, texts_of
+from .experiment import Binding, Cell, Experiment, texts_of
 from .grids import grid_logits, gridded
 from .metrics import per_row
 from .reading import batch_for, chunks, read
@@ -82,7 +82,7 @@ def _mean(exp: Experiment, address: Any, role: str) -> Any:
     return exp.cache[key]
 
 
-def selected(b: Any) -> tuple[int, ...] | None:
+def selected(b: Binding) -> tuple[int, ...] | None:
     """The coordinates a write at binding ``b`` sets: its units of the place's last axis,
     or its features of the site's featurizer (None: all)."""
     return b.units if b.units is not None else b.features

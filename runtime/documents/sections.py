@@ -268,7 +268,7 @@ def _generation_issues(source: Source) -> list[Issue]:
             if "mechanism" in write and site.get("positions") != LAST:
                 out.append(
                     source.issue(
-                        ("sites", write.get("site")),
+                        ("sites", str(write.get("site"))),
                         "D015",
                         f"site {write.get('site')!r} is written at every step of a "
                         "generation, which runs one new token per step: its positions "
