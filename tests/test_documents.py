@@ -1031,6 +1031,12 @@ BAD_SECTIONS = [
     ("das_fit", "labels: {intervention: planted}", "labels: {intervention: das}", "D016"),
     ("das_fit", "labels: {intervention: planted}", "labels: {field: answer}", "D016"),
     ("das_fit", "eval_split: test", "eval_split: tset", "D032"),
+    (
+        "das_fit",
+        "interventions:\n  planted",
+        "reads: {lensed: {site: stream, lens: true}}\ninterventions:\n  planted",
+        "D016",
+    ),
     ("pca_control", "kind: pca, k: 4", "kind: pca, k: 4, seed: 3", "D003"),
     (
         "pca_control",

@@ -92,7 +92,8 @@ def _fitted(exp: Experiment, name: str, address: Any) -> Any:
             samples = _samples(exp, name, address)
             f = PCA.fit(samples, int(item["k"]))
             variance = samples.var(0).sum()
-            fit["explained"] = float(((samples - f.mean) @ f.matrix.T).var(0).sum() / variance)
+            kept = ((samples - f.mean) @ f.matrix.T).var(0).sum() if f.k else 0.0
+            fit["explained"] = float(kept / variance)
         elif "file" in item:
             f = featurizer_file(exp.source, item, address, address.layer)
         else:

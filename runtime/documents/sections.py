@@ -172,6 +172,7 @@ def _site_basis_issues(source: Source) -> list[Issue]:
                         f"site {name!r} names units and features: give one of them",
                     )
                 )
+    out += _basis_readers(source)
     sweep = doc.get("sweep") or {}
     site = (doc.get("sites") or {}).get(sweep.get("site")) or {}
     axes = list(sweep.get("axes") or [])
@@ -185,6 +186,29 @@ def _site_basis_issues(source: Source) -> list[Issue]:
             )
         )
     return out
+
+
+def _basis_readers(source: Source) -> list[Issue]:
+    """D016: a lens read or an attribution reads the place itself, not a basis's
+    features: not at a site with a featurizer."""
+    doc = source.data
+    sites = doc.get("sites") or {}
+    used = [(("reads", n), r.get("site")) for n, r in (doc.get("reads") or {}).items()]
+    used += [
+        (("interventions", n, "attribute"), i["attribute"].get("site"))
+        for n, i in (doc.get("interventions") or {}).items()
+        if isinstance(i.get("attribute"), dict)
+    ]
+    return [
+        source.issue(
+            path,
+            "D016",
+            f"site {site!r} has a featurizer, and a lens read or an attribution reads the "
+            "place itself: give it a site without one",
+        )
+        for path, site in used
+        if (sites.get(site) or {}).get("featurizer") is not None
+    ]
 
 
 def _write_issues(source: Source) -> list[Issue]:
