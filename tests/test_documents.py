@@ -1081,3 +1081,59 @@ def test_a_bad_fit_or_steering_section_is_refused_before_anything_runs(
         assert found[0].line == _line_of(changed, elsewhere[code]), str(found[0])
     else:
         assert found[0].line == changed[: changed.index(new)].count("\n") + 1, str(found[0])
+
+
+def _pairs_beside(tmp_path: Path, label: str | None = None) -> None:
+    (tmp_path / "data").mkdir(exist_ok=True)
+    lines = (DOCS / "data" / "pairs.jsonl").read_text().splitlines()
+    if label is not None:
+        lines = [json.dumps({**json.loads(line), "label": label}) for line in lines]
+    (tmp_path / "data" / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_an_interrupted_fit_resumes_to_the_same_cells(tmp_path: Path) -> None:
+    _pairs_beside(tmp_path)
+    source = _doc(tmp_path, (DOCS / "das_fit.yaml").read_text().replace("epochs: 30", "epochs: 3"))
+    model, out = load_model("tiny:gpt2"), tmp_path / "out"
+    seen: list[str] = []
+
+    def stop_after_two(record: dict[str, Any]) -> None:
+        seen.append(record["key"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(source, out, model=model, on_cell=stop_after_two)
+    resumed = run(source, out, model=model, resume=True)
+    fresh = run(source, tmp_path / "fresh", model=model)
+    assert [c["key"] for c in resumed["cells"]] == [c["key"] for c in fresh["cells"]]
+    for a, b in zip(resumed["cells"], fresh["cells"], strict=True):
+        assert a["per_row"] == b["per_row"] and a.get("train", {}).get("history") == b.get(
+            "train", {}
+        ).get("history")
+
+
+@pytest.mark.parametrize(
+    ("labels", "objective", "metric"),
+    [
+        ("source", "kl", "{metric: iia, against: source}"),
+        ("source", "cross_entropy", "{metric: kl, against: labels}"),
+        ("{field: label}", "cross_entropy", "{metric: iia, target: label}"),
+    ],
+)
+def test_a_fit_learns_labels_of_every_kind(
+    tmp_path: Path, labels: str, objective: str, metric: str
+) -> None:
+    _pairs_beside(tmp_path, label=" the")
+    text = (DOCS / "das_fit.yaml").read_text().replace("epochs: 30", "epochs: 2")
+    text = text.replace("labels: {intervention: planted}", f"labels: {labels}")
+    text = text.replace("objective: kl", f"objective: {objective}").replace(
+        "layers: all", "layers: [1]"
+    )
+    text = text.replace(
+        "  - {metric: iia, against: labels}\n  - {metric: kl, against: labels}", f"  - {metric}"
+    )
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    fitted = _cells(results)["das|layer=1"]
+    assert fitted["status"] == "ok" and len(fitted["train"]["history"]) == 2
+    assert all(math.isfinite(v) for v in fitted["metrics"].values())

@@ -444,6 +444,21 @@ def _lens_issues(source: Source, sites: dict[str, Binding]) -> list[Issue]:
     return issues
 
 
+def _fit_rows(source: Source) -> list[Rows]:
+    """The rows of the splits a fit reads besides the document's (train's split and
+    eval split, a featurizer's fit split): their positions are checked too."""
+    from .data import split_rows
+
+    doc = source.data
+    names = []
+    train = doc.get("train")
+    if isinstance(train, dict):
+        names += [train.get("split", "train"), train.get("eval_split")]
+    names += [(f.get("fit") or {}).get("split") for f in (doc.get("featurizers") or {}).values()]
+    found = [split_rows(source, n, ("data",))[0] for n in dict.fromkeys(names) if n is not None]
+    return [r for r in found if r is not None]
+
+
 def _token_issues(
     source: Source, model: Any, rows: Rows, metrics: list[Metric]
 ) -> tuple[dict[str, list[int]], list[Issue]]:
@@ -517,7 +532,8 @@ def build(
     tokens, found = _token_issues(source, model, rows, metrics)
     issues += found
     if not issues:
-        issues += _position_issues(source, model, rows, sites, frame)
+        for checked in [rows, *_fit_rows(source)]:
+            issues += _position_issues(source, model, checked, sites, frame)
         issues += _lens_issues(source, sites)
     if issues:
         raise DocumentError(issues)
