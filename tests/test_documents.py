@@ -1137,3 +1137,16 @@ def test_a_fit_learns_labels_of_every_kind(
     fitted = _cells(results)["das|layer=1"]
     assert fitted["status"] == "ok" and len(fitted["train"]["history"]) == 2
     assert all(math.isfinite(v) for v in fitted["metrics"].values())
+
+
+def test_a_label_field_is_one_token_in_every_row_a_fit_reads(tmp_path: Path) -> None:
+    _pairs_beside(tmp_path, label=" the")
+    text = (DOCS / "das_fit.yaml").read_text().replace("objective: kl", "objective: cross_entropy")
+    text = text.replace("labels: {intervention: planted}", "labels: {field: base}")
+    text = text.replace(
+        "  - {metric: iia, against: labels}\n  - {metric: kl, against: labels}",
+        "  - {metric: iia, target: label}",
+    )
+    issues = _issues(tmp_path, text)
+    assert [i.code for i in issues] == ["D043"] and "train labels" in issues[0].message
+    assert issues[0].line == _line_of(text, "labels: {field: base}")

@@ -444,6 +444,27 @@ def _lens_issues(source: Source, sites: dict[str, Binding]) -> list[Issue]:
     return issues
 
 
+def _label_issues(source: Source, model: Any, rows: Rows) -> list[Issue]:
+    """D033, D043: train's label field in every row a fit reads, one token each."""
+    labels = (source.data.get("train") or {}).get("labels")
+    if not isinstance(labels, dict) or "field" not in labels:
+        return []
+    field = labels["field"]
+    for checked in [rows, *_fit_rows(source)]:
+        lacking = [n for n, r in enumerate(checked.rows) if field not in r]
+        if lacking:
+            return [
+                source.issue(
+                    ("train", "labels"), "D033", f"rows {lacking[:10]} of a split have no {field!r}"
+                )
+            ]
+        try:
+            token_ids(model.tokenizer, [r[field] for r in checked.rows], field)
+        except MetricError as exc:
+            return [source.issue(("train", "labels"), "D043", f"{exc} (train labels)")]
+    return []
+
+
 def _fit_rows(source: Source) -> list[Rows]:
     """The rows of the splits a fit reads besides the document's (train's split and
     eval split, a featurizer's fit split): their positions are checked too."""
@@ -530,7 +551,7 @@ def build(
     sites, issues = resolve_sites(source, model)
     metrics = [Metric.of(m) for m in doc["metrics"]]
     tokens, found = _token_issues(source, model, rows, metrics)
-    issues += found
+    issues += found + _label_issues(source, model, rows)
     if not issues:
         for checked in [rows, *_fit_rows(source)]:
             issues += _position_issues(source, model, checked, sites, frame)
