@@ -193,7 +193,9 @@ def _basis_readers(source: Source) -> list[Issue]:
     features: not at a site with a featurizer."""
     doc = source.data
     sites = doc.get("sites") or {}
-    used = [(("reads", n), r.get("site")) for n, r in (doc.get("reads") or {}).items()]
+    used: list[tuple[Path_, Any]] = [
+        (("reads", n), r.get("site")) for n, r in (doc.get("reads") or {}).items()
+    ]
     used += [
         (("interventions", n, "attribute"), i["attribute"].get("site"))
         for n, i in (doc.get("interventions") or {}).items()
