@@ -1150,3 +1150,11 @@ def test_a_label_field_is_one_token_in_every_row_a_fit_reads(tmp_path: Path) -> 
     issues = _issues(tmp_path, text)
     assert [i.code for i in issues] == ["D043"] and "train labels" in issues[0].message
     assert issues[0].line == _line_of(text, "labels: {field: base}")
+
+
+@pytest.mark.parametrize("name", ["das_fit", "dbm_fit", "pca_control", "sae_ablation", "steering"])
+def test_explaining_a_fit_or_a_generation_runs_no_forward(name: str) -> None:
+    exp = build(load(DOCS / f"{name}.yaml"))  # its own model, fresh
+    text = explain(exp)
+    assert not exp.model.dispatched  # nothing fitted, harvested or generated to say it
+    assert f"forwards: {forwards(exp)} " in text and "fits and steering:" in text
