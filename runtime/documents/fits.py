@@ -75,10 +75,11 @@ def _summary(f: Any) -> dict[str, Any]:
     weights are open, above 0.5)."""
     import torch
 
-    if type(f).__name__ != "Gate":
+    from ..featurizers import Gate
+
+    if not isinstance(f, Gate):
         return {}
     with torch.no_grad():
-        f.eval()
         mask = f.mask().detach().float()
     return {"mask": [round(float(v), 4) for v in mask], "open": int((mask > 0.5).sum())}
 
@@ -117,6 +118,8 @@ def train_cell(exp: Experiment, cell: Cell) -> tuple[Cell, dict[str, Any]]:
         engine=exp.engine,
         frame=exp.frame,
     )
+    for address in trained:  # measured as fitted: a hard-concrete gate at its mean
+        address.featurizer.eval()
     exp.cache[("epochs run", cell.key)] = len(result.history)
     exp.cache[("trained", cell.key)] = trained
     record = {
