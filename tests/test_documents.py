@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from causalab_mini.documents import DocumentError, load
-from causalab_mini.documents.execute import forwards
+from causalab_mini.documents.cells import forwards
 from causalab_mini.documents.experiment import Experiment, build
 from causalab_mini.documents.explain import explain
 from causalab_mini.documents.run import run
@@ -74,6 +74,11 @@ def test_the_library_has_the_documents_the_tests_run() -> None:
         "attention_pattern_patching",
         "neuron_patching",
         "attribution_patching",
+        "steering",
+        "das_fit",
+        "dbm_fit",
+        "pca_control",
+        "sae_ablation",
     }
 
 
@@ -412,7 +417,12 @@ def _line_of(text: str, needle: str) -> int:
         ),
         ("sweep:", "save: {path: ../elsewhere}\nsweep:", "D020", "leaves the --out folder"),
         ("sweep:", "save: {path: /tmp/elsewhere}\nsweep:", "D020", "it is absolute"),
-        ("sweep:", "train: {objective: das}\nsweep:", "D014", "no training"),
+        (
+            "sweep:",
+            "train: {objective: kl, featurizer: das, labels: source}\nsweep:",
+            "D012",
+            "names no featurizer",
+        ),
         (
             "sweep:",
             "featurizers: {f: {kind: subspac}}\nsweep:",
@@ -792,3 +802,359 @@ def test_a_model_that_cannot_load_is_a_document_error(tmp_path: Path) -> None:
         build(bad)
     assert [i.code for i in caught.value.issues] == ["D045"]
     assert caught.value.issues[0].line == _line_of(GOOD, "checkpoint:")
+
+
+# ------------------------------------------------------------------ fits and steering
+
+
+def _subspace_cosine(path: Path, seed: int, width: int) -> float:
+    """|cos| between a saved one-dimensional subspace and the seed's own direction."""
+    from causalab_mini.featurizers import Subspace, load
+
+    fitted = load(str(path)).matrix.detach()
+    planted = Subspace(1, seed=seed, width=width).matrix.detach()
+    return float((fitted @ planted.T).abs())
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_das_fit_finds_the_planted_direction(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("das_fit", spec, tmp_path)
+    cells = _cells(results)
+    layers = exp.model.internals.num_layers
+    assert len(cells) == 1 + layers and all(c["status"] == "ok" for c in cells.values())
+    # explain says the forwards of every epoch; a fit that stops early makes fewer
+    assert count == results["forwards"] <= forwards(exp)
+    assert results["backwards"] == sum(
+        len(c["train"]["history"]) * 4 for c in cells.values() if "train" in c
+    )
+    # the planted run is its own labels: every top token, no divergence
+    assert cells["planted"]["metrics"] == {"iia[labels]": 1.0, "kl[labels]": 0.0}
+    clean = results["clean"]["base"]["metrics"]["kl[labels]"]
+    at = cells["das|layer=1"]
+    history = at["train"]["history"]
+    assert 1 <= len(history) <= 30 and history[-1]["loss"] < history[0]["loss"]
+    # at the planted layer the fit gives the planted run's top token on the held-out
+    # rows and (almost) its distribution
+    assert at["metrics"]["iia[labels]"] == 1.0 and at["train"]["eval_iia"] == 1.0
+    assert at["metrics"]["kl[labels]"] < clean
+    width = exp.model.hidden_size
+    cosine = _subspace_cosine(tmp_path / "featurizers" / "das_layer=1_0.safetensors", 3, width)
+    if spec == "tiny:llama":
+        # the direction itself is found (on tiny:gpt2 the random model's outputs barely
+        # move under the planted patch: its top token is the same with and without)
+        assert cosine > 0.99 and at["metrics"]["kl[labels]"] < clean / 100
+    assert (tmp_path / "plots" / "das_training.png").read_bytes()[:4] == b"\x89PNG"
+    _files_ok(tmp_path, results)
+
+
+def _short_fit(text: str) -> str:
+    return text.replace("layers: all", "layers: [1]").replace("epochs: 30", "epochs: 3")
+
+
+def test_a_fit_is_the_same_for_the_same_seed_and_not_for_another(tmp_path: Path) -> None:
+    text = _short_fit((DOCS / "das_fit.yaml").read_text())
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
+    model = load_model("tiny:gpt2")
+    runs = [
+        run(_doc(tmp_path, t, f"{n}.yaml"), tmp_path / str(n), model=model)
+        for n, t in enumerate([text, text, text.replace("seed: 7", "seed: 8")])
+    ]
+    first, again, other = (_cells(r)["das|layer=1"] for r in runs)
+    assert first["train"]["history"] == again["train"]["history"]
+    assert first["per_row"] == again["per_row"]
+    assert first["train"]["history"] != other["train"]["history"]
+
+
+def test_a_zero_length_subspace_changes_nothing(tmp_path: Path) -> None:
+    text = (DOCS / "das_fit.yaml").read_text()
+    text = text.replace("das: {kind: subspace, k: 1, seed: 7}", "das: {kind: subspace, k: 0}")
+    text = (
+        text.split("\ntrain:")[0]
+        + "\nmetrics:\n  - {metric: kl}\n  - {metric: kl, against: source}\n"
+        + "sweep: {site: stream, axes: [layers]}\n"
+    )
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
+    for spec in FAMILIES:
+        results = run(_doc(tmp_path, text), tmp_path / spec[5:], model=load_model(spec))
+        cells = _cells(results)
+        base = results["clean"]["base"]
+        for layer in range(3):
+            assert cells[f"das|layer={layer}"]["per_row"] == base["per_row"], spec
+        assert cells["planted"]["metrics"]["kl"] > 0  # a one-dimensional one does
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_dbm_fit_opens_the_planted_units(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("dbm_fit", spec, tmp_path)
+    cells = _cells(results)
+    assert all(c["status"] == "ok" for c in cells.values())
+    assert count == results["forwards"] <= forwards(exp)
+    assert cells["planted"]["metrics"] == {"iia[labels]": 1.0, "kl[labels]": 0.0}
+    fitted = cells["masked|layer=1"]
+    mask = fitted["train"]["mask"]
+    assert len(mask) == exp.model.hidden_size
+    top = sorted(range(len(mask)), key=lambda i: -mask[i])[:3]
+    assert sorted(top) == [3, 17, 40] and fitted["train"]["open"] == 3
+    assert min(mask[i] for i in top) > 0.5 > max(m for i, m in enumerate(mask) if i not in top)
+    assert fitted["metrics"]["iia[labels]"] == 1.0
+    kl = {layer: cells[f"masked|layer={layer}"]["metrics"]["kl[labels]"] for layer in range(3)}
+    assert kl[1] == min(kl.values()) < results["clean"]["base"]["metrics"]["kl[labels]"]
+    _files_ok(tmp_path, results)
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_pca_control_carries_more_than_random_directions(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("pca_control", spec, tmp_path)
+    cells = _cells(results)
+    layers = exp.model.internals.num_layers
+    assert len(cells) == 2 * layers and all(c["status"] == "ok" for c in cells.values())
+    assert count == results["forwards"] == forwards(exp)
+    clean = results["clean"]["base"]["metrics"]["kl[source]"]
+    for layer in range(layers):
+        pca = cells[f"pca|layer={layer}"]["metrics"]["kl[source]"]
+        random = cells[f"random|layer={layer}"]["metrics"]["kl[source]"]
+        assert pca < random < clean
+        assert 0 < results["fits"]["pca"][f"block_output[{layer}]"]["explained"] <= 1
+    _files_ok(tmp_path, results)
+
+
+def test_a_pca_of_no_direction_changes_nothing_and_of_every_one_is_the_source(
+    tmp_path: Path,
+) -> None:
+    text = (DOCS / "pca_control.yaml").read_text()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
+    for spec in FAMILIES:
+        model = load_model(spec)
+        width = model.hidden_size
+        none = run(
+            _doc(tmp_path, text.replace("k: 4, fit", "k: 0, fit"), "none.yaml"),
+            tmp_path / f"none{spec[5:]}",
+            model=model,
+        )
+        every = run(
+            _doc(tmp_path, text.replace("k: 4, fit", f"k: {width}, fit"), "every.yaml"),
+            tmp_path / f"every{spec[5:]}",
+            model=model,
+        )
+        base = none["clean"]["base"]["per_row"]
+        for layer in range(3):
+            assert _cells(none)[f"pca|layer={layer}"]["per_row"] == base
+        # every direction of the last layer's output at the last token: the source's logits
+        last = _cells(every)["pca|layer=2"]["metrics"]
+        assert last["kl[source]"] < 1e-6 and last["iia[source]"] == 1.0
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_sae_ablation_is_a_layer_by_feature_grid(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("sae_ablation", spec, tmp_path)
+    cells = results["cells"]
+    layers = exp.model.internals.num_layers
+    assert [(c["layer"], c["feature"]) for c in cells] == [
+        (layer, f) for layer in range(layers) for f in range(16)
+    ]
+    assert all(c["status"] == "ok" for c in cells) and count == forwards(exp)
+    assert any(c["metrics"]["kl"] > 0 for c in cells)
+    for layer in range(layers):
+        fit = results["fits"]["sae"][f"block_output[{layer}]"]
+        assert fit["explained"] > 0.5 and 0 < fit["active"] < 16  # sparse, and it fits
+    _files_ok(tmp_path, results)
+
+
+def test_sae_ablation_of_no_feature_changes_nothing_and_a_saved_sae_is_the_same(
+    tmp_path: Path,
+) -> None:
+    text = (DOCS / "sae_ablation.yaml").read_text()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
+    model = load_model("tiny:llama")
+    axes = "axes: [layers, features]"
+    none = text.replace("features: {start: 0, stop: 16}", "features: {start: 0, stop: 0}")
+    results = run(
+        _doc(tmp_path, none.replace(axes, "axes: [layers]"), "none.yaml"),
+        tmp_path / "none",
+        model=model,
+    )
+    for cell in results["cells"]:
+        assert (
+            cell["metrics"]["kl"] == 0.0 and cell["per_row"] == results["clean"]["base"]["per_row"]
+        )
+    every = text.replace("features: {start: 0, stop: 16}", "features: all")
+    results = run(
+        _doc(tmp_path, every.replace(axes, "axes: [layers]"), "all.yaml"),
+        tmp_path / "all",
+        model=model,
+    )
+    assert all(c["metrics"]["kl"] > 0 for c in results["cells"])
+    # the SAE the run trained and saved, named as a file beside the document: the same cells
+    trained = run(_doc(tmp_path, text, "trained.yaml"), tmp_path / "trained", model=model)
+    for layer in range(3):
+        saved = tmp_path / "trained" / "featurizers" / f"sae_block_output_{layer}.safetensors"
+        (tmp_path / "data" / f"sae_{layer}.safetensors").write_bytes(saved.read_bytes())
+    from_file = text.replace(
+        "features: 32, seed: 0, fit: {split: train, epochs: 300, learning_rate: 0.01, l1: 0.4}",
+        'file: "data/sae_{layer}.safetensors"',
+    )
+    assert from_file != text
+    loaded = run(_doc(tmp_path, from_file, "file.yaml"), tmp_path / "file", model=model)
+    assert [c["metrics"] for c in loaded["cells"]] == [c["metrics"] for c in trained["cells"]]
+
+
+@pytest.mark.parametrize("spec", FAMILIES)
+def test_steering_moves_generation_and_scale_0_leaves_it(spec: str, tmp_path: Path) -> None:
+    exp, results, count = _run("steering", spec, tmp_path)
+    cells = results["cells"]
+    assert len(cells) == 2 * exp.model.internals.num_layers
+    assert all(c["status"] == "ok" for c in cells) and count == results["forwards"]
+    assert all(len(c["generated"]) == 3 for c in cells)
+    assert all(c["metrics"]["unchanged"] < 1 and c["metrics"]["kl"] > 0 for c in cells)
+    _files_ok(tmp_path, results)
+    text = (DOCS / "steering.yaml").read_text().replace("scale: 8", "scale: 0")
+    still = run(_doc(tmp_path, text), tmp_path / "still", model=exp.model, spec=spec)
+    assert all(c["per_row"]["unchanged"] == [1.0, 1.0, 1.0] for c in still["cells"])
+    assert len({json.dumps(c["generated"]) for c in still["cells"]}) == 1
+    assert all(c["metrics"]["kl"] < 1e-6 for c in still["cells"])
+
+
+BAD_SECTIONS = [
+    # a featurizer on a place with no width: refused with the model
+    (
+        "das_fit",
+        "component: block_output, layers: [1]",
+        "component: attention_probs, layers: [1]",
+        "D018",
+    ),
+    ("das_fit", "kind: subspace, k: 1, seed: 7", "kind: subspase, k: 1, seed: 7", "D013"),
+    ("das_fit", "featurizer: das\n  labels", "featurizer: planted_\n  labels", "D012"),
+    ("das_fit", "labels: {intervention: planted}", "labels: {intervention: das}", "D016"),
+    ("das_fit", "labels: {intervention: planted}", "labels: {field: answer}", "D016"),
+    ("das_fit", "eval_split: test", "eval_split: tset", "D032"),
+    (
+        "das_fit",
+        "interventions:\n  planted",
+        "reads: {lensed: {site: stream, lens: true}}\ninterventions:\n  planted",
+        "D016",
+    ),
+    ("pca_control", "kind: pca, k: 4", "kind: pca, k: 4, seed: 3", "D003"),
+    (
+        "pca_control",
+        "{site: stream, value: source, featurizer: pca}",
+        "{site: stream, value: source, featurizer: pcaa}",
+        "D012",
+    ),
+    ("sae_ablation", "features: 32, seed: 0", "file: ../sae.safetensors, seed: 0", "D020"),
+    ("sae_ablation", "features: 32, seed: 0", "file: data/nothing.safetensors, seed: 0", "D030"),
+    ("sae_ablation", "features: {start: 0, stop: 16}", "features: [0, 32]", "D044"),
+    ("sae_ablation", "features: {start: 0, stop: 16}}", "units: [0, 1]}", "D003"),
+    ("steering", "engine: nnsight", "engine: hooks", "D014"),
+    ("steering", "positions: {index: -1}", "positions: {index: 0}", "D015"),
+    ("steering", "kind: renormalize", "kind: renormalise", "D013"),
+    ("steering", "{site: stream, mechanism: added}", "{site: stream, mechanism: addd}", "D012"),
+    (
+        "steering",
+        "minus: negative}, scale: 8}\n  renorm",
+        "minus: neutral}, scale: 8}\n  renorm",
+        "D033",
+    ),
+    ("steering", "  - {metric: kl}", "  - {metric: iia, against: labels}", "D016"),
+]
+
+
+@pytest.mark.parametrize(("name", "old", "new", "code"), BAD_SECTIONS)
+def test_a_bad_fit_or_steering_section_is_refused_before_anything_runs(
+    tmp_path: Path, name: str, old: str, new: str, code: str
+) -> None:
+    text = (DOCS / f"{name}.yaml").read_text()
+    assert text.count(old) == 1, old
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
+    issues = _issues(tmp_path, text.replace(old, new))
+    found = [i for i in issues if i.code == code]
+    assert found, [str(i) for i in issues]
+    # the place: the line the change is on (a sweep's or a generation's own line where
+    # that is what does not fit)
+    elsewhere = {"D014": "steered: {input", "D003": "axes: [layers, features]"}
+    changed = text.replace(old, new)
+    if code == "D014" or (code == "D003" and "units" in new):
+        assert found[0].line == _line_of(changed, elsewhere[code]), str(found[0])
+    else:
+        assert found[0].line == changed[: changed.index(new)].count("\n") + 1, str(found[0])
+
+
+def _pairs_beside(tmp_path: Path, label: str | None = None) -> None:
+    (tmp_path / "data").mkdir(exist_ok=True)
+    lines = (DOCS / "data" / "pairs.jsonl").read_text().splitlines()
+    if label is not None:
+        lines = [json.dumps({**json.loads(line), "label": label}) for line in lines]
+    (tmp_path / "data" / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_an_interrupted_fit_resumes_to_the_same_cells(tmp_path: Path) -> None:
+    _pairs_beside(tmp_path)
+    source = _doc(tmp_path, (DOCS / "das_fit.yaml").read_text().replace("epochs: 30", "epochs: 3"))
+    model, out = load_model("tiny:gpt2"), tmp_path / "out"
+    seen: list[str] = []
+
+    def stop_after_two(record: dict[str, Any]) -> None:
+        seen.append(record["key"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(source, out, model=model, on_cell=stop_after_two)
+    resumed = run(source, out, model=model, resume=True)
+    fresh = run(source, tmp_path / "fresh", model=model)
+    assert [c["key"] for c in resumed["cells"]] == [c["key"] for c in fresh["cells"]]
+    for a, b in zip(resumed["cells"], fresh["cells"], strict=True):
+        assert a["per_row"] == b["per_row"] and a.get("train", {}).get("history") == b.get(
+            "train", {}
+        ).get("history")
+
+
+@pytest.mark.parametrize(
+    ("labels", "objective", "metric"),
+    [
+        ("source", "kl", "{metric: iia, against: source}"),
+        ("source", "cross_entropy", "{metric: kl, against: labels}"),
+        ("{field: label}", "cross_entropy", "{metric: iia, target: label}"),
+    ],
+)
+def test_a_fit_learns_labels_of_every_kind(
+    tmp_path: Path, labels: str, objective: str, metric: str
+) -> None:
+    _pairs_beside(tmp_path, label=" the")
+    text = (DOCS / "das_fit.yaml").read_text().replace("epochs: 30", "epochs: 2")
+    text = text.replace("labels: {intervention: planted}", f"labels: {labels}")
+    text = text.replace("objective: kl", f"objective: {objective}").replace(
+        "layers: all", "layers: [1]"
+    )
+    text = text.replace(
+        "  - {metric: iia, against: labels}\n  - {metric: kl, against: labels}", f"  - {metric}"
+    )
+    results = run(_doc(tmp_path, text), tmp_path / "out", model=load_model("tiny:llama"))
+    fitted = _cells(results)["das|layer=1"]
+    assert fitted["status"] == "ok" and len(fitted["train"]["history"]) == 2
+    assert all(math.isfinite(v) for v in fitted["metrics"].values())
+
+
+def test_a_label_field_is_one_token_in_every_row_a_fit_reads(tmp_path: Path) -> None:
+    _pairs_beside(tmp_path, label=" the")
+    text = (DOCS / "das_fit.yaml").read_text().replace("objective: kl", "objective: cross_entropy")
+    text = text.replace("labels: {intervention: planted}", "labels: {field: base}")
+    text = text.replace(
+        "  - {metric: iia, against: labels}\n  - {metric: kl, against: labels}",
+        "  - {metric: iia, target: label}",
+    )
+    issues = _issues(tmp_path, text)
+    assert [i.code for i in issues] == ["D043"] and "train labels" in issues[0].message
+    assert issues[0].line == _line_of(text, "labels: {field: base}")
+
+
+@pytest.mark.parametrize("name", ["das_fit", "dbm_fit", "pca_control", "sae_ablation", "steering"])
+def test_explaining_a_fit_or_a_generation_runs_no_forward(name: str) -> None:
+    exp = build(load(DOCS / f"{name}.yaml"))  # its own model, fresh
+    text = explain(exp)
+    assert not exp.model.dispatched  # nothing fitted, harvested or generated to say it
+    assert f"forwards: {forwards(exp)} " in text and "fits and steering:" in text

@@ -97,8 +97,8 @@ def read_file(source: Source, data: dict[str, Any]) -> tuple[list[dict[str, Any]
     return rows, "sha256:" + hashlib.sha256(raw).hexdigest(), written
 
 
-def rows_of(source: Source) -> tuple[Rows | None, list[Issue]]:
-    """The rows of the document's data section (its split), or the issues found."""
+def _read(source: Source) -> tuple[Rows | None, list[Issue]]:
+    """Every row of the data section (no split taken), or the issues found."""
     data = source.data.get("data")
     if not isinstance(data, dict):
         return None, []
@@ -113,28 +113,39 @@ def rows_of(source: Source) -> tuple[Rows | None, list[Issue]]:
         return None, [source.issue(("data", "file"), "D030", str(exc))]
     except ValueError as exc:
         return None, [source.issue(("data",), "D031", str(exc))]
-    split = data.get("split")
-    if split is not None:
-        splits = data.get("splits") or {}
-        if split not in splits:
-            return None, [
-                source.issue(
-                    ("data", "split"),
-                    "D032",
-                    f"split {split!r} is not among the splits {sorted(splits)}",
-                )
-            ]
-        start, stop = splits[split]
-        if not start < stop <= len(rows):
-            return None, [
-                source.issue(
-                    ("data", "splits", split),
-                    "D032",
-                    f"split {split!r} is rows [{start}, {stop}) and the data has {len(rows)} rows",
-                )
-            ]
-        rows = rows[start:stop]
     return Rows(tuple(rows), digest, origin), []
 
 
-__all__ = ["Rows", "read_file", "rows_of"]
+def split_rows(source: Source, name: str, path: Any) -> tuple[Rows | None, list[Issue]]:
+    """The rows of the split ``name`` (the issue at ``path`` where the data has no
+    such split, or fewer rows than it names)."""
+    everything, issues = _read(source)
+    if everything is None:
+        return None, issues
+    splits = (source.data.get("data") or {}).get("splits") or {}
+    if name not in splits:
+        return None, [
+            source.issue(path, "D032", f"split {name!r} is not among the splits {sorted(splits)}")
+        ]
+    start, stop = splits[name]
+    if not start < stop <= len(everything.rows):
+        return None, [
+            source.issue(
+                ("data", "splits", name),
+                "D032",
+                f"split {name!r} is rows [{start}, {stop}) and the data has "
+                f"{len(everything.rows)} rows",
+            )
+        ]
+    return Rows(everything.rows[start:stop], everything.digest, everything.origin), []
+
+
+def rows_of(source: Source) -> tuple[Rows | None, list[Issue]]:
+    """The rows of the document's data section (its split), or the issues found."""
+    data = source.data.get("data")
+    if isinstance(data, dict) and data.get("split") is not None:
+        return split_rows(source, data["split"], ("data", "split"))
+    return _read(source)
+
+
+__all__ = ["Rows", "read_file", "rows_of", "split_rows"]

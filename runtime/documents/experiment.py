@@ -19,7 +19,13 @@ from .metrics import Metric, MetricError, token_ids
 from .source import DocumentError, Issue, Source
 from .validate import static_issues
 
-AXES = {"layers": "layer", "positions": "position", "heads": "head", "units": "unit"}
+AXES = {
+    "layers": "layer",
+    "positions": "position",
+    "heads": "head",
+    "units": "unit",
+    "features": "feature",
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class Binding:
     heads: tuple[int | None, ...]
     positions: Any  # as written: one spec, a list of specs, or None (every token)
     units: tuple[int, ...] | None = None  # of the last axis; None: the whole width
+    featurizer: str | None = None  # the document's featurizer the site is in
+    features: tuple[int, ...] | None = None  # of the featurizer; None: every feature
 
 
 @dataclass
@@ -71,6 +79,14 @@ class Experiment:
     @property
     def doc(self) -> dict[str, Any]:
         return self.source.data  # type: ignore[no-any-return]
+
+    def featurizer_of(self, intervention: str, site: str) -> str | None:
+        """The featurizer intervention ``intervention`` writes site ``site`` in: its
+        write's own, else the site's (None: the place itself)."""
+        for w in self.writes_of(intervention):
+            if w["site"] == site and w.get("featurizer") is not None:
+                return str(w["featurizer"])
+        return self.sites[site].featurizer if site in self.sites else None
 
     def writes_of(self, intervention: str) -> list[dict[str, Any]]:
         writes = self.doc.get("writes") or {}
@@ -137,8 +153,65 @@ def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[
             heads = list(found)
         units, found_issues = _units(source, model, name, site, layers)
         issues += found_issues
-        out[name] = Binding(component, tuple(layers), tuple(heads), site.get("positions"), units)
+        features, found_issues = _features(source, model, name, site, layers)
+        issues += found_issues
+        out[name] = Binding(
+            component,
+            tuple(layers),
+            tuple(heads),
+            site.get("positions"),
+            units,
+            site.get("featurizer"),
+            features,
+        )
     return out, issues
+
+
+def _width(model: Any, component: str, layers: list[int | None]) -> int | None:
+    """The place's width at the first layer the model has it (None: no width)."""
+    from ..geometry import ComponentError
+    from ..locator import locate
+
+    for layer in layers:
+        try:
+            return locate(model, component, layer).width
+        except ComponentError:
+            continue  # a layer the model refuses: its cells say so
+    return None
+
+
+def _features(
+    source: Source, model: Any, name: str, site: dict[str, Any], layers: list[int | None]
+) -> tuple[tuple[int, ...] | None, list[Issue]]:
+    """A featurized site's features, checked against its featurizer's number of
+    features (D018: a place with no width to featurize; D044: a feature beyond)."""
+    from .sections import feature_count
+
+    written = [
+        ("writes", w, "featurizer")
+        for w, item in (source.data.get("writes") or {}).items()
+        if item.get("site") == name and item.get("featurizer") is not None
+    ]
+    where = [("sites", name, "featurizer")] if site.get("featurizer") is not None else written
+    if not where:
+        return None, []
+    width = _width(model, site["component"], layers)
+    if width is None:
+        return None, [
+            source.issue(
+                where[0],
+                "D018",
+                f"site {name!r} puts a featurizer on component "
+                f"{site['component']!r}, which has no width on this model (its last axis is "
+                "not a feature axis): a featurizer maps a place of a width; give a site "
+                "with one (block_output, attention_z, mlp_activation, ...)",
+            )
+        ]
+    if site.get("features") is None or site.get("featurizer") is None:
+        return None, []
+    k = feature_count(source, site["featurizer"], width)
+    found = _range(site["features"], k, "features")
+    return tuple(found), _bounded(source, ("sites", name, "features"), "D044", found, k, "features")
 
 
 def _units(
@@ -190,6 +263,8 @@ def _sweep_values(binding: Binding, axis: str) -> list[Any]:
         return list(binding.heads)
     if axis == "units":
         return list(binding.units or ())
+    if axis == "features":
+        return list(binding.features or ())
     spec = binding.positions
     return list(spec) if isinstance(spec, list) else [spec]
 
@@ -213,6 +288,8 @@ def enumerate_cells(doc: dict[str, Any], sites: dict[str, Binding]) -> list[Cell
                 (coords["head"],) if "head" in coords else swept.heads,
                 coords["position"] if "position" in coords else swept.positions,
                 (coords["unit"],) if "unit" in coords else swept.units,
+                swept.featurizer,
+                (coords["feature"],) if "feature" in coords else swept.features,
             )
             cells.append(Cell(name, coords, {**bindings, sweep["site"]: one}))
     return cells
@@ -367,12 +444,48 @@ def _lens_issues(source: Source, sites: dict[str, Binding]) -> list[Issue]:
     return issues
 
 
+def _label_issues(source: Source, model: Any, rows: Rows) -> list[Issue]:
+    """D033, D043: train's label field in every row a fit reads, one token each."""
+    labels = (source.data.get("train") or {}).get("labels")
+    if not isinstance(labels, dict) or "field" not in labels:
+        return []
+    field = labels["field"]
+    for checked in [rows, *_fit_rows(source)]:
+        lacking = [n for n, r in enumerate(checked.rows) if field not in r]
+        if lacking:
+            return [
+                source.issue(
+                    ("train", "labels"), "D033", f"rows {lacking[:10]} of a split have no {field!r}"
+                )
+            ]
+        try:
+            token_ids(model.tokenizer, [r[field] for r in checked.rows], field)
+        except MetricError as exc:
+            return [source.issue(("train", "labels"), "D043", f"{exc} (train labels)")]
+    return []
+
+
+def _fit_rows(source: Source) -> list[Rows]:
+    """The rows of the splits a fit reads besides the document's (train's split and
+    eval split, a featurizer's fit split): their positions are checked too."""
+    from .data import split_rows
+
+    doc = source.data
+    names = []
+    train = doc.get("train")
+    if isinstance(train, dict):
+        names += [train.get("split", "train"), train.get("eval_split")]
+    names += [(f.get("fit") or {}).get("split") for f in (doc.get("featurizers") or {}).values()]
+    found = [split_rows(source, n, ("data",))[0] for n in dict.fromkeys(names) if n is not None]
+    return [r for r in found if r is not None]
+
+
 def _token_issues(
     source: Source, model: Any, rows: Rows, metrics: list[Metric]
 ) -> tuple[dict[str, list[int]], list[Issue]]:
     fields: dict[str, int] = {}
     for i, m in enumerate(metrics):
-        if m.name != "kl":
+        if m.name != "kl" and not m.from_reference:
             fields.setdefault(m.target, i)
         if m.name == "logit_diff":
             fields.setdefault(m.contrast, i)
@@ -438,9 +551,10 @@ def build(
     sites, issues = resolve_sites(source, model)
     metrics = [Metric.of(m) for m in doc["metrics"]]
     tokens, found = _token_issues(source, model, rows, metrics)
-    issues += found
+    issues += found + _label_issues(source, model, rows)
     if not issues:
-        issues += _position_issues(source, model, rows, sites, frame)
+        for checked in [rows, *_fit_rows(source)]:
+            issues += _position_issues(source, model, checked, sites, frame)
         issues += _lens_issues(source, sites)
     if issues:
         raise DocumentError(issues)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .execute import backwards, forwards
+from .cells import backwards, forwards
 from .experiment import Experiment, texts_of
 from .plots import position_label
+from .sections import trained_interventions
 
 
 def _places(exp: Experiment, name: str) -> dict[int | None, str]:
@@ -52,10 +53,38 @@ def _site_lines(exp: Experiment) -> list[str]:
             f"  {name}: {site['component']}"
             + (f", heads {heads}" if heads else "")
             + (f", units {_short(exp.sites[name].units)}" if exp.sites[name].units else "")
+            + (f", featurizer {site['featurizer']}" if site.get("featurizer") else "")
+            + (f", features {_short(exp.sites[name].features)}" if exp.sites[name].features else "")
             + (f", positions {json.dumps(written)}" if written is not None else "")
         )
         lines += [f"    layer {layer}: {text}" for layer, text in _places(exp, name).items()]
     return lines
+
+
+def _section_lines(exp: Experiment) -> list[str]:
+    """The featurizers, mechanisms and training the run makes, said short."""
+    doc = exp.doc
+    lines = []
+    for name, item in (doc.get("featurizers") or {}).items():
+        options = ", ".join(f"{k} {json.dumps(v)}" for k, v in item.items() if k != "kind")
+        lines.append(f"  featurizer {name}: {item['kind']}" + (f" ({options})" if options else ""))
+    for name, item in (doc.get("mechanisms") or {}).items():
+        options = ", ".join(f"{k} {json.dumps(v)}" for k, v in item.items() if k != "kind")
+        lines.append(f"  mechanism {name}: {item['kind']} ({options})")
+    train = doc.get("train")
+    if isinstance(train, dict):
+        from .fits import rows_of_split
+
+        rows = rows_of_split(exp, "split")
+        held = rows_of_split(exp, "eval_split")
+        lines.append(
+            f"  train {train['featurizer']} in each cell of "
+            f"{', '.join(trained_interventions(doc))}: {train['objective']} to the labels "
+            f"{json.dumps(train['labels'])}, {train.get('epochs', 10)} epochs at most over "
+            f"{len(rows.rows) if rows else 0} rows"
+            + (f", eval {len(held.rows)} rows" if held else "")
+        )
+    return (["fits and steering:", *lines]) if lines else []
 
 
 def _marks(exp: Experiment, texts: list[str], role: str) -> list[str]:
@@ -118,6 +147,7 @@ def explain(exp: Experiment, max_rows: int = 3) -> str:
         f"{getattr(model, 'block_structure', '?')}, engine {exp.engine}",
         f"data: {len(rows)} rows ({exp.rows.origin}, {exp.rows.digest[:19]}), frame {exp.frame}",
         *_site_lines(exp),
+        *_section_lines(exp),
         f"frames (first {min(max_rows, len(rows))} rows; positions marked):",
     ]
     shown = rows[:max_rows]

@@ -18,9 +18,11 @@ def gridded(exp: Experiment, cell: Cell) -> bool:
     if cell.refused is not None:
         return False
     writes = exp.writes_of(cell.intervention)
-    if len(writes) != 1 or writes[0]["value"] != "source" or int(writes[0].get("source", 0)):
+    if len(writes) != 1 or writes[0].get("value") != "source" or int(writes[0].get("source", 0)):
         return False
     b = cell.bindings[writes[0]["site"]]
+    if exp.featurizer_of(cell.intervention, writes[0]["site"]) is not None:
+        return False
     one_place = len(b.layers) == 1 and b.layers[0] is not None and b.heads == (None,)
     if not one_place or b.units is not None or not isinstance(b.positions, dict):
         return False

@@ -9,7 +9,9 @@ lens read): each metric a number per row, averaged over the rows for a cell.
                    source run (against: source)
     accuracy       the share of rows whose top token is the target
     iia            the same, named for an interchange: the target is the label the
-                   counterfactual should give (interchange intervention accuracy)
+                   counterfactual should give (interchange intervention accuracy);
+                   against: source takes the clean source run's top token as the target,
+                   against: labels the top token of the logits a document's train learns
 """
 
 from __future__ import annotations
@@ -46,9 +48,16 @@ class Metric:
         label = self.name
         if self.target != "answer":
             label += f"[{self.target}]"
-        if self.name == "kl" and self.against != "base":
+        if self.against != "base" and (self.name == "kl" or self.from_reference):
             label += f"[{self.against}]"
         return label
+
+    @property
+    def from_reference(self) -> bool:
+        """Whether the target is a reference run's top token (accuracy, iia against:
+        source, the clean source run; against: labels, the logits train learns): the
+        label an interchange should give, no row field."""
+        return self.name in ("accuracy", "iia") and self.against != "base"
 
     @staticmethod
     def of(item: dict[str, Any]) -> Metric:
@@ -87,6 +96,9 @@ def per_row(metric: Metric, logits: Any, tokens: dict[str, Any], reference: Any)
     logits = logits.float()
     if metric.name == "kl":
         return library.kl(reference.float())(logits)
+    if metric.from_reference:
+        target = reference.float().argmax(-1).to(logits.device)
+        return (logits.argmax(-1) == target).float()
     target = tokens[metric.target]
     if metric.name == "logprob":
         return library.logprob(target)(logits)

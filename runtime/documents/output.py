@@ -181,7 +181,9 @@ def receipt(exp: Any, timings: dict[str, Any], flags: dict[str, Any]) -> dict[st
 
 def metric_csvs(records: list[dict[str, Any]], labels: list[str]) -> dict[str, str]:
     """One CSV per metric: a row per cell (refused cells with their reason)."""
-    axes = [a for a in ("layer", "position", "head") if any(a in r for r in records)]
+    axes = [
+        a for a in ("layer", "position", "head", "unit", "feature") if any(a in r for r in records)
+    ]
     out = {}
     for label in labels:
         buffer = io.StringIO()

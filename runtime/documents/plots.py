@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+AXES = ("layer", "position", "head", "unit", "feature")  # a cell's coordinates, in order
+
 
 def position_label(spec: Any) -> str:
     """A position spec written short: 'all', 'index 2', 'span fox[-1]', 'bos'."""
@@ -78,6 +80,44 @@ def _line(ax: Any, records: list[dict[str, Any]], axis: str, label: str) -> None
     ax.grid(True, alpha=0.3)
 
 
+def _curves(folder: Path, name: str, intervention: str, records: list[dict[str, Any]]) -> Path:
+    """The training curves of an intervention's fitted cells: the loss and the IIA per
+    epoch (train, and the eval split's where there is one), a line per cell."""
+    import matplotlib.pyplot as plt
+
+    fig, (loss, iia) = plt.subplots(1, 2, figsize=(10, 4))
+    for r in records:
+        history = (r.get("train") or {}).get("history") or []
+        if not history:
+            continue
+        cell = ", ".join(f"{a} {_label(a, r[a])}" for a in AXES if a in r) or intervention
+        epochs = [int(e["epoch"]) for e in history]
+        line = loss.plot(epochs, [e["loss"] for e in history], label=cell)[0]
+        iia.plot(epochs, [e["iia"] for e in history], color=line.get_color(), label=cell)
+        if "eval_iia" in history[0]:
+            loss.plot(epochs, [e["eval_loss"] for e in history], color=line.get_color(), ls="--")
+            iia.plot(epochs, [e["eval_iia"] for e in history], color=line.get_color(), ls="--")
+    for ax, label in ((loss, "loss"), (iia, "IIA")):
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(label + " (dashed: eval split)")
+        ax.grid(True, alpha=0.3)
+    iia.legend(fontsize="small")
+    fig.suptitle(f"{name}: {intervention}, training")
+    fig.tight_layout()
+    return _save(fig, folder / f"{intervention}_training.png")
+
+
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
 def plot_all(
     folder: Path, name: str, records: list[dict[str, Any]], labels: list[str]
 ) -> list[Path]:
@@ -90,7 +130,9 @@ def plot_all(
     written: list[Path] = []
     for intervention in dict.fromkeys(r["intervention"] for r in records):
         mine = [r for r in records if r["intervention"] == intervention]
-        axes = [a for a in ("layer", "position", "head") if any(a in r for r in mine)]
+        axes = [a for a in AXES if any(a in r for r in mine)]
+        if any("train" in r for r in mine):
+            written.append(_curves(folder, name, intervention, mine))
         if not axes or len(axes) > 2:
             continue
         for label in [x for x in labels if any(x in r.get("metrics", {}) for r in mine)]:
@@ -101,14 +143,8 @@ def plot_all(
                 _line(ax, mine, axes[0], label)
             ax.set_title(f"{name}: {intervention}, {label}")
             fig.tight_layout()
-            folder.mkdir(parents=True, exist_ok=True)
             safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in label).strip("_")
-            path = folder / f"{intervention}_{safe}.png"
-            tmp = path.with_name(f".{path.name}.tmp.png")
-            fig.savefig(tmp, dpi=100)
-            plt.close(fig)
-            tmp.replace(path)
-            written.append(path)
+            written.append(_save(fig, folder / f"{intervention}_{safe}.png"))
     return written
 
 

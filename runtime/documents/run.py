@@ -9,8 +9,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from .execute import attribution_label, backwards, forwards, run_cells
+from .cells import backwards, forwards, run_cells
+from .execute import attribution_label
 from .experiment import Experiment, build
+from .fitting import fits
+from .generating import UNCHANGED
 from .output import append_cell, check_out, finish, receipt, start
 from .source import Source
 
@@ -25,7 +28,32 @@ def labels(exp: Experiment) -> list[str]:
     for item in exp.doc["interventions"].values():
         if "attribute" in item and attribution_label(item, exp) not in found:
             found.append(attribution_label(item, exp))
+        if "generate" in item and UNCHANGED not in found:
+            found.append(UNCHANGED)
     return found
+
+
+def save_featurizers(exp: Experiment, target: Path) -> list[Path]:
+    """Each trained cell's featurizers, and each fitted one, as safetensors under
+    ``featurizers/`` (with the place they were fitted at)."""
+    written = []
+    folder = target / "featurizers"
+    for key, value in list(exp.cache.items()):
+        if isinstance(key, tuple) and key[0] == "trained":
+            for i, address in enumerate(value):
+                written.append(folder / f"{_safe(key[1])}_{i}.safetensors")
+                folder.mkdir(parents=True, exist_ok=True)
+                address.featurizer.save(str(written[-1]), address, exp.model)
+    for (name, component, layer, head), (f, _) in exp.cache.get("fitted", {}).items():
+        where = f"{name}_{component}_{layer}" + ("" if head is None else f"_{head}")
+        written.append(folder / f"{where}.safetensors")
+        folder.mkdir(parents=True, exist_ok=True)
+        f.save(str(written[-1]))
+    return written
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-=" else "_" for c in text).strip("_")
 
 
 def prepare(
@@ -103,6 +131,8 @@ def run(
         "forwards": forwards(exp),
         "backwards": backwards(exp),
     }
+    if exp.cache.get("fitted"):
+        results["fits"] = fits(exp)
     save = exp.doc.get("save") or {}
     flags = {
         "resume": resume,
@@ -117,6 +147,8 @@ def run(
         bool(save.get("plots", True)),
         bool(save.get("per_row", False)),
     )
+    if save.get("featurizers"):
+        written += save_featurizers(exp, target)
     results["written"] = [str(p) for p in written]
     return results
 

@@ -10,12 +10,12 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D010 an unknown component (did you mean)
     D011 an unknown metric (did you mean)
     D012 a name that refers to no site, read, write or intervention
-    D013 a featurizer or mechanism: its module is absent, or it names none it defines
-    D014 a section this runtime cannot run (train)
+    D013 a featurizer or mechanism kind a document cannot build (did you mean)
+    D014 a combination this runtime does not run (generation on the hooks engine, ...)
     D015 a position that is not well written
     D016 an intervention whose writes or readout do not fit together
     D017 a write at a read-only component
-    D018 units on a place with no width
+    D018 units or a featurizer on a place with no width
     D020 a save path that leaves --out
     D021 a code-loading switch (trust_remote_code, ...), which only the command line gives
     D022 remote runs
@@ -27,7 +27,7 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D041 a head beyond the model
     D042 a position a row does not have
     D043 an answer that is not one token on the tokenizer
-    D044 a unit beyond the place's width
+    D044 a unit beyond the place's width, a feature beyond the featurizer's
     D045 a model that cannot be loaded (the loader's reason)
     D050 an --out folder holding another document's results
 """
@@ -36,12 +36,12 @@ from __future__ import annotations
 
 import difflib
 import functools
-import importlib
 import json
 from pathlib import PurePosixPath
 from typing import Any
 
 from .data import Rows, rows_of
+from .sections import field_needs, section_issues, split_issues
 from .source import Issue, Path_, Source
 
 METRICS = ("logit_diff", "logprob", "cross_entropy", "kl", "accuracy", "iia")
@@ -372,62 +372,8 @@ def _save_issues(source: Source) -> list[Issue]:
     ]
 
 
-def _module_issues(source: Source) -> list[Issue]:
-    out: list[Issue] = []
-    for section, module in (("featurizers", "featurizers"), ("mechanisms", "mechanisms")):
-        table = source.data.get(section) or {}
-        if not table:
-            continue
-        try:
-            loaded = importlib.import_module(f"causalab_mini.{module}")
-        except ModuleNotFoundError:
-            out.append(
-                source.issue(
-                    (section,),
-                    "D013",
-                    f"{section} need causalab_mini.{module}, which this installation does "
-                    f"not have: remove the {section} section, or install a causalab-mini "
-                    "that has it",
-                )
-            )
-            continue
-        known = _names_in(loaded)
-        for name, item in table.items():
-            kind = item.get("kind")
-            if isinstance(kind, str) and kind not in known:
-                out.append(
-                    source.issue(
-                        (section, name, "kind"),
-                        "D013",
-                        f"unknown {section[:-1]} {kind!r}{_close(kind, known)}; "
-                        f"causalab_mini.{module} defines {', '.join(sorted(known)) or 'none'}",
-                    )
-                )
-    return out
-
-
-def _names_in(module: Any) -> set[str]:
-    """The names a featurizer or mechanism module offers: its registry where it keeps
-    one (a mapping named like the module in capitals, or NAMES), else its __all__."""
-    for attribute in (module.__name__.rsplit(".", 1)[-1].upper(), "NAMES", "REGISTRY"):
-        table = getattr(module, attribute, None)
-        if isinstance(table, (dict, list, tuple, set, frozenset)):
-            return {str(k) for k in table}
-    return set(getattr(module, "__all__", ()))
-
-
 def _runtime_issues(source: Source) -> list[Issue]:
     out: list[Issue] = []
-    if "train" in source.data:
-        out.append(
-            source.issue(
-                ("train",),
-                "D014",
-                "this causalab-mini runs no training from a document yet (a fit needs a "
-                "featurizer and an objective loop it does not have): remove train to run "
-                "the rest",
-            )
-        )
     if (source.data.get("model") or {}).get("remote"):
         out.append(
             source.issue(
@@ -444,6 +390,13 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
     doc = source.data
     needs: dict[str, Path_] = {}
     for i, metric in enumerate(doc.get("metrics") or []):
+        if metric.get("against") == "source":
+            needs.setdefault("source", ("metrics", i))
+        reference = metric.get("against") in ("source", "labels")
+        if metric.get("metric") == "kl" or (
+            reference and metric.get("metric") in ("accuracy", "iia")
+        ):
+            continue  # no field: a kl, or a reference run's top token
         needs.setdefault(metric.get("target", "answer"), ("metrics", i))
         if metric.get("metric") == "logit_diff":
             needs.setdefault(metric.get("contrast", "contrast"), ("metrics", i))
@@ -453,6 +406,8 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
     for name, item in (doc.get("interventions") or {}).items():
         if item.get("input") == "source" or "attribute" in item:
             needs.setdefault("source", ("interventions", name))
+    for field, path in field_needs(doc).items():
+        needs.setdefault(field, path)
     out = _source_counts(source, rows)
     for field, path in needs.items():
         lacking = [n for n, row in enumerate(rows.rows) if field not in row]
@@ -503,7 +458,8 @@ def static_issues(source: Source) -> tuple[list[Issue], Rows | None]:
         _metric_issues,
         _sweep_issues,
         _save_issues,
-        _module_issues,
+        section_issues,
+        split_issues,
         _runtime_issues,
     )
     for check in checks:

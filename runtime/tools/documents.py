@@ -67,7 +67,7 @@ def validate_command(doc: Path, static: bool, trust_remote_code: bool, as_json: 
       registry validate documents/logit_lens.yaml --static
     """
     from causalab_mini.documents import DocumentError, load
-    from causalab_mini.documents.execute import forwards
+    from causalab_mini.documents.cells import forwards
     from causalab_mini.documents.experiment import build
     from causalab_mini.documents.validate import static_issues
 
