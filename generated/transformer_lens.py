@@ -338,7 +338,7 @@ TL_HOOKS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = MappingProxyTyp
                 ),
             }
         ),
-        "familie:gpt2": MappingProxyType(
+        "family:gpt2": MappingProxyType(
             {
                 "blocks.{layer}.attn.hook_q": MappingProxyType(
                     {
@@ -370,7 +370,7 @@ TL_HOOKS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = MappingProxyTyp
                 ),
             }
         ),
-        "familie:opt": MappingProxyType(
+        "family:opt": MappingProxyType(
             {
                 "blocks.{layer}.attn.hook_q": MappingProxyType(
                     {
@@ -402,7 +402,7 @@ TL_HOOKS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = MappingProxyTyp
                 ),
             }
         ),
-        "familie:gpt_neo": MappingProxyType(
+        "family:gpt_neo": MappingProxyType(
             {
                 "blocks.{layer}.attn.hook_q": MappingProxyType(
                     {
@@ -434,7 +434,7 @@ TL_HOOKS: Final[Mapping[str, Mapping[str, Mapping[str, Any]]]] = MappingProxyTyp
                 ),
             }
         ),
-        "familie:bloom": MappingProxyType(
+        "family:bloom": MappingProxyType(
             {
                 "blocks.{layer}.attn.hook_q": MappingProxyType(
                     {

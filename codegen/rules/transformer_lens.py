@@ -12,6 +12,8 @@ from ..loader import JsonPath, Loaded
 from .context import Context
 
 FILE = "transformer_lens.yaml"
+# a section of the file -> the prefix of its scopes in the generated table
+SCOPE = {"structures": "structure", "families": "family"}
 
 
 def transformer_lens(ctx: Context) -> None:
@@ -32,7 +34,7 @@ def transformer_lens(ctx: Context) -> None:
                 msg = f"{key!r} is no {what} of the registry ({where}): name one it has"
                 _err(ctx, tl, (section, key), key, msg, key=True)
                 continue
-            scopes.append((f"{section[:-1]}:{key}", (section, key), hooks))
+            scopes.append((f"{SCOPE[section]}:{key}", (section, key), hooks))
     for scope, path, hooks in scopes:
         ctx.reg.transformer_lens[scope] = _scope(ctx, tl, path, hooks)
 

@@ -1,0 +1,124 @@
+"""Each TransformerLens hook the table maps, read through TransformerLens's
+TransformerBridge and through causalab_mini on the same tiny checkpoint and the same
+tokens, compared: ``python tests/interop/tl_bridge.py [model_type ...] --out FILE``.
+
+Run by ``nox -s transformer_lens``, in a venv where transformer_lens is installed
+beside the project (it is never a dependency). Without model types it takes every
+causal-LM model type whose tiny checkpoint's class the bridge adapts. Writes one JSON
+record per model type: the hooks compared and the largest relative difference
+(max |bridge - ours| / max |ours|) among them, those over the tolerance, the hooks the
+table refuses on that family, the bridge's hooks the table does not know, and why a
+model type could not be compared."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from typing import Any
+
+TOLERANCE = 1e-5
+TEXT = "The quick brown fox jumps over the lazy dog"
+
+
+def bridge_types() -> list[str]:
+    """The causal-LM model types whose tiny checkpoint's class the bridge adapts."""
+    from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
+
+    from causalab_mini.tools.tiny import build_class, causal_lm_model_types
+
+    out = []
+    for model_type in causal_lm_model_types():
+        try:
+            cls = build_class(model_type)
+        except Exception:  # a type this transformers cannot name a class for
+            continue
+        if cls in SUPPORTED_ARCHITECTURES:
+            out.append(model_type)
+    return out
+
+
+def compare(model_type: str) -> dict[str, Any]:
+    import torch
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from causalab_mini import Plan, StandardizedTransformer
+    from causalab_mini.interop.transformer_lens import HookNameRefused, entry, place_of, split
+    from causalab_mini.positions import encode, trace_inputs
+    from causalab_mini.tools.tiny import build_tiny
+
+    path = build_tiny(model_type)
+    model = StandardizedTransformer(f"tiny:{model_type}", enable_attention_probs=True)
+    bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
+    batch = trace_inputs(model, encode(model, [TEXT]))
+    with torch.no_grad():
+        _, cache = bridge.run_with_cache(batch["input_ids"], attention_mask=batch["attention_mask"])
+    figures: dict[str, float] = {}
+    refused: dict[str, str] = {}
+    unknown: list[str] = []
+    lacking: dict[str, str] = {}
+    for hook, theirs in cache.items():
+        pattern, _ = split(hook)
+        found = entry(model, pattern)
+        if found is None:
+            unknown.append(pattern)
+            continue
+        if "refused" in found:
+            refused[pattern] = found["nearest"]
+            continue
+        try:
+            at = place_of(model, hook)
+            ours = Plan.of(reads=[at]).run(model, [TEXT])[at]
+        except HookNameRefused as error:  # mapped, and this model lacks the place
+            lacking[pattern] = str(error).split(": ", 2)[-1][:200]
+            continue
+        t = theirs.detach().float()
+        if found.get("heads"):
+            t = t.flatten(-2)
+        o = ours.detach().float()
+        if t.shape != o.shape:
+            figures[hook] = float("inf")
+            continue
+        figures[hook] = float((t - o).abs().max() / o.abs().max().clamp_min(1e-30))
+    over = {h: r for h, r in figures.items() if not r <= TOLERANCE}
+    return {
+        "model_type": model_type,
+        "class": type(model._model).__name__ if hasattr(model, "_model") else "",
+        "structure": model.block_structure,
+        "compared": len(figures),
+        "max_rel": max(figures.values(), default=None),
+        "over": over,
+        "refused": sorted(set(refused)),
+        "unknown": sorted(set(unknown)),
+        "lacking": lacking,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("model_types", nargs="*")
+    parser.add_argument("--out", default="tl-bridge.json")
+    args = parser.parse_args()
+    types = args.model_types or bridge_types()
+    records = []
+    for model_type in types:
+        start = time.perf_counter()
+        try:
+            record = compare(model_type)
+        except Exception as error:  # the bridge or the build could not serve it: say why
+            last = traceback.format_exception_only(type(error), error)[-1].strip()
+            record = {"model_type": model_type, "error": last[:300]}
+        record["seconds"] = round(time.perf_counter() - start, 1)
+        records.append(record)
+        print(json.dumps(record), flush=True)
+        with open(args.out, "w") as f:
+            json.dump(records, f, indent=1)
+    bad = [r["model_type"] for r in records if r.get("over")]
+    print(f"{len(records)} model types, {len(bad)} with a hook over {TOLERANCE}: {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
