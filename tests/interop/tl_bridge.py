@@ -27,15 +27,13 @@ def bridge_types() -> list[str]:
     """The causal-LM model types whose tiny checkpoint's class the bridge adapts."""
     from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
 
-    from causalab_mini.tools.tiny import build_class, causal_lm_model_types
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from causalab_mini.tools.tiny import causal_lm_model_types
 
     out = []
     for model_type in causal_lm_model_types():
-        try:
-            cls = build_class(model_type)
-        except Exception:  # a type this transformers cannot name a class for
-            continue
-        if cls in SUPPORTED_ARCHITECTURES:
+        if MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) in SUPPORTED_ARCHITECTURES:
             out.append(model_type)
     return out
 
