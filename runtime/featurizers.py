@@ -738,14 +738,29 @@ class SAE(Featurizer):
         )
 
     @classmethod
-    def load(cls, path: Any, model: Any, *, site: Any = None) -> SAE:
+    def load(cls, path: Any, model: Any, *, site: Any = None, site_out: Any = None) -> SAE:
         """The dictionary saved in the directory ``path`` (SAELens, sparsify or
-        dictionary_learning), its site placed on ``model`` (``site``: a hook name or a
-        component address, where the checkpoint's own name is ambiguous) and its
-        width checked there: ``causalab_mini.saes.load``."""
-        from .saes import load as load_dictionary
+        dictionary_learning), its site placed on ``model`` (``site``, ``site_out`` for a
+        transcoder's output: a hook name or a component address, where the
+        checkpoint's own name is ambiguous) and its width checked there
+        (``causalab_mini.saes``)."""
+        from .saes import DictionaryRefused, placed, read
 
-        return load_dictionary(path, model, site=site)
+        parts, origin = read(path)
+        try:
+            sae = cls(
+                parts.encoder,
+                parts.decoder,
+                parts.encoder_bias,
+                parts.decoder_bias,
+                activation=parts.activation,
+                **parts.options,
+            ).requires_grad_(False)
+        except FeaturizerRefused as error:
+            raise DictionaryRefused(f"{path}: the weights do not make an SAE: {error}") from error
+        sae.site, sae.site_out = placed(model, parts, origin, site, site_out)
+        sae.origin = origin
+        return sae
 
 
 @_kind

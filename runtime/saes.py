@@ -1,6 +1,6 @@
 """Published sparse autoencoders and transcoders, loaded from a local directory and
-placed on a loaded model: ``load(path, model)`` (also ``SAE.load``) and
-``sae_report(model, sae, texts)``.
+placed on a loaded model: ``causalab_mini.featurizers.SAE.load(path, model=...)``
+(``read`` and ``placed`` here) and ``sae_report(model, sae, texts)``.
 
 Three layouts are read, each as its library writes it:
 
@@ -38,7 +38,6 @@ from typing import Any
 import torch
 
 from .errors import CausalabError
-from .featurizers import SAE, FeaturizerRefused
 from .interop.transformer_lens import HookNameRefused, hook_name_of, place_of
 from .locator import ComponentAddress, locate
 
@@ -72,6 +71,19 @@ class Origin:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class Parts:
+    """A checkpoint's weights as ``SAE(encoder, decoder, encoder_bias, decoder_bias,
+    activation=..., **options)`` takes them (encoder d x m, decoder m x d)."""
+
+    encoder: torch.Tensor
+    decoder: torch.Tensor
+    encoder_bias: torch.Tensor
+    decoder_bias: torch.Tensor
+    activation: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+
 # ---------------------------------------------------------------------- files
 
 
@@ -86,6 +98,12 @@ def _json(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DictionaryRefused(f"{path}: holds {type(data).__name__}, not a JSON object")
     return data
+
+
+def _section(cfg: dict[str, Any], name: str) -> dict[str, Any]:
+    """``cfg[name]`` where it is a mapping (else empty)."""
+    value = cfg.get(name)
+    return value if isinstance(value, dict) else {}
 
 
 def _safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -146,9 +164,9 @@ def detect(path: Path) -> str:
     )
 
 
-def _saelens(path: Path) -> tuple[SAE, Origin]:
+def _saelens(path: Path) -> tuple[Parts, Origin]:
     cfg = _json(path / "cfg.json")
-    meta = cfg.get("metadata") if isinstance(cfg.get("metadata"), dict) else {}
+    meta = _section(cfg, "metadata")
     hook = cfg.get("hook_name") or meta.get("hook_name")
     if not isinstance(hook, str):
         raise DictionaryRefused(f"{path}/cfg.json names no hook_name: its site is unknown")
@@ -191,7 +209,7 @@ def _saelens(path: Path) -> tuple[SAE, Origin]:
     return sae, Origin("saelens", str(path), kind, hook, out if kind == "transcoder" else None)
 
 
-def _sparsify(path: Path) -> tuple[SAE, Origin]:
+def _sparsify(path: Path) -> tuple[Parts, Origin]:
     cfg = _json(path / "cfg.json")
     w = _safetensors(path / "sae.safetensors")
     _need(w, ("encoder.weight", "encoder.bias", "W_dec", "b_dec"), path / "sae.safetensors")
@@ -211,9 +229,9 @@ def _sparsify(path: Path) -> tuple[SAE, Origin]:
     return sae, Origin("sparsify", str(path), kind, path.name, path.name if transcode else None)
 
 
-def _dictionary_learning(path: Path) -> tuple[SAE, Origin]:
+def _dictionary_learning(path: Path) -> tuple[Parts, Origin]:
     cfg = _json(path / "config.json")
-    trainer = cfg.get("trainer") if isinstance(cfg.get("trainer"), dict) else {}
+    trainer = _section(cfg, "trainer")
     state = _torch_file(path / "ae.pt")
     cls = str(trainer.get("dict_class", "AutoEncoder"))
     where = path / "ae.pt"
@@ -252,11 +270,8 @@ def _dictionary_learning(path: Path) -> tuple[SAE, Origin]:
 
 def _built(
     path: Path, enc: Any, dec: Any, bias: Any, b_dec: Any, act: str, kwargs: dict[str, Any]
-) -> SAE:
-    try:
-        return SAE(enc, dec, bias, b_dec, activation=act, **kwargs).requires_grad_(False)
-    except FeaturizerRefused as error:
-        raise DictionaryRefused(f"{path}: the weights do not make an SAE: {error}") from error
+) -> Parts:
+    return Parts(enc, dec, bias, b_dec, act, kwargs)
 
 
 READERS = {"saelens": _saelens, "sparsify": _sparsify, "dictionary_learning": _dictionary_learning}
@@ -359,7 +374,7 @@ def _place(model: Any, site: Any, origin: Origin) -> ComponentAddress:
     return _hook_place(model, _dictionary_learning_hook(origin), origin)
 
 
-def _checked(sae: SAE, at: ComponentAddress, origin: Origin, what: str, width: int) -> None:
+def _checked(at: ComponentAddress, origin: Origin, what: str, width: int) -> None:
     if at.width != width:
         raise DictionaryRefused(
             f"{origin.path} ({origin.format}) {what} {width} wide, and its site {at} is "
@@ -368,28 +383,33 @@ def _checked(sae: SAE, at: ComponentAddress, origin: Origin, what: str, width: i
         )
 
 
-def load(path: Any, model: Any, *, site: Any = None, site_out: Any = None) -> SAE:
-    """The dictionary in the directory ``path``, placed on ``model`` (see the module's
-    text); ``site`` (``site_out`` for a transcoder's output) overrides the place the
-    checkpoint names: a hook name or a component address."""
+def read(path: Any) -> tuple[Parts, Origin]:
+    """The weights and the origin of the dictionary in the directory ``path``."""
     directory = Path(path)
     if not directory.is_dir():
         raise DictionaryRefused(f"{directory} is no directory: give the dictionary's folder")
-    sae, origin = READERS[detect(directory)](directory)
+    return READERS[detect(directory)](directory)
+
+
+def placed(
+    model: Any, parts: Parts, origin: Origin, site: Any = None, site_out: Any = None
+) -> tuple[ComponentAddress, ComponentAddress | None]:
+    """The place a dictionary reads on ``model`` (and a transcoder's output place),
+    each checked against its width; ``site`` / ``site_out`` (a hook name or a component
+    address) say which place is meant where the checkpoint's own name is ambiguous."""
     at = _place(model, site, origin)
-    _checked(sae, at, origin, "reads tensors", sae.width or 0)
-    sae.site, sae.origin, sae.site_out = at, origin, None
-    if origin.kind == "transcoder":
-        out_site = site_out if site_out is not None else origin.site_out
-        if origin.format == "sparsify" and site_out is None:
-            out = _module_place(model, origin.site, "output", origin)
-        elif isinstance(out_site, ComponentAddress):
-            out = out_site
-        else:
-            out = _hook_place(model, str(out_site), origin)
-        _checked(sae, out, origin, "writes tensors", int(sae.decoder.shape[1]))
-        sae.site_out = out
-    return sae
+    _checked(at, origin, "reads tensors", int(parts.encoder.shape[0]))
+    if origin.kind != "transcoder":
+        return at, None
+    out_site = site_out if site_out is not None else origin.site_out
+    if origin.format == "sparsify" and site_out is None:
+        out = _module_place(model, origin.site, "output", origin)
+    elif isinstance(out_site, ComponentAddress):
+        out = out_site
+    else:
+        out = _hook_place(model, str(out_site), origin)
+    _checked(out, origin, "writes tensors", int(parts.decoder.shape[1]))
+    return at, out
 
 
 # ---------------------------------------------------------------------- report
@@ -428,7 +448,7 @@ class SAEReport:
 
 
 def figures(
-    sae: SAE, x: torch.Tensor, target: torch.Tensor | None = None
+    sae: Any, x: torch.Tensor, target: torch.Tensor | None = None
 ) -> tuple[float, float, float]:
     """(FVU, L0, dead fraction) of ``sae`` on the token rows ``x`` (n x d), its
     reconstruction compared with ``target`` (a transcoder's output; else ``x``)."""
@@ -462,7 +482,7 @@ def _neighbours(model: Any, at: ComponentAddress, width: int) -> list[ComponentA
     return found[max(0, i - 3) : i + 4]
 
 
-def sae_report(model: Any, sae: SAE, texts: list[str], *, engine: str = "nnsight") -> SAEReport:
+def sae_report(model: Any, sae: Any, texts: list[str], *, engine: str = "nnsight") -> SAEReport:
     """FVU, L0 and dead fraction of a loaded ``sae`` at its place and at the nearest
     place before and after it in forward order whose tensor differs (on the content
     tokens of ``texts``); ``flag`` names a neighbour whose error is lower."""
@@ -516,10 +536,12 @@ __all__ = [
     "DICTIONARY_LEARNING_SITES",
     "DictionaryRefused",
     "Origin",
+    "Parts",
     "ReportRow",
     "SAEReport",
     "detect",
     "figures",
-    "load",
+    "placed",
+    "read",
     "sae_report",
 ]

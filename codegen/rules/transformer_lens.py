@@ -73,7 +73,7 @@ def _hook_ok(ctx: Context, tl: Loaded, at: JsonPath, raw: dict[str, Any]) -> boo
                 f"{key} {target!r} is no component of components.yaml: name one it has",
             )
             return False
-    target = raw.get("component") or raw.get("nearest")
+    target = str(raw.get("component") or raw.get("nearest"))
     per_layer = components[target].per_layer
     for spelled in [name, *raw.get("aliases", [])]:
         if ("{layer}" in spelled) != per_layer:

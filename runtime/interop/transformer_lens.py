@@ -61,7 +61,7 @@ def entry(model: Any, pattern: str) -> Mapping[str, Any] | None:
     """What the hook ``pattern`` (``{layer}`` for the index) is on ``model``: its
     table entry from the most specific scope that names it (None: unknown)."""
     for scope in scopes(model):
-        found = TL_HOOKS.get(scope, {}).get(pattern)
+        found: Mapping[str, Any] | None = TL_HOOKS.get(scope, {}).get(pattern)
         if found is not None:
             return found
     return None

@@ -26,7 +26,6 @@ TEXT = "The quick brown fox jumps over the lazy dog"
 def bridge_types() -> list[str]:
     """The causal-LM model types whose tiny checkpoint's class the bridge adapts."""
     from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
-
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     from causalab_mini.tools.tiny import causal_lm_model_types
