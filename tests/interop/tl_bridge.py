@@ -37,15 +37,35 @@ def bridge_types() -> list[str]:
     return out
 
 
+def difference(theirs: Any, ours: Any, heads: bool) -> float:
+    """max |theirs - ours| / max |ours|, over the entries both hold as finite values
+    above -1e9 (a masked score is -inf on one side, the dtype's minimum on the other);
+    inf where the shapes differ."""
+    t = theirs.detach().float()
+    t = t.flatten(-2) if heads else t
+    o = ours.detach().float()
+    if t.shape != o.shape:
+        return float("inf")
+    kept = t.isfinite() & o.isfinite() & (t > -1e9) & (o > -1e9)
+    if not bool(kept.any()):
+        return float("inf")
+    return float((t - o)[kept].abs().max() / o[kept].abs().max().clamp_min(1e-30))
+
+
 def compare(model_type: str) -> dict[str, Any]:
     import torch
     from transformer_lens.model_bridge import TransformerBridge
+
+    # the bridge installs torchvision with pip when a processor wants it, which would
+    # replace this venv's CPU torch: never here (a model type that needs it fails)
+    from transformer_lens.model_bridge.sources.transformers import helpers
 
     from causalab_mini import Plan, StandardizedTransformer
     from causalab_mini.interop.transformer_lens import HookNameRefused, entry, place_of, split
     from causalab_mini.positions import encode, trace_inputs
     from causalab_mini.tools.tiny import build_tiny
 
+    helpers._ensure_torchvision = lambda: False
     path = build_tiny(model_type)
     model = StandardizedTransformer(f"tiny:{model_type}", enable_attention_probs=True)
     bridge = TransformerBridge.boot_transformers(str(path), device="cpu")
@@ -71,14 +91,7 @@ def compare(model_type: str) -> dict[str, Any]:
         except HookNameRefused as error:  # mapped, and this model lacks the place
             lacking[pattern] = str(error).split(": ", 2)[-1][:200]
             continue
-        t = theirs.detach().float()
-        if found.get("heads"):
-            t = t.flatten(-2)
-        o = ours.detach().float()
-        if t.shape != o.shape:
-            figures[hook] = float("inf")
-            continue
-        figures[hook] = float((t - o).abs().max() / o.abs().max().clamp_min(1e-30))
+        figures[hook] = difference(theirs, ours, bool(found.get("heads")))
     over = {h: r for h, r in figures.items() if not r <= TOLERANCE}
     return {
         "model_type": model_type,
