@@ -52,6 +52,23 @@ def difference(theirs: Any, ours: Any, heads: bool) -> float:
     return float((t - o)[kept].abs().max() / o[kept].abs().max().clamp_min(1e-30))
 
 
+def detail(theirs: Any, ours: Any) -> str:
+    """What a difference looks like: both shapes, and whether the bridge's rows sum to
+    one (it holds probabilities where scores were named)."""
+    t = theirs.detach().float()
+    text = f"bridge {tuple(t.shape)}, ours {tuple(ours.shape)}"
+    if t.dim() == 4 and bool(((t >= 0) & (t <= 1)).all()):
+        if bool(torch_allclose_rows(t)):
+            text += "; the bridge's rows sum to 1 (probabilities)"
+    return text
+
+
+def torch_allclose_rows(t: Any) -> bool:
+    import torch
+
+    return bool(torch.allclose(t.sum(-1), torch.ones_like(t.sum(-1)), atol=1e-4))
+
+
 def compare(model_type: str) -> dict[str, Any]:
     import torch
     from transformer_lens.model_bridge import TransformerBridge
@@ -76,6 +93,7 @@ def compare(model_type: str) -> dict[str, Any]:
     refused: dict[str, str] = {}
     unknown: list[str] = []
     lacking: dict[str, str] = {}
+    details: dict[str, str] = {}
     for hook, theirs in cache.items():
         pattern, _ = split(hook)
         found = entry(model, pattern)
@@ -92,6 +110,8 @@ def compare(model_type: str) -> dict[str, Any]:
             lacking[pattern] = str(error).split(": ", 2)[-1][:200]
             continue
         figures[hook] = difference(theirs, ours, bool(found.get("heads")))
+        if not figures[hook] <= TOLERANCE:
+            details[hook] = detail(theirs, ours)
     over = {h: r for h, r in figures.items() if not r <= TOLERANCE}
     return {
         "model_type": model_type,
@@ -103,6 +123,7 @@ def compare(model_type: str) -> dict[str, Any]:
         "refused": sorted(set(refused)),
         "unknown": sorted(set(unknown)),
         "lacking": lacking,
+        "details": details,
     }
 
 
