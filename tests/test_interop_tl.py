@@ -138,3 +138,48 @@ def test_hook_name_of_round_trips(llama: Any, gemma2: Any) -> None:
     assert hook_name_of(locate(llama, "attention_output", 0)) == "blocks.0.hook_attn_out"
     with pytest.raises(HookNameRefused, match="no hook whose tensor is input_ids"):
         hook_name_of(locate(llama, "input_ids"))
+
+
+# ---------------------------------------------------------------------- documents
+
+
+def _document(tmp_path: Any, site: str) -> Any:
+    """documents/activation_patching.yaml with its site written as ``site`` (YAML)."""
+    from causalab_mini.documents.source import load
+
+    from .conftest import REPO
+
+    text = (REPO / "documents" / "activation_patching.yaml").read_text(encoding="utf-8")
+    old = "  stream:\n    component: block_input\n    layers: all\n"
+    assert old in text
+    path = tmp_path / "doc.yaml"
+    path.write_text(text.replace(old, f"  stream:\n{site}"), encoding="utf-8")
+    return load(path)
+
+
+def test_a_documents_site_may_be_a_hook_name(tmp_path: Any, neox: Any) -> None:
+    from causalab_mini.documents.experiment import resolve_sites
+    from causalab_mini.documents.validate import hook_sites, static_issues
+
+    source = _document(tmp_path, "    hook: blocks.1.hook_resid_mid\n")
+    assert hook_sites(source) == []
+    site = source.data["sites"]["stream"]
+    assert (site["component"], site["layers"]) == ("block_mid", [1])
+    assert static_issues(source)[0] == []
+    _, issues = resolve_sites(source, neox)  # a parallel block has no mid-stream
+    assert [i.code for i in issues] == ["D046"] and "parallel block" in issues[0].message
+
+
+@pytest.mark.parametrize(
+    ("site", "says"),
+    [
+        ("    hook: blocks.1.hook_resid_pots\n", "did you mean blocks.{layer}.hook_resid_post"),
+        ("    hook: blocks.1.ln2.hook_normalized\n", "nearest is component 'mlp_input_norm'"),
+        ("    hook: blocks.1.hook_resid_post\n    layers: all\n", "give one or the other"),
+    ],
+)
+def test_a_hook_site_without_a_place_is_a_d019(tmp_path: Any, site: str, says: str) -> None:
+    from causalab_mini.documents.validate import hook_sites
+
+    issues = hook_sites(_document(tmp_path, site))
+    assert [i.code for i in issues] == ["D019"] and says in issues[0].message

@@ -18,13 +18,15 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from causalab_mini.generated.transformer_lens import TL_HOOKS
 
 from ..errors import CausalabError
 from ..family import families_of
-from ..locator import ComponentAddress, locate
+
+if TYPE_CHECKING:  # the locator is imported where a place is made (it brings torch)
+    from ..locator import ComponentAddress
 
 LAYER = "{layer}"
 _BLOCK = re.compile(r"blocks\.(\d+)\.(.+)")
@@ -96,6 +98,8 @@ def place_of(
     """The address of TransformerLens's ``hook_name`` on ``model`` (``head``,
     ``position`` and ``featurizer`` as ``locate`` takes them), or ``HookNameRefused``
     with the reason, the family and what to write instead."""
+    from ..locator import locate
+
     pattern, layer = split(hook_name)
     found = entry(model, pattern)
     if found is None:
