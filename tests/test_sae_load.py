@@ -316,6 +316,10 @@ def test_a_hook_the_family_cannot_serve_is_refused(
         DictionaryRefused, match=r"gemma2 \(sandwich_norm\).*before the post-MLP norm.*mlp_output"
     ):
         SAE.load(path, model=gemma)
+    # sparsify's hookpoint is a module: Gemma-2's MLP module output is before its post-norm
+    sparse = write_sparsify(tmp_path / "sp", trained, f"layers.{LAYER}.mlp", 16)
+    with pytest.raises(DictionaryRefused, match=r"output of model\.layers\.1\.mlp.*no component"):
+        SAE.load(sparse, model=gemma)
     neox = StandardizedTransformer("tiny:gpt_neox")
     path = write_saelens(tmp_path / "n", trained, f"blocks.{LAYER}.hook_resid_mid")
     with pytest.raises(DictionaryRefused, match=r"parallel block"):
