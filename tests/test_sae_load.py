@@ -366,3 +366,21 @@ def test_corrupt_files_are_refused(
         SAE.load(path, model=llama)
     with pytest.raises(DictionaryRefused, match="no dictionary"):
         SAE.load(tmp_path, model=llama)
+
+
+@pytest.mark.parametrize("engine", ["nnsight", "hooks"])
+def test_steering_a_loaded_feature_adds_its_decoder_row(
+    engine: str, llama: Any, trained: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    from causalab_mini.mechanisms import Add
+
+    sae = SAE.load(_written("standard", tmp_path, trained)[0], model=llama)
+    at = locate(llama, "block_output", LAYER, featurizer=sae)
+    stream = locate(llama, "block_output", LAYER)
+    step = torch.zeros(sae.k or 0)
+    step[7] = 5.0  # feature 7 raised by 5 at every token
+    clean = Plan.of(reads=[stream]).run(llama, HELD_OUT, engine=engine)[stream]
+    steered = Plan.of(reads=[stream], writes=[(at, Add(step))]).run(llama, HELD_OUT, engine=engine)
+    moved = steered[stream] - clean
+    expected = 5.0 * sae.decoder[7]
+    assert torch.allclose(moved, expected.expand_as(moved), atol=1e-4)
