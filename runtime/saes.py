@@ -1,6 +1,7 @@
 """Published sparse autoencoders and transcoders, loaded from a local directory and
 placed on a loaded model: ``causalab_mini.featurizers.SAE.load(path, model=...)``
-(``read`` and ``placed`` here) and ``sae_report(model, sae, texts)``.
+(``read`` and ``placed`` here), ``sae_report(model, sae, texts)``, and
+``transcoder_write`` (a transcoder's feature edit as a write at its output place).
 
 Three layouts are read, each as its library writes it:
 
@@ -521,6 +522,30 @@ def sae_report(model: Any, sae: Any, texts: list[str], *, engine: str = "nnsight
     return SAEReport(tuple(rows), len(rows_of), flag)
 
 
+def transcoder_write(
+    model: Any, sae: Any, texts: list[str], edit: Any, *, engine: str = "nnsight"
+) -> tuple[ComponentAddress, Any]:
+    """The write that edits a loaded transcoder's features on ``texts``: its output
+    place and ``Add(decode(f_new) - decode(f))``, f its features of the input place
+    and f_new ``edit`` (a mechanism, or features) applied to them. Put it in a plan
+    run on the same texts: the error term is kept (no edit: an Add of zeros), and the
+    input place is upstream of the output, so one forward to read it is enough."""
+    from .mechanisms import Add, Mechanism
+    from .plan import Plan
+
+    if getattr(sae, "site_out", None) is None:
+        raise DictionaryRefused(
+            f"{sae!r} is no transcoder (it has no output place): write features at its own "
+            "place, locate(model, component, layer, featurizer=sae)"
+        )
+    x = Plan.of(reads=[sae.site]).run(model, texts, engine=engine)[sae.site]
+    with torch.no_grad():
+        f = sae.read(x)
+        new = edit.apply(f) if isinstance(edit, Mechanism) else edit.to(f.dtype)
+        delta = (sae.inverse(new) - sae.inverse(f)).to(x.dtype)
+    return sae.site_out, Add(delta)
+
+
 def _short(place: ComponentAddress) -> str:
     return place.component if place.layer is None else f"{place.component}[{place.layer}]"
 
@@ -544,4 +569,5 @@ __all__ = [
     "placed",
     "read",
     "sae_report",
+    "transcoder_write",
 ]

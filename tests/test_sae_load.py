@@ -384,3 +384,40 @@ def test_steering_a_loaded_feature_adds_its_decoder_row(
     moved = steered[stream] - clean
     expected = 5.0 * sae.decoder[7]
     assert torch.allclose(moved, expected.expand_as(moved), atol=1e-4)
+
+
+@pytest.mark.parametrize("engine", ["nnsight", "hooks"])
+def test_a_transcoders_feature_edit_lands_at_its_output(
+    engine: str, llama: Any, trained: dict[str, torch.Tensor], tmp_path: Path
+) -> None:
+    from causalab_mini.saes import transcoder_write
+
+    path = write_saelens(
+        tmp_path / "tc",
+        trained,
+        f"blocks.{LAYER}.hook_resid_post",  # the same width in and out: any pair will do
+        hook_name_out=f"blocks.{LAYER + 1}.hook_mlp_out",
+    )
+    tc = SAE.load(path, model=llama)
+    logits, out = locate(llama, "logits"), tc.site_out
+    clean = Plan.of(reads=[logits, out]).run(llama, HELD_OUT, engine=engine)
+    at, kept = transcoder_write(llama, tc, HELD_OUT, Scale(torch.ones(tc.k or 0)), engine=engine)
+    same = Plan.of(reads=[logits], writes=[(at, kept)]).run(llama, HELD_OUT, engine=engine)
+    assert torch.equal(same[logits], clean[logits])  # no edit: the output as it was
+    x = Plan.of(reads=[tc.site]).run(llama, HELD_OUT, engine=engine)[tc.site]
+    f = tc.encode(x)
+    keep = torch.ones(tc.k or 0)
+    keep[int(f[0, -1].argmax())] = 0
+    at, ablated = transcoder_write(llama, tc, HELD_OUT, Scale(keep), engine=engine)
+    got = Plan.of(reads=[out, logits], writes=[(at, ablated)]).run(llama, HELD_OUT, engine=engine)
+    i = int(f[0, -1].argmax())
+    expected = -f[..., i : i + 1] * tc.decoder[i]
+    assert torch.allclose(got[out] - clean[out], expected, atol=1e-4)
+    assert not torch.allclose(got[logits], clean[logits])
+    with pytest.raises(DictionaryRefused, match="no transcoder"):
+        transcoder_write(
+            llama,
+            SAE.load(_written("standard", tmp_path, trained)[0], model=llama),
+            HELD_OUT,
+            Scale(keep),
+        )
