@@ -13,7 +13,7 @@ from .context import Context
 
 FILE = "transformer_lens.yaml"
 # a section of the file -> the prefix of its scopes in the generated table
-SCOPE = {"structures": "structure", "families": "family"}
+SCOPE = {"structures": "structure", "families": "family", "model_types": "model_type"}
 
 
 def transformer_lens(ctx: Context) -> None:
@@ -23,9 +23,10 @@ def transformer_lens(ctx: Context) -> None:
     data = tl.data
     scopes: list[tuple[str, JsonPath, list[dict[str, Any]]]] = [("", ("hooks",), data["hooks"])]
     known = {"structures": set(ctx.reg.structures), "families": {f.name for f in ctx.reg.families}}
-    for section in ("structures", "families"):
+    for section in ("structures", "families", "model_types"):
         for key, hooks in data.get(section, {}).items():
-            if key not in known[section]:
+            # a model type need not be one the installed transformers has
+            if section in known and key not in known[section]:
                 what, where = (
                     ("block structure", "block_structures.yaml")
                     if section == "structures"

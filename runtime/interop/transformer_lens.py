@@ -48,11 +48,13 @@ def split(hook_name: str) -> tuple[str, int | None]:
 
 
 def scopes(model: Any = None) -> list[str]:
-    """The table's scopes that apply to ``model``, the most specific first: its
-    families (the last matched first), its block structure, the default."""
+    """The table's scopes that apply to ``model``, the most specific first: its model
+    type, its families (the last matched first), its block structure, the default."""
     if model is None:
         return [""]
-    out = [f"family:{f.name}" for f in reversed(families_of(model))]
+    model_type = getattr(model, "model_type", None)
+    out = [f"model_type:{model_type}"] if model_type else []
+    out += [f"family:{f.name}" for f in reversed(families_of(model))]
     structure = getattr(model, "block_structure", None)
     if structure:
         out.append(f"structure:{structure}")

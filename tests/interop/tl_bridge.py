@@ -37,12 +37,12 @@ def bridge_types() -> list[str]:
     return out
 
 
-def difference(theirs: Any, ours: Any, heads: bool) -> float:
+def difference(theirs: Any, ours: Any, split: bool) -> float:
     """max |theirs - ours| / max |ours|, over the entries both hold as finite values
     above -1e9 (a masked score is -inf on one side, the dtype's minimum on the other);
     inf where the shapes differ."""
     t = theirs.detach().float()
-    t = t.flatten(-2) if heads else t
+    t = t.flatten(-2) if split else t
     o = ours.detach().float()
     if t.shape != o.shape:
         return float("inf")
@@ -112,7 +112,7 @@ def compare(model_type: str) -> dict[str, Any]:
         except HookNameRefused as error:  # mapped, and this model lacks the place
             lacking[pattern] = str(error).split(": ", 2)[-1][:200]
             continue
-        figures[hook] = difference(theirs, ours, bool(found.get("heads")))
+        figures[hook] = difference(theirs, ours, bool(found.get("split")))
         if not figures[hook] <= TOLERANCE:
             details[hook] = detail(theirs, ours)
     over = {h: r for h, r in figures.items() if not r <= TOLERANCE}
