@@ -97,6 +97,14 @@ def test_a_family_row_wins_over_the_default() -> None:
         place_of(llama, "blocks.0.attn.hook_q")
 
 
+def test_a_model_types_row_wins_over_the_default(llama: Any) -> None:
+    # multi-head latent attention: TransformerBridge's rotated query is the rotary part
+    mla = StandardizedTransformer("tiny:deepseek_v3")
+    with pytest.raises(HookNameRefused, match="rotary part of each head alone"):
+        place_of(mla, "blocks.0.attn.hook_rot_q")
+    assert place_of(llama, "blocks.0.attn.hook_rot_q") == locate(llama, "attention_query", 0)
+
+
 def test_the_hooks_tensor_is_the_places(gemma2: Any) -> None:
     # two spellings of the sandwich block's MLP contribution, and the identity they obey
     a = place_of(gemma2, "blocks.1.hook_mlp_out")
