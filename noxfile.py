@@ -152,3 +152,16 @@ def bench(session: nox.Session) -> None:
         session.run("python", "tests/bench/bench.py", "--only", "tracing", "--out", out, *args)
         outs.append(out)
     session.run("python", "tests/bench/bench.py", "--compare", *outs)
+
+
+@nox.session(name="transformer_lens")
+def transformer_lens(session: nox.Session) -> None:
+    """Every TransformerLens hook registry/transformer_lens.yaml maps, read through
+    TransformerLens's TransformerBridge and through the project on the same tiny
+    checkpoint, equal within 1e-5 relative (tests/interop/tl_bridge.py; the figures
+    are in docs/interop.md). transformer_lens lives in this session's venv only, never
+    a dependency. ``nox -s transformer_lens -- llama gemma2`` compares those only."""
+    session.install(TORCH)
+    session.install("-e", ".")
+    session.install(TRANSFORMER_LENS)
+    session.run("python", "tests/interop/tl_bridge.py", "--out", "tl-bridge.json", *session.posargs)

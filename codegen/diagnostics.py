@@ -44,6 +44,7 @@ CODES: dict[str, str] = {
     "X022": "a lens step that applies a row that is not a whole-model place",
     "X023": "a tiny.yaml tokenizer that cannot be built (adds no kind the builder knows, or names a chat template tiny.yaml does not hold)",
     "X024": "a family that traces a submodule (traced_module) without its traced_config, or naming containers or rows the submodule's families give",
+    "X025": "a transformer_lens.yaml hook naming a component, structure or family the registry lacks, a name given twice in one scope, or {layer} on a whole-model component",
 }
 
 

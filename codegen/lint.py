@@ -37,7 +37,10 @@ FILES: dict[str, str] = {
 }
 # registry files a registry may hold, and their schemas (tiny-checkpoint settings: the
 # package's registry has it; a registry of one's own rows need not)
-OPTIONAL_FILES: dict[str, str] = {"tiny.yaml": "tiny.schema.json"}
+OPTIONAL_FILES: dict[str, str] = {
+    "tiny.yaml": "tiny.schema.json",
+    "transformer_lens.yaml": "transformer_lens.schema.json",
+}
 FAMILY_SCHEMA = "family.schema.json"
 # the definitions the file schemas share, referenced as common.schema.json#/$defs/<name>
 COMMON_SCHEMA = "common.schema.json"
@@ -126,6 +129,8 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         return str(path[1])
     if head == "rules" and len(path) > 1:
         return f"rules[{path[1]}]"
+    if head == "hooks" and len(path) > 1:  # transformer_lens.yaml
+        return _hook_label(data, path)
     tiny_rows = (
         "overrides",
         "not_buildable",
@@ -146,6 +151,16 @@ def _label(loaded: Loaded, path: JsonPath) -> str:
         family = data.get("family")
         return str(family) if isinstance(family, str) else "-"
     return "-"
+
+
+def _hook_label(data: dict[str, Any], path: JsonPath) -> str:
+    """The hook name a transformer_lens.yaml error is about (``hooks[i]`` without one)."""
+    items = data.get("hooks")
+    if isinstance(items, list) and isinstance(path[1], int) and path[1] < len(items):
+        item = items[path[1]]
+        if isinstance(item, dict) and isinstance(item.get("name"), str):
+            return str(item["name"])
+    return f"hooks[{path[1]}]"
 
 
 def _leaf_errors(error: ValidationError) -> Iterator[ValidationError]:

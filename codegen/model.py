@@ -205,6 +205,9 @@ class Registry:
     components: dict[str, Component] = field(default_factory=dict)
     families: list[FamilyDef] = field(default_factory=list)
     tiny: TinyTables = field(default_factory=TinyTables)
+    # transformer_lens.yaml: scope ("" every family, "structure:<s>", "family:<f>") ->
+    # hook name (each alias its own key) -> what it is here
+    transformer_lens: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     # the default lens (places.yaml): the last block's output to the logits
     lens: Lens = field(default_factory=Lens)
 

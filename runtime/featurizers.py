@@ -606,14 +606,23 @@ class PCA(LinearBasis):
 class SAE(Featurizer):
     """A sparse autoencoder: ``encode(x) = act(x @ encoder + encoder_bias)`` (encoder
     d x m), ``decode(f) = f @ decoder + decoder_bias`` (decoder m x d); ``activation``
-    "relu", "topk" (keeping the ``topk`` largest) or "jumprelu" (zero below
-    ``threshold``, per feature). A write keeps the error term:
+    "relu", "topk" (keeping the ``topk`` largest), "jumprelu" (zero below
+    ``threshold``, per feature) or "gated" (a feature is on where ``x @ encoder +
+    encoder_bias`` is positive, and then ``relu(x @ encoder * magnitude_scale +
+    magnitude_bias)``: a gated SAE's magnitude path shares the gate's directions).
+    ``SAE.load(path, model=...)`` reads a published checkpoint (SAELens, sparsify,
+    dictionary_learning; ``causalab_mini.saes``) and places it on the model. A write keeps the error term:
     ``decode(f_new) + (x - decode(encode(x)))``, computed as
     ``x + (decode(f_new) - decode(encode(x)))`` (``Featurizer.write``): the same sum,
     whose rounding touches only the edit (no edit gives x back exactly)."""
 
     kind = "sae"
-    ACTIVATIONS = ("relu", "topk", "jumprelu")
+    ACTIVATIONS = ("relu", "topk", "jumprelu", "gated")
+    # where a loaded checkpoint sits on its model (``SAE.load``): its place, a
+    # transcoder's output place, and where it came from (``causalab_mini.saes.Origin``)
+    site: Any = None
+    site_out: Any = None
+    origin: Any = None
 
     def __init__(
         self,
@@ -625,6 +634,8 @@ class SAE(Featurizer):
         activation: str = "relu",
         topk: int | None = None,
         threshold: Any = None,
+        magnitude_scale: Any = None,
+        magnitude_bias: Any = None,
         select: Sequence[int] | None = None,
     ):
         enc = _tensor(encoder, "encoder", "SAE")
@@ -657,6 +668,17 @@ class SAE(Featurizer):
         if activation == "jumprelu":
             t = torch.zeros(m) if threshold is None else _tensor(threshold, "threshold")
             self.register_buffer("threshold", t.to(enc.dtype).expand(m).clone())
+        if activation == "gated":
+            for name, value in (
+                ("magnitude_scale", magnitude_scale),
+                ("magnitude_bias", magnitude_bias),
+            ):
+                v = torch.ones(m) if value is None else _tensor(value, name, "SAE")
+                if v.shape != (m,):
+                    raise FeaturizerRefused(
+                        f"SAE: {name} is {tuple(v.shape)}: give one of width {m}"
+                    )
+                self.register_buffer(name, v.to(enc.dtype).clone())
 
     @property
     def k(self) -> int | None:
@@ -668,6 +690,10 @@ class SAE(Featurizer):
             return torch.relu(pre)
         if self.activation == "jumprelu":
             return pre * (pre > self.get_buffer("threshold"))
+        if self.activation == "gated":
+            scaled = (pre - self.encoder_bias) * self.get_buffer("magnitude_scale")
+            magnitude = torch.relu(scaled + self.get_buffer("magnitude_bias"))
+            return magnitude * (pre > 0)
         assert self.topk is not None
         top = pre.topk(self.topk, dim=-1)
         return torch.zeros_like(pre).scatter(-1, top.indices, torch.relu(top.values))
@@ -691,6 +717,9 @@ class SAE(Featurizer):
         }
         if self.activation == "jumprelu":
             out["threshold"] = self.get_buffer("threshold").clone()
+        if self.activation == "gated":
+            out["magnitude_scale"] = self.get_buffer("magnitude_scale").clone()
+            out["magnitude_bias"] = self.get_buffer("magnitude_bias").clone()
         return out
 
     @classmethod
@@ -703,8 +732,35 @@ class SAE(Featurizer):
             activation=config["activation"],
             topk=config.get("topk"),
             threshold=tensors.get("threshold"),
+            magnitude_scale=tensors.get("magnitude_scale"),
+            magnitude_bias=tensors.get("magnitude_bias"),
             select=config.get("select"),
         )
+
+    @classmethod
+    def load(cls, path: Any, model: Any, *, site: Any = None, site_out: Any = None) -> SAE:
+        """The dictionary saved in the directory ``path`` (SAELens, sparsify or
+        dictionary_learning), its site placed on ``model`` (``site``, ``site_out`` for a
+        transcoder's output: a hook name or a component address, where the
+        checkpoint's own name is ambiguous) and its width checked there
+        (``causalab_mini.saes``)."""
+        from .saes import DictionaryRefused, placed, read
+
+        parts, origin = read(path)
+        try:
+            sae = cls(
+                parts.encoder,
+                parts.decoder,
+                parts.encoder_bias,
+                parts.decoder_bias,
+                activation=parts.activation,
+                **parts.options,
+            ).requires_grad_(False)
+        except FeaturizerRefused as error:
+            raise DictionaryRefused(f"{path}: the weights do not make an SAE: {error}") from error
+        sae.site, sae.site_out = placed(model, parts, origin, site, site_out)
+        sae.origin = origin
+        return sae
 
 
 @_kind

@@ -415,6 +415,26 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
             "families/zeta.yaml:8:16: X024 [zeta] the family traces the submodule 'thinker', whose own families give its containers and rows, and it names layers_name, which would not apply: move them to the family the submodule matches",
         ],
     ),
+    "X025": (
+        [
+            (
+                "transformer_lens.yaml",
+                None,
+                "schema_version: 1\nhooks:\n"
+                "  - name: blocks.{layer}.hook_resid_post\n    component: block_outptu\n"
+                "  - name: hook_embed\n    component: block_input\n"
+                "  - name: blocks.{layer}.hook_resid_pre\n"
+                '    aliases: ["blocks.{layer}.hook_resid_pre"]\n    component: block_input\n'
+                "families:\n  zeta:\n    - name: ln_final.hook_out\n      component: ln_final\n",
+            )
+        ],
+        [
+            "transformer_lens.yaml:4:16: X025 [blocks.{layer}.hook_resid_post] component 'block_outptu' is no component of components.yaml: name one it has",
+            "transformer_lens.yaml:5:11: X025 [hook_embed] 'hook_embed' names block_input, whose name has {layer} (it is per layer): fix the name",
+            "transformer_lens.yaml:8:15: X025 [blocks.{layer}.hook_resid_pre] 'blocks.{layer}.hook_resid_pre' is given twice here; keep one",
+            "transformer_lens.yaml:11:3: X025 [zeta] 'zeta' is no family of the registry (families/*.yaml): name one it has",
+        ],
+    ),
 }
 
 

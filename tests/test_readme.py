@@ -1,6 +1,6 @@
 """Every Python block of README.md, CONTRIBUTING.md, docs/positions.md,
-docs/attribution.md and docs/interventions.md runs on its own, in a fresh interpreter,
-and prints what the text block right after it says it prints."""
+docs/attribution.md, docs/interventions.md and docs/interop.md runs on its own, in a
+fresh interpreter, and prints what the text block right after it says it prints."""
 
 from __future__ import annotations
 
@@ -25,7 +25,12 @@ BLOCK = re.compile(
 
 def blocks() -> list[tuple[str, str, str | None]]:
     found = []
-    docs = ("docs/positions.md", "docs/attribution.md", "docs/interventions.md")
+    docs = (
+        "docs/positions.md",
+        "docs/attribution.md",
+        "docs/interventions.md",
+        "docs/interop.md",
+    )
     for name in ("README.md", "CONTRIBUTING.md", *docs):
         text = (REPO / name).read_text(encoding="utf-8")
         for i, match in enumerate(BLOCK.finditer(text)):

@@ -18,6 +18,7 @@ from . import (
     structural,
     structures,
     tiny,
+    transformer_lens,
 )
 from .context import Context
 
@@ -37,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     coverage.every_family_has_a_structure,
     coverage.traced_families_name_no_rows,
     tiny.tiny,
+    transformer_lens.transformer_lens,
 )
 
 

@@ -152,7 +152,7 @@ def resolve_sites(source: Source, model: Any) -> tuple[dict[str, Binding], list[
             issues += _bounded(source, ("sites", name, "heads"), "D041", found, count, "heads")
             heads = list(found)
         units, found_issues = _units(source, model, name, site, layers)
-        issues += found_issues
+        issues += found_issues + _hook_served(source, model, name, site)
         features, found_issues = _features(source, model, name, site, layers)
         issues += found_issues
         out[name] = Binding(
@@ -212,6 +212,30 @@ def _features(
     k = feature_count(source, site["featurizer"], width)
     found = _range(site["features"], k, "features")
     return tuple(found), _bounded(source, ("sites", name, "features"), "D044", found, k, "features")
+
+
+def _hook_served(source: Source, model: Any, name: str, site: dict[str, Any]) -> list[Issue]:
+    """D046: a site written as a hook name whose meaning on this model's family is not
+    the component it reads as on every family (refused here, or another place)."""
+    from causalab_mini.interop.transformer_lens import HookNameRefused, place_of
+
+    hook = site.get("hook")
+    if not isinstance(hook, str):
+        return []
+    try:
+        at = place_of(model, hook)
+    except HookNameRefused as refusal:
+        return [source.issue(("sites", name, "hook"), "D046", str(refusal))]
+    if at.component != site["component"]:
+        return [
+            source.issue(
+                ("sites", name, "hook"),
+                "D046",
+                f"{hook} is {at.component} on this model's family, not {site['component']} as on "
+                f"every other: write component {at.component!r} and layers [{at.layer}]",
+            )
+        ]
+    return []
 
 
 def _units(

@@ -16,6 +16,8 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D016 an intervention whose writes or readout do not fit together
     D017 a write at a read-only component
     D018 units or a featurizer on a place with no width
+    D019 a site's TransformerLens hook name with no place: unknown, refused (what its
+         tensor is, the nearest place), or given beside a component or layers
     D020 a save path that leaves --out
     D021 a code-loading switch (trust_remote_code, ...), which only the command line gives
     D022 remote runs
@@ -29,6 +31,7 @@ Each problem is an ``Issue`` (``path:line:col: CODE message``); codes:
     D043 an answer that is not one token on the tokenizer
     D044 a unit beyond the place's width, a feature beyond the featurizer's
     D045 a model that cannot be loaded (the loader's reason)
+    D046 a site's hook name that the model's family cannot serve (its reason)
     D050 an --out folder holding another document's results
 """
 
@@ -125,6 +128,48 @@ def _components() -> Any:
     from causalab_mini.generated import COMPONENTS
 
     return COMPONENTS
+
+
+def hook_sites(source: Source) -> list[Issue]:
+    """A site written as a TransformerLens hook name (``hook:``) reads as the component
+    and layer the name means on every family (filled in here; the model's own family
+    is checked when the model is loaded), or D019 with the reason."""
+    import difflib
+
+    from causalab_mini.interop.transformer_lens import entry, hook_table, split
+
+    out: list[Issue] = []
+    for name, site in (source.data.get("sites") or {}).items():
+        hook = site.get("hook") if isinstance(site, dict) else None
+        if not isinstance(hook, str):
+            continue
+        path = ("sites", name, "hook")
+        pattern, layer = split(hook)
+        found = entry(None, pattern)
+        if found is None:
+            close = difflib.get_close_matches(pattern, list(hook_table()), n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            out.append(
+                source.issue(path, "D019", f"{hook!r} is no hook name the table knows{hint}")
+            )
+        elif "refused" in found:
+            out.append(
+                source.issue(
+                    path,
+                    "D019",
+                    f"{hook}: TransformerLens's tensor there is {found['refused']}; no place "
+                    f"holds it. The nearest is component {found['nearest']!r}: write that "
+                    "if it is the tensor you mean",
+                )
+            )
+        else:
+            said = {"component": found["component"], "layers": None if layer is None else [layer]}
+            if any(k in site and site[k] != v for k, v in said.items()):
+                why = "a hook name already says its component and layer: give one or the other"
+                out.append(source.issue(path, "D019", why))
+                continue
+            site.update({k: v for k, v in said.items() if v is not None})
+    return out
 
 
 def _site_issues(source: Source) -> list[Issue]:
@@ -451,6 +496,7 @@ def _source_counts(source: Source, rows: Rows) -> list[Issue]:
 def static_issues(source: Source) -> tuple[list[Issue], Rows | None]:
     """Every problem found without a model, and the rows (None where unreadable)."""
     issues = schema_issues(source)
+    issues += hook_sites(source)
     checks = (
         _site_issues,
         _reference_issues,
@@ -486,4 +532,4 @@ def _unique(issues: list[Issue]) -> list[Issue]:
     return out
 
 
-__all__ = ["CODE_SWITCHES", "METRICS", "static_issues"]
+__all__ = ["CODE_SWITCHES", "METRICS", "hook_sites", "static_issues"]

@@ -1,0 +1,2 @@
+"""Other libraries' names for this project's places: ``transformer_lens`` (hook names
+to addresses and back)."""
