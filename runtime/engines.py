@@ -20,6 +20,7 @@ in program order. The verb is written once; which engine runs it is one argument
 from __future__ import annotations
 
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -168,8 +169,42 @@ class HooksEngine(Engine):
     def prepare(self, model: Any) -> None:
         hooks.dispatched(model)  # a hook on a meta module would never fire
 
+    def lower(
+        self,
+        plan: Any,
+        model: Any,
+        held: bool = False,
+        indices: Mapping[Any, Any] | None = None,
+        edits: Sequence[tuple[Any, Any]] | None = None,
+    ) -> Program:
+        """As ``Engine.lower``; a plan of reads alone (no indices, no edits: nothing
+        in its steps changes from one run to the next) is lowered once per model and
+        the same program handed back, so that the hooks a run installs are prepared
+        once too (``hooks.run`` keeps them per program)."""
+        if indices or edits is not None or any(s.write for s in plan.steps):
+            return super().lower(plan, model, held, indices, edits)
+        self.prepare(model)
+        internals = model.internals
+        cache = _PROGRAMS.get(id(internals))
+        if cache is None:  # (dropped with the model's internals)
+            cache = _PROGRAMS[id(internals)] = {}
+            weakref.finalize(internals, _PROGRAMS.pop, id(internals), None)
+        key = (plan, held)
+        program = cache.get(key)
+        if program is None:
+            if len(cache) >= _PROGRAMS_KEPT:
+                cache.pop(next(iter(cache)))  # the oldest
+            program = cache[key] = lower(plan, model, held, None, target=self.target)
+        return program
+
     def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
         return hooks.run(model, program.steps, inputs)
+
+
+# per model (the id of its internals, while they live), the hooks programs of plans of
+# reads alone, a few kept
+_PROGRAMS: dict[int, dict[tuple[Any, bool], Program]] = {}
+_PROGRAMS_KEPT = 16
 
 
 class RemoteEngine(Engine):

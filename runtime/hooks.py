@@ -331,6 +331,42 @@ def _placed(model: Any, step: Step) -> tuple[str, Any, str]:
 # ---------------------------------------------------------------------- running
 
 
+_Prepared = tuple[
+    list["Step"],
+    list[Callable[[_Call], Any] | None],
+    dict[tuple[str, int, str], list[int]],
+    dict[int, Any],
+]
+# a program handed again (the hooks engine's lowering keeps a plan of reads alone):
+# its steps as they run at a call and where, made once; the program and the model's
+# module are kept with them, so that an id names them alone
+_PREPARED: dict[int, tuple[tuple[Step, ...], Any, _Prepared]] = {}
+_PREPARED_KEPT = 16
+
+
+def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
+    """The steps at a call (a read that can be, one function of the call), and the
+    module and side each runs at: made once per program while it is kept."""
+    module = getattr(model, "_model", None)
+    kept = _PREPARED.get(id(program))
+    if kept is not None and kept[0] is program and kept[1] is module:
+        made = kept[2]
+        # a run edits its steps at a call: each run its own copies of those
+        return [dict(step) for step in made[0]], made[1], made[2], made[3]  # type: ignore[misc]
+    local = [_at_call(step) for step in program]
+    fast = [_fast_read(step) for step in local]
+    at: dict[tuple[str, int, str], list[int]] = {}
+    modules: dict[int, Any] = {}
+    for i, step in enumerate(program):
+        kind, placed, side = _placed(model, step)
+        at.setdefault((kind, id(placed), side), []).append(i)
+        modules[id(placed)] = placed
+    if len(_PREPARED) >= _PREPARED_KEPT:
+        _PREPARED.pop(next(iter(_PREPARED)))
+    _PREPARED[id(program)] = (program, module, (local, fast, at, modules))
+    return [dict(step) for step in local], fast, at, modules  # type: ignore[misc]
+
+
 class _Run:
     """The hooks of one run: the steps by where they run, what they read, the calls
     seen (a module run twice is refused)."""
@@ -338,16 +374,9 @@ class _Run:
     def __init__(self, model: Any, program: tuple[Step, ...]):
         self.program = program
         self.env = _Env(model.internals)
-        self.local = [_at_call(step) for step in program]
-        self.fast = [_fast_read(at) for at in self.local]
+        self.local, self.fast, self.at, self.modules = _prepared(model, program)
         self.reads: dict[int, Any] = {}
         self.done: set[int] = set()
-        self.at: dict[tuple[str, int, str], list[int]] = {}
-        self.modules: dict[int, Any] = {}
-        for i, step in enumerate(program):
-            kind, module, side = _placed(model, step)
-            self.at.setdefault((kind, id(module), side), []).append(i)
-            self.modules[id(module)] = module
         self.fired: set[tuple[str, int, str]] = set()
 
     def steps(self, key: tuple[str, int, str], call: _Call) -> None:
