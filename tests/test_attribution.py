@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from causalab_mini import locate
 from causalab_mini.attribution import AttributionRefused, attribute, gradients
+from causalab_mini.errors import GradientRefused
 from causalab_mini.interchange import interchange
 from causalab_mini.metrics import MetricError, logit_diff, logprob
 from causalab_mini.plan import Plan
@@ -113,6 +114,140 @@ def test_heads_and_positions_are_cut_as_reads_are(tiny_model: Callable[..., Any]
     size = whole.head_dim
     assert grads[head].shape[-1] == size
     torch.testing.assert_close(grads[head], grads[whole][..., size : 2 * size])
+
+
+def _in_trace(model: Any, texts: list[str], token: int) -> tuple[Any, Callable[[Any], Any]]:
+    """The batch a trace takes, and the oracle's metric on the model's logits (the sum
+    over rows of logprob(token) at each row's last content token)."""
+    encoded = encode(model, texts)
+    last = torch.tensor([f.content[-1] for f in encoded.frames])
+
+    def metric(logits: Any) -> Any:
+        return torch.log_softmax(logits[torch.arange(len(texts)), last], -1)[:, token].sum()
+
+    return trace_inputs(model, encoded), metric
+
+
+def _weights_clean(model: Any) -> None:
+    """A hand-written backward leaves gradients on the weights (as in plain torch):
+    cleared, since the session's model is shared."""
+    for p in model._model.parameters():
+        p.grad = None
+
+
+def _in_backward(model: Any, batch: Any, metric: Any, read: Callable[[], Any]) -> Any:
+    """``read()`` (a read of a place) in the forward, then its ``.grad`` inside
+    ``with loss.backward():``."""
+    try:
+        with model.trace(batch):
+            x = read()
+            loss = metric(model.output.logits)
+            with loss.backward():
+                g = x.grad.save()
+    finally:
+        _weights_clean(model)
+    return g
+
+
+def _retained(model: Any, batch: Any, metric: Any) -> Any:
+    """``x.retain_grad()`` on a saved read, a plain ``loss.backward()``, then ``x.grad``."""
+    try:
+        with model.trace(batch):
+            x = model.layers_output[1].save()
+            x.retain_grad()
+            metric(model.output.logits).backward()
+    finally:
+        _weights_clean(model)
+    return x.grad
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_a_place_gradient_spelled_in_a_trace_is_autograd_on_the_plain_model(
+    spec: str, tiny_model: Callable[..., Any]
+) -> None:
+    """Every spelling of a place's gradient in a hand-written trace gives what autograd
+    gives on the plain model: ``.grad`` of a read (by attribute or through
+    ``model.internals``) inside the backward, ``retain_grad()`` and a plain backward,
+    and a Plan read differentiated by torch, on both engines."""
+    model = tiny_model(spec)
+    want = _oracle(model, 1, TEXTS, 5)
+    assert want.abs().max() > 0
+    batch, metric = _in_trace(model, TEXTS, 5)
+    got = {
+        "attribute": _in_backward(model, batch, metric, lambda: model.layers_output[1]),
+        "internals": _in_backward(
+            model, batch, metric, lambda: model.internals["layers_output"][1]
+        ),
+        "retain_grad": _retained(model, batch, metric),
+    }
+    address, logits = locate(model, "block_output", 1), locate(model, "logits")
+    for engine in ("nnsight", "hooks"):
+        reads = Plan.of([address, logits]).run(model, batch, engine=engine)
+        (got[engine],) = torch.autograd.grad(metric(reads[logits]), [reads[address]])
+    for spelling, grad in got.items():
+        assert grad is not None, spelling
+        torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-7, msg=spelling)
+    assert all(p.grad is None for p in model._model.parameters())
+
+
+def test_a_place_gradient_in_reverse_order_and_at_a_copied_place(
+    tiny_model: Callable[..., Any],
+) -> None:
+    """Two places' gradients asked in reverse forward order, one of them a place whose
+    reads are copies (the mid-stream, edited in place later by the forward): each is
+    what ``gradients`` gives (itself held to autograd above)."""
+    model = tiny_model("tiny:llama")
+    batch, metric = _in_trace(model, TEXTS, 5)
+    mid, out = locate(model, "block_mid", 1), locate(model, "block_output", 0)
+    want = gradients(model, [mid, out], TEXTS, logprob(5))
+    try:
+        with model.trace(batch):
+            x0 = model.layers_output[0]
+            x1 = model.layers_mid[1]
+            loss = metric(model.output.logits)
+            with loss.backward():
+                g1 = x1.grad.save()
+                g0 = x0.grad.save()
+    finally:
+        _weights_clean(model)
+    torch.testing.assert_close(g1, want[mid], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g0, want[out], rtol=1e-5, atol=1e-7)
+
+
+def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_works(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:llama")
+    batch, metric = _in_trace(model, TEXTS, 5)
+    try:
+        # the place asked for inside the backward: the forward is over
+        with pytest.raises(GradientRefused, match=r"read x = model.layers_output\[1\] before"):
+            with model.trace(batch):
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    model.layers_output[1].grad.save()
+        # a part of a read: the whole read's gradient, indexed
+        with pytest.raises(GradientRefused, match="of the whole read"):
+            with model.trace(batch):
+                x = model.layers_output[1][:, 0]
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    x.grad.save()
+        # .grad of a read after a plain backward, without retain_grad: never a silent None
+        with model.trace(batch):
+            y = model.layers_output[1].save()
+            metric(model.output.logits).backward()
+        with pytest.raises(GradientRefused, match="retain_grad"):
+            _ = y.grad
+        # a read's gradient is not replaced through the read
+        with pytest.raises(GradientRefused, match="t.grad = g"):
+            with model.trace(batch):
+                z = model.layers_output[1]
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    z.grad = torch.zeros_like(z)
+    finally:
+        _weights_clean(model)
 
 
 def _pairs(model: Any) -> tuple[list[str], list[str]]:
