@@ -234,6 +234,19 @@ class Gradient:
             )
         return _TORCH
 
+    def track(self, requires_grad: bool) -> None:
+        """``read.requires_grad_()``: the model's tensor made to require grad where it is
+        a leaf (nothing before it does); where it is on the graph already, as it is."""
+        source = self.source
+        if source.grad_fn is None:
+            source.requires_grad_(requires_grad)
+        elif not requires_grad:
+            raise GradientRefused(
+                f"x.requires_grad_(False) at {self.where}: the model's tensor there is on "
+                "autograd's graph (computed from tensors that require grad); read "
+                "x.detach() for a value off the graph"
+            )
+
     def retain(self, read: Any, root: Any) -> None:
         """``read.retain_grad()``: keep the model's tensor's gradient, as the read's,
         when a backward reaches it (a hook on the tensor, registered now: a tensor the
@@ -348,6 +361,19 @@ class EditableRead(torch.Tensor):
                 "t.grad = g inside it)"
             )
         _torch_grad().__set__(self, value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Any:
+        """Where the model's tensor the read was made of is off autograd's graph (a
+        frozen model: NDIF's), that tensor is made to require grad (a read is a copy,
+        and the forward goes on with the model's tensor), so ``.grad`` of the read
+        inside ``with loss.backward():`` has a gradient to give."""
+        edit = self.__dict__.get("_edit")
+        if edit is not None and edit.gradient is not None:
+            edit.gradient.track(requires_grad)
+            return self
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.Tensor.requires_grad_(self, requires_grad)
+        return self
 
     def retain_grad(self) -> None:
         """Keep the place's gradient for ``.grad`` after a backward (``Gradient.retain``)."""

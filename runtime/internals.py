@@ -560,7 +560,7 @@ class Internals(Mapping[str, Place]):
         layer = step["layer"]
         location = compat.location(target, step["attr"])
         gradient = None
-        if getattr(raw, "requires_grad", False):
+        if hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
             gradient = Gradient(
                 place.where(layer), raw, lambda grad: plain.meant_gradient(step, grad, self)
             )

@@ -240,7 +240,7 @@ def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_work
         with pytest.raises(GradientRefused, match="retain_grad"):
             _ = y.grad
         # a read's gradient is not replaced through the read
-        with pytest.raises(GradientRefused, match="t.grad = g"):
+        with pytest.raises(GradientRefused, match=r"t\.grad = g"):
             with model.trace(batch):
                 z = model.layers_output[1]
                 loss = metric(model.output.logits)
@@ -323,3 +323,16 @@ def test_bad_input_is_refused_before_anything_runs(tiny_model: Callable[..., Any
         attribute(model, [address], TEXTS, None, logprob(1), method="ig")
     with pytest.raises(MetricError, match="not one"):
         gradients(model, [address], TEXTS, logit_diff("the cat sat", " dog"))
+    # a metric autograd cannot differentiate: refused before the model runs
+    runs: list[int] = []
+    handle = model._model.register_forward_pre_hook(lambda *_: runs.append(1))
+    try:
+        with pytest.raises(AttributionRefused, match=r"torch\.int64 tensor off the graph"):
+            gradients(model, [address], TEXTS, lambda logits: logits.argmax(-1))
+        with pytest.raises(AttributionRefused, match=r"torch\.bool tensor off the graph"):
+            attribute(model, [address], TEXTS, TEXTS, lambda logits: logits[:, 0] > 0)
+        with pytest.raises(MetricError, match="not one value per row"):
+            gradients(model, [address], TEXTS, lambda logits: logits.sum())
+    finally:
+        handle.remove()
+    assert not runs
