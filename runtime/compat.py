@@ -616,6 +616,24 @@ def backward_running() -> bool:
     return isinstance(torch.Tensor.__dict__.get("grad"), property)
 
 
+def backward_opener() -> Any:
+    """Inside nnsight 0.8's ``with loss.backward():``, the mediator of the trace body
+    that opened it (the greenlet the backward's body runs under); None elsewhere and on
+    0.6/0.7."""
+    if not is_08():
+        return None
+    from greenlet import getcurrent
+
+    here = getcurrent()
+    outer = here.parent
+    while outer is not None:
+        ref = getattr(outer, "mediator", None)
+        if ref is not None:
+            return ref()
+        outer = outer.parent
+    return None
+
+
 #: 0.6/0.7: worker thread -> a weak reference to the mediator whose trace body it runs
 _BODIES: Any = None
 
@@ -697,6 +715,7 @@ __all__ = [
     "alias_target",
     "aliases_of",
     "auto_class_kwargs",
+    "backward_opener",
     "backward_running",
     "body_step",
     "call_of_result_name",

@@ -122,7 +122,8 @@ class Edit:
         # since read a place later in the forward (the client's internals say)
         self.ran_past = ran_past
 
-    def _reader(self) -> Any:
+    def reader(self) -> Any:
+        """The trace body that made the read (None once it is gone, or outside one)."""
         return self.runner() if self.runner is not None else None
 
     def live(self) -> bool:
@@ -134,7 +135,7 @@ class Edit:
         """Why an edit now cannot be the write of the place (None where it can)."""
         now = edit_runner()
         fix = f"write model.{self.where} = x (x edited, at the place)"
-        if now is not self._reader():
+        if now is not self.reader():
             return (
                 f"this tensor was read at {self.where} in another invoke or trace than the "
                 f"one running, and an in-place edit of it would reach neither: {fix} in the "
@@ -214,13 +215,22 @@ class Gradient:
                 "layer)], inputs, metric)"
             )
 
-    def of(self, read: Any, root: Any) -> Any:
+    def of(self, read: Any, root: Any, reader: Any) -> Any:
         """``read.grad``: inside nnsight's backward, the gradient of the model's tensor
         as autograd reaches it, as the read's; after ``retain_grad()``, the one kept; a
-        refusal for a read on autograd's graph otherwise (torch would say None)."""
+        refusal for a read on autograd's graph otherwise (torch would say None).
+        ``reader``: the trace body that made the read."""
         if compat.backward_running():
             self._whole(read, root, "x.grad")
             self._unedited("x.grad")
+            opener = compat.backward_opener()
+            if opener is not None and reader is not None and opener is not reader:
+                raise GradientRefused(
+                    f"x.grad of the read at {self.where}, made in another invoke than the "
+                    "one that opened `with loss.backward():`, which nnsight's backward does "
+                    "not serve: open the backward in the invoke that read it, or call "
+                    "x.retain_grad() there and read x.grad after a plain loss.backward()"
+                )
             return self.to_read(self.source.grad)
         if self.kept is not None:
             self._whole(read, root, "x.grad")
@@ -345,7 +355,7 @@ class EditableRead(torch.Tensor):
         ``with loss.backward():``, or after ``retain_grad()``; torch's own elsewhere."""
         edit = self.__dict__.get("_edit")
         if edit is not None and edit.gradient is not None:
-            got = edit.gradient.of(self, edit.root)
+            got = edit.gradient.of(self, edit.root, edit.reader())
             if got is not _TORCH:
                 return got
         return _torch_grad().__get__(self, torch.Tensor)

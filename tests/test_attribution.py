@@ -214,6 +214,47 @@ def test_a_place_gradient_in_reverse_order_and_at_a_copied_place(
     torch.testing.assert_close(g0, want[out], rtol=1e-5, atol=1e-7)
 
 
+def test_a_place_gradient_with_several_invokes(tiny_model: Callable[..., Any]) -> None:
+    """With an invoke per prompt: a read's gradient inside a backward the same invoke
+    opens, and ``retain_grad()`` in each invoke, give each row's gradient alone; a
+    backward opened in another invoke (which nnsight's backward does not serve) is
+    refused with those two spellings."""
+    model = tiny_model("tiny:llama")
+    texts = ["The cat sat on the mat", "The dog sat on the rug"]  # 11 and 12 tokens
+    address = locate(model, "block_output", 1)
+    alone = [gradients(model, [address], [t], logprob(5))[address] for t in texts]
+
+    def metric(logits: Any) -> Any:
+        return torch.log_softmax(logits[:, -1], -1)[:, 5].sum()
+
+    try:
+        with model.trace() as tracer:
+            with tracer.invoke(texts[0]):
+                a = model.layers_output[1].save()
+                a.retain_grad()
+                loss_a = metric(model.output.logits).save()
+            with tracer.invoke(texts[1]):
+                b = model.layers_output[1]
+                loss = metric(model.output.logits)
+                with loss.backward(retain_graph=True):
+                    g = b.grad.save()
+        loss_a.backward()
+        with pytest.raises(GradientRefused, match="another invoke"):
+            with model.trace() as tracer:
+                with tracer.invoke(texts[0]):
+                    x = model.layers_output[1]
+                with tracer.invoke(texts[1]):
+                    loss = metric(model.output.logits)
+                    with loss.backward():
+                        x.grad.save()
+    finally:
+        _weights_clean(model)
+    n = alone[0].shape[1]  # the first row padded to the batch's length
+    side = slice(-n, None) if model.tokenizer.padding_side == "left" else slice(0, n)
+    torch.testing.assert_close(a.grad[:, side], alone[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g, alone[1], rtol=1e-5, atol=1e-7)
+
+
 def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_works(
     tiny_model: Callable[..., Any],
 ) -> None:
