@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from causalab_mini import locate
 from causalab_mini.attribution import AttributionRefused, attribute, gradients
-from causalab_mini.errors import GradientRefused
+from causalab_mini.errors import GradientRefused, HooksRefused
 from causalab_mini.interchange import interchange
 from causalab_mini.metrics import MetricError, logit_diff, logprob
 from causalab_mini.plan import Plan
@@ -253,6 +253,30 @@ def test_a_place_gradient_with_several_invokes(tiny_model: Callable[..., Any]) -
     side = slice(-n, None) if model.tokenizer.padding_side == "left" else slice(0, n)
     torch.testing.assert_close(a.grad[:, side], alone[0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(g, alone[1], rtol=1e-5, atol=1e-7)
+
+
+def test_a_flat_place_gradient_on_nnsight_and_refused_up_front_on_hooks(
+    tiny_model: Callable[..., Any],
+) -> None:
+    """OPT holds its mid-stream flat, (batch*seq, hidden), viewed back with the layer
+    input's batch and sequence: its gradient in a trace (viewed back the same way) is
+    what ``gradients`` gives on the nnsight engine; the hooks engine, which cannot view
+    it back, refuses before the model runs."""
+    model = tiny_model("tiny:opt")
+    address = locate(model, "block_mid", 1)
+    want = gradients(model, [address], TEXTS, logprob(5))[address]
+    assert tuple(want.shape[:2]) == (2, max(len(f.real) for f in encode(model, TEXTS).frames))
+    batch, metric = _in_trace(model, TEXTS, 5)
+    got = _in_backward(model, batch, metric, lambda: model.layers_mid[1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    runs: list[int] = []
+    handle = model._model.register_forward_pre_hook(lambda *_: runs.append(1))
+    try:
+        with pytest.raises(HooksRefused, match="held flat"):
+            gradients(model, [address], TEXTS, logprob(5), engine="hooks")
+    finally:
+        handle.remove()
+    assert not runs
 
 
 def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_works(
