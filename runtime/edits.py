@@ -13,6 +13,12 @@ is running, the place is read-only) the edit raises and says the assignment to w
 
 Outside the trace body that read it (after the trace, or in the model's own forward)
 the tensor is a plain tensor: operations on it are torch's, results are plain tensors.
+
+A read's gradient is the place's (``Gradient``): ``x.grad`` inside nnsight's ``with
+loss.backward():``, or after ``x.retain_grad()`` and a plain backward, is the
+gradient of the model's tensor the read was made of, said as the place means it; a
+spelling that cannot give it (a part of the read, a bare ``x.grad`` that torch would
+leave None, a read of another invoke) raises ``GradientRefused`` with one that does.
 """
 
 from __future__ import annotations
