@@ -187,14 +187,25 @@ class Gradient:
     tensor's version when read; a tensor the forward edits in place after the place has
     another by the backward, and its gradient is then the edited tensor's."""
 
-    __slots__ = ("kept", "source", "to_read", "version", "where")
+    __slots__ = ("isolate", "kept", "source", "to_read", "version", "where")
 
-    def __init__(self, where: str, source: Any, to_read: Callable[[Any], Any]) -> None:
+    def __init__(
+        self,
+        where: str,
+        source: Any,
+        to_read: Callable[[Any], Any],
+        isolate: Callable[[], Any] | None = None,
+    ) -> None:
         self.where = where
         self.source = source
         self.to_read = to_read
         self.version = int(source._version)
         self.kept: list[Any] | None = None  # [gradient] once retain_grad() was called
+        # at a module's input, where the tensor may feed other modules too (the
+        # residual stream, a parallel block): the tensor's gradient is theirs as well,
+        # so the place's is taken from a view of its own the module is handed (made by
+        # ``isolate``, a write of the place, at retain_grad() right after the read)
+        self.isolate = isolate
 
     def _whole(self, read: Any, root: Any, spelling: str) -> None:
         with torch._C.DisableTorchFunctionSubclass():
@@ -229,6 +240,16 @@ class Gradient:
         if compat.backward_running():
             self._whole(read, root, "x.grad")
             self._unedited("x.grad")
+            if self.isolate is not None:
+                raise GradientRefused(
+                    f"x.grad at {self.where}: the place is a module's input, whose tensor "
+                    "may feed other modules too (the residual stream, a parallel block), "
+                    "and its gradient is theirs as well as this place's: call "
+                    "x.retain_grad() right after reading it (the module is then handed a "
+                    "view of its own) and read x.grad after the backward, or use "
+                    "causalab_mini.attribution.gradients(model, [locate(model, component, "
+                    "layer)], inputs, metric)"
+                )
             opener = compat.backward_opener()
             if opener is not None and reader is not None and opener is not reader:
                 raise GradientRefused(
@@ -270,8 +291,13 @@ class Gradient:
         self._whole(read, root, "x.retain_grad()")
         self._unedited("x.retain_grad()")
         kept: list[Any] = [None]
-        self.kept = kept
         source, to_read = self.source, self.to_read
+        if self.isolate is not None:
+            own = self.isolate()  # the place's value, as the read, the module's own
+            own.register_hook(lambda grad: kept.__setitem__(0, grad))
+            self.kept = kept
+            return
+        self.kept = kept
 
         def keep(grad: Any) -> None:
             kept[0] = to_read(grad)

@@ -562,7 +562,14 @@ class Internals(Mapping[str, Place]):
         gradient = None
         if hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
             gradient = Gradient(
-                place.where(layer), raw, lambda grad: plain.meant_gradient(step, grad, self)
+                place.where(layer),
+                raw,
+                lambda grad: plain.meant_gradient(step, grad, self),
+                # a module's input written in place: a write there changes the tensor
+                # every later consumer takes, so the tensor's gradient is the place's
+                None
+                if step["attr"] == "output" or step["in_place"]
+                else self._isolate(place, step, value),
             )
         return editable(
             value,
@@ -575,6 +582,19 @@ class Internals(Mapping[str, Place]):
             None if location is not None and compat.is_08() else self._ran_past(place, layer),
             gradient,
         )
+
+    def _isolate(self, place: Place, step: Step, value: Any) -> Any:
+        """At a module's input: a function that hands the module a view of its own of
+        the place's value (a write of the place) and returns it, so that its gradient
+        is the place's alone (the tensor may feed other modules too)."""
+        layer = step["layer"]
+
+        def isolate() -> Any:
+            own = value.view_as(value)
+            place.set(layer, own)
+            return own
+
+        return isolate
 
     def _ran_past(self, place: Place, layer: int | None) -> Any:
         """Whether the running trace body has read a place later in the forward than

@@ -279,6 +279,27 @@ def test_a_flat_place_gradient_on_nnsight_and_refused_up_front_on_hooks(
     assert not runs
 
 
+def test_a_module_input_place_gradient_is_its_own(tiny_model: Callable[..., Any]) -> None:
+    """Falcon's MLP takes the tensor its attention takes too (a parallel block): the
+    tensor's gradient is both modules', the place's is the MLP's alone. Asked inside
+    the backward it is refused, naming ``retain_grad()``; ``retain_grad()`` right after
+    the read hands the MLP a view of its own and gives what ``gradients`` gives."""
+    model = tiny_model("tiny:falcon")
+    address = locate(model, "mlp_input", 1)
+    want = gradients(model, [address], TEXTS, logprob(5))[address]
+    batch, metric = _in_trace(model, TEXTS, 5)
+    try:
+        with pytest.raises(GradientRefused, match=r"x\.retain_grad\(\) right after"):
+            _in_backward(model, batch, metric, lambda: model.mlps_input[1])
+        with model.trace(batch):
+            x = model.mlps_input[1].save()
+            x.retain_grad()
+            metric(model.output.logits).backward()
+    finally:
+        _weights_clean(model)
+    torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-7)
+
+
 def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_works(
     tiny_model: Callable[..., Any],
 ) -> None:
