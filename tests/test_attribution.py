@@ -300,6 +300,23 @@ def test_a_module_input_place_gradient_is_its_own(tiny_model: Callable[..., Any]
     torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-7)
 
 
+def test_the_sweep_certifies_the_trace_spelling(certified: Callable[[str], Any]) -> None:
+    """The sweep's gradients check holds each place's read in a trace of one's own
+    (``retain_grad()`` right after it, one backward) to ``gradients`` at every served
+    boundary place of the probe layer; on Llama that is every one of them, inputs and
+    the in-place mid-stream included."""
+    from causalab_mini.tools.checks.gradients import TRACED
+
+    result = certified("tiny:llama")
+    assert result.outcome == "certified", result.reason
+    traced = {
+        name
+        for name, item in result.components.items()
+        if any(c.startswith(TRACED) for c in item.get("checks", []))
+    }
+    assert {"block_input", "block_mid", "mlp_input", "mlp_output", "block_output"} <= traced
+
+
 def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_works(
     tiny_model: Callable[..., Any],
 ) -> None:
