@@ -26,11 +26,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import plain
-from .engines import Engine, engine_for
-from .errors import CausalabError
+from .engines import Engine, RemoteEngine, engine_for
+from .errors import CausalabError, RemoteRefused
 from .locator import ComponentAddress, locate
 from .lower import geometry
-from .metrics import Metric, as_metric
+from .metrics import Metric, MetricError, as_metric
 from .plan import Plan, Step
 from .positions import Encoded, PositionError, encode, resolve, stacked, take, trace_inputs
 
@@ -161,6 +161,51 @@ def _grads(value: Any, probes: list[_Probe]) -> list[Any]:
     return out
 
 
+def _local(engine: str | Engine, remote: bool | str | None, backend: Any) -> Engine:
+    """The engine a gradient runs on: here, or refused before anything is sent."""
+    if isinstance(engine, RemoteEngine) or remote or backend is not None:
+        raise RemoteRefused(
+            "gradients and attributions are taken through a zero added at each place where "
+            "the forward runs, and the metric's code runs on the logits there; a remote "
+            "run sends plain steps, which carry neither. On NDIF, write the backward in a "
+            "trace: x = model.layers_output[layer]; x.requires_grad_(); loss = "
+            "metric(model.logits[...]).sum(); with loss.backward(): g = x.grad.save() "
+            "(docs/attribution.md)"
+        )
+    return engine_for(engine)
+
+
+def _check_metric(model: Any, measure: Metric) -> None:
+    """Refuse, before anything runs, a metric whose value on logits that require grad
+    is no float tensor of one value per row that autograd reaches (an argmax, a count,
+    a Python number). A metric that needs more than zero logits is judged on the run."""
+    import torch
+
+    width = int(getattr(getattr(model, "text_config", None), "vocab_size", 0) or 0)
+    if width <= 0:
+        return
+    logits = torch.zeros(2, width, requires_grad=True)
+    try:
+        value = measure(logits, model)
+    except MetricError:
+        raise
+    except Exception:
+        return
+    said = (
+        f"a {value.dtype} tensor{'' if value.requires_grad else ' off the graph'}"
+        if isinstance(value, torch.Tensor)
+        else type(value).__name__
+    )
+    grad_able = isinstance(value, torch.Tensor) and value.is_floating_point()
+    if not grad_able or not value.requires_grad or tuple(value.shape[:1]) != (2,):
+        raise AttributionRefused(
+            f"the metric {measure.name!r} returned {said} of shape "
+            f"{tuple(getattr(value, 'shape', ()))} for 2 rows of logits: a gradient needs "
+            "a float tensor computed from the logits, one value per row (e.g. "
+            "causalab_mini.metrics.logprob(token), or logits[:, good] - logits[:, bad])"
+        )
+
+
 def _encoded(model: Any, inputs: Any, frame: str) -> Encoded:
     return inputs if isinstance(inputs, Encoded) else encode(model, inputs, frame)
 
@@ -174,17 +219,22 @@ def gradients(
     engine: str | Engine = "nnsight",
     frame: str = "plain",
     train: bool = False,
+    remote: bool | str | None = None,
+    backend: Any = None,
 ) -> dict[ComponentAddress, Any]:
     """{address: the gradient of ``metric`` (summed over rows) with respect to the
     place, shaped as a read of the address}. ``inputs``: texts, or
     ``positions.encode(model, texts)``; ``metric``: a ``causalab_mini.metrics`` metric
-    or a callable of the (rows, vocab) last-token logits. See the module's text."""
+    or a callable of the (rows, vocab) last-token logits. See the module's text.
+    ``remote``/``backend``: refused before anything is sent, with the trace to write
+    on NDIF instead."""
     import torch
 
     measure = as_metric(metric)
     if not addresses:
         raise AttributionRefused("no addresses: give the places to differentiate at")
-    runner = engine_for(engine)
+    runner = _local(engine, remote, backend)
+    _check_metric(model, measure)
     encoded = _encoded(model, inputs, frame)
     batch = trace_inputs(model, encoded)
     wholes: dict[ComponentAddress, _Probe] = {}
@@ -315,17 +365,21 @@ def attribute(
     steps: int = 16,
     engine: str | Engine = "nnsight",
     frame: str = "plain",
+    remote: bool | str | None = None,
+    backend: Any = None,
 ) -> Attribution:
     """Attribution scores per (pair, position) of each address; see the module's text.
     ``method``: "atp" (gradient at the base x (source - base)), "ig" (integrated
     gradients from base to source, ``steps`` midpoints; completeness: the scores of an
     address sum to metric(source-patched there) - metric(base)), or, with
-    ``sources=None``, gradient x activation."""
+    ``sources=None``, gradient x activation. ``remote``/``backend``: refused before
+    anything is sent (``gradients``)."""
     import torch
 
     _check_attribute(addresses, bases, sources, method, steps)
     measure = as_metric(metric)
-    runner = engine_for(engine)
+    runner = _local(engine, remote, backend)
+    _check_metric(model, measure)
     k = len(bases)
     texts = [*bases, *(sources or [])]
     encoded = encode(model, texts, frame)

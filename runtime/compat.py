@@ -607,6 +607,33 @@ def out_of_order_error() -> type[BaseException] | None:
     return OutOfOrderError  # type: ignore[no-any-return]
 
 
+def backward_running() -> bool:
+    """Whether an nnsight backward trace (``with loss.backward():``) runs now: while it
+    does, nnsight replaces ``torch.Tensor.grad`` with a property of its own, which parks
+    the body until autograd reaches the tensor (torch's own is a C descriptor)."""
+    import torch
+
+    return isinstance(torch.Tensor.__dict__.get("grad"), property)
+
+
+def backward_opener() -> Any:
+    """Inside nnsight 0.8's ``with loss.backward():``, the mediator of the trace body
+    that opened it (the greenlet the backward's body runs under); None elsewhere and on
+    0.6/0.7."""
+    if not is_08():
+        return None
+    from greenlet import getcurrent
+
+    here = getcurrent()
+    outer = here.parent
+    while outer is not None:
+        ref = getattr(outer, "mediator", None)
+        if ref is not None:
+            return ref()
+        outer = outer.parent
+    return None
+
+
 #: 0.6/0.7: worker thread -> a weak reference to the mediator whose trace body it runs
 _BODIES: Any = None
 
@@ -688,6 +715,8 @@ __all__ = [
     "alias_target",
     "aliases_of",
     "auto_class_kwargs",
+    "backward_opener",
+    "backward_running",
     "body_step",
     "call_of_result_name",
     "callee_after_inputs",

@@ -13,6 +13,12 @@ is running, the place is read-only) the edit raises and says the assignment to w
 
 Outside the trace body that read it (after the trace, or in the model's own forward)
 the tensor is a plain tensor: operations on it are torch's, results are plain tensors.
+
+A read's gradient is the place's (``Gradient``): ``x.grad`` inside nnsight's ``with
+loss.backward():``, or after ``x.retain_grad()`` and a plain backward, is the
+gradient of the model's tensor the read was made of, said as the place means it; a
+spelling that cannot give it (a part of the read, a bare ``x.grad`` that torch would
+leave None, a read of another invoke) raises ``GradientRefused`` with one that does.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 import torch
 
 from . import compat
-from .errors import CausalabError
+from .errors import CausalabError, GradientRefused
 
 # in-place methods that change no value of the tensor (autograd and memory
 # bookkeeping): never a write
@@ -84,9 +90,20 @@ def _visits(runner: Any, location: str | None) -> int | None:
 
 
 class Edit:
-    """What an in-place edit of a read does: who read it, where, and the write."""
+    """What an in-place edit of a read does: who read it, where, and the write; and
+    where its gradient comes from (``Gradient``)."""
 
-    __slots__ = ("location", "ran_past", "root", "runner", "storage", "visits", "where", "write")
+    __slots__ = (
+        "gradient",
+        "location",
+        "ran_past",
+        "root",
+        "runner",
+        "storage",
+        "visits",
+        "where",
+        "write",
+    )
 
     def __init__(
         self,
@@ -95,7 +112,9 @@ class Edit:
         root: Any,
         location: str | None,
         ran_past: Callable[[], bool] | None = None,
+        gradient: Gradient | None = None,
     ) -> None:
+        self.gradient = gradient
         self.where = where  # "layers_mid[1]", as the assignment names it
         self.write = write  # the place's write, given the whole edited copy
         self.root = root  # the copy the read handed out, as a plain tensor
@@ -109,7 +128,8 @@ class Edit:
         # since read a place later in the forward (the client's internals say)
         self.ran_past = ran_past
 
-    def _reader(self) -> Any:
+    def reader(self) -> Any:
+        """The trace body that made the read (None once it is gone, or outside one)."""
         return self.runner() if self.runner is not None else None
 
     def live(self) -> bool:
@@ -121,7 +141,7 @@ class Edit:
         """Why an edit now cannot be the write of the place (None where it can)."""
         now = edit_runner()
         fix = f"write model.{self.where} = x (x edited, at the place)"
-        if now is not self._reader():
+        if now is not self.reader():
             return (
                 f"this tensor was read at {self.where} in another invoke or trace than the "
                 f"one running, and an in-place edit of it would reach neither: {fix} in the "
@@ -137,6 +157,157 @@ class Edit:
                 "copy (x.clone())"
             )
         return None
+
+
+def _torch_grad() -> Any:
+    """``torch.Tensor.grad`` as a descriptor: torch's, or nnsight's property while its
+    backward trace runs."""
+    import inspect
+
+    return inspect.getattr_static(torch.Tensor, "grad")
+
+
+# what ``Gradient.of`` answers where torch's own ``.grad`` of the tensor is the answer
+_TORCH = object()
+
+_ELSEWHERE = (
+    "take it inside the trace as x.grad in `with loss.backward():` (x read before the "
+    "backward), or call x.retain_grad() on the read before the backward and read x.grad "
+    "after it; without a trace, causalab_mini.attribution.gradients(model, "
+    "[locate(model, component, layer)], inputs, metric)"
+)
+
+
+class Gradient:
+    """Where the gradient of a read of a place comes from. A read is a copy or a view of
+    the model's tensor there (``source``), never itself on autograd's path to the
+    output, so torch would leave its ``.grad`` None: its gradient is that of the
+    model's tensor, said as the place means the tensor (``to_read``: viewed as the read
+    is, divided by the read's scale, as a write at the place divides). ``version``: the
+    tensor's version when read; a tensor the forward edits in place after the place has
+    another by the backward, and its gradient is then the edited tensor's."""
+
+    __slots__ = ("isolate", "kept", "source", "to_read", "version", "where")
+
+    def __init__(
+        self,
+        where: str,
+        source: Any,
+        to_read: Callable[[Any], Any],
+        isolate: Callable[[], Any] | None = None,
+    ) -> None:
+        self.where = where
+        self.source = source
+        self.to_read = to_read
+        self.version = int(source._version)
+        self.kept: list[Any] | None = None  # [gradient] once retain_grad() was called
+        # at a module's input, where the tensor may feed other modules too (the
+        # residual stream, a parallel block): the tensor's gradient is theirs as well,
+        # so the place's is taken from a view of its own the module is handed (made by
+        # ``isolate``, a write of the place, at retain_grad() right after the read)
+        self.isolate = isolate
+
+    def _whole(self, read: Any, root: Any, spelling: str) -> None:
+        with torch._C.DisableTorchFunctionSubclass():
+            same = (
+                read.data_ptr() == root.data_ptr()
+                and read.shape == root.shape
+                and read.stride() == root.stride()
+            )
+        if not same:
+            raise GradientRefused(
+                f"{spelling} of a part of the read at {self.where}: take {spelling} of the "
+                "whole read (x = model.<place>[layer]) and index the gradient as you "
+                "indexed the read"
+            )
+
+    def _unedited(self, spelling: str) -> None:
+        if int(self.source._version) != self.version:
+            raise GradientRefused(
+                f"{spelling} at {self.where}: the forward edits the model's tensor there in "
+                "place after the place (its reads are copies), so autograd's gradient of "
+                "that tensor is the edited one's, not the place's: call x.retain_grad() "
+                "right after reading it (before the forward goes on), or use "
+                "causalab_mini.attribution.gradients(model, [locate(model, component, "
+                "layer)], inputs, metric)"
+            )
+
+    def of(self, read: Any, root: Any, reader: Any) -> Any:
+        """``read.grad``: inside nnsight's backward, the gradient of the model's tensor
+        as autograd reaches it, as the read's; after ``retain_grad()``, the one kept; a
+        refusal for a read on autograd's graph otherwise (torch would say None).
+        ``reader``: the trace body that made the read."""
+        if compat.backward_running():
+            self._whole(read, root, "x.grad")
+            self._unedited("x.grad")
+            if self.isolate is not None:
+                raise GradientRefused(
+                    f"x.grad at {self.where}: the place is a module's input, whose tensor "
+                    "may feed other modules too (the residual stream, a parallel block), "
+                    "and its gradient is theirs as well as this place's: call "
+                    "x.retain_grad() right after reading it (the module is then handed a "
+                    "view of its own) and read x.grad after the backward, or use "
+                    "causalab_mini.attribution.gradients(model, [locate(model, component, "
+                    "layer)], inputs, metric)"
+                )
+            opener = compat.backward_opener()
+            if opener is not None and reader is not None and opener is not reader:
+                raise GradientRefused(
+                    f"x.grad of the read at {self.where}, made in another invoke than the "
+                    "one that opened `with loss.backward():`, which nnsight's backward does "
+                    "not serve: open the backward in the invoke that read it, or call "
+                    "x.retain_grad() there and read x.grad after a plain loss.backward()"
+                )
+            return self.to_read(self.source.grad)
+        if self.kept is not None:
+            self._whole(read, root, "x.grad")
+            return self.kept[0]
+        with torch._C.DisableTorchFunctionSubclass():
+            on_graph = bool(read.requires_grad)
+        if on_graph:
+            raise GradientRefused(
+                f"x.grad of the read at {self.where} is left None by torch: the read is a "
+                f"copy of the model's tensor, off autograd's path to the output; {_ELSEWHERE}"
+            )
+        return _TORCH
+
+    def track(self, requires_grad: bool) -> None:
+        """``read.requires_grad_()``: the model's tensor made to require grad where it is
+        a leaf (nothing before it does); where it is on the graph already, as it is."""
+        source = self.source
+        if source.grad_fn is None:
+            source.requires_grad_(requires_grad)
+        elif not requires_grad:
+            raise GradientRefused(
+                f"x.requires_grad_(False) at {self.where}: the model's tensor there is on "
+                "autograd's graph (computed from tensors that require grad); read "
+                "x.detach() for a value off the graph"
+            )
+
+    def retain(self, read: Any, root: Any) -> None:
+        """``read.retain_grad()``: keep the model's tensor's gradient, as the read's,
+        when a backward reaches it (a hook on the tensor, registered now: a tensor the
+        forward edits in place later still hands it the gradient of its value here)."""
+        self._whole(read, root, "x.retain_grad()")
+        self._unedited("x.retain_grad()")
+        kept: list[Any] = [None]
+        source, to_read = self.source, self.to_read
+        if self.isolate is not None:
+            own = self.isolate()  # the place's value, as the read, the module's own
+            own.register_hook(lambda grad: kept.__setitem__(0, grad))
+            self.kept = kept
+            return
+        self.kept = kept
+
+        def keep(grad: Any) -> None:
+            kept[0] = to_read(grad)
+
+        if getattr(source, "_nnsight_batch", False) and source._base is not None:
+            # an invoke's rows of the batch: the batch's tensor is on the graph
+            geometry = (source.shape, source.stride(), source.storage_offset())
+            source._base.register_hook(lambda grad: keep(grad.as_strided(*geometry)))
+        else:
+            source.register_hook(keep)
 
 
 def _target(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -210,6 +381,51 @@ class EditableRead(torch.Tensor):
         with torch._C.DisableTorchFunctionSubclass():
             return repr(self.as_subclass(torch.Tensor))
 
+    @property
+    def grad(self) -> Any:
+        """The place's gradient as this read means it (``Gradient.of``): inside nnsight's
+        ``with loss.backward():``, or after ``retain_grad()``; torch's own elsewhere."""
+        edit = self.__dict__.get("_edit")
+        if edit is not None and edit.gradient is not None:
+            got = edit.gradient.of(self, edit.root, edit.reader())
+            if got is not _TORCH:
+                return got
+        return _torch_grad().__get__(self, torch.Tensor)
+
+    @grad.setter
+    def grad(self, value: Any) -> None:
+        edit = self.__dict__.get("_edit")
+        if edit is not None and edit.gradient is not None and compat.backward_running():
+            raise GradientRefused(
+                f"x.grad = g at {edit.where}: a place's read is a copy, and its gradient "
+                "is not replaced through it; replace the gradient of the module's own "
+                "tensor (nnsight: t = model.<module path>.output before the backward, "
+                "t.grad = g inside it)"
+            )
+        _torch_grad().__set__(self, value)
+
+    def requires_grad_(self, requires_grad: bool = True) -> Any:
+        """Where the model's tensor the read was made of is off autograd's graph (a
+        frozen model: NDIF's), that tensor is made to require grad (a read is a copy,
+        and the forward goes on with the model's tensor), so ``.grad`` of the read
+        inside ``with loss.backward():`` has a gradient to give."""
+        edit = self.__dict__.get("_edit")
+        if edit is not None and edit.gradient is not None:
+            edit.gradient.track(requires_grad)
+            return self
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.Tensor.requires_grad_(self, requires_grad)
+        return self
+
+    def retain_grad(self) -> None:
+        """Keep the place's gradient for ``.grad`` after a backward (``Gradient.retain``)."""
+        edit = self.__dict__.get("_edit")
+        if edit is not None and edit.gradient is not None:
+            edit.gradient.retain(self, edit.root)
+            return
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.Tensor.retain_grad(self)
+
     def __reduce_ex__(self, protocol: Any) -> Any:
         # pickles (a remote result, torch.save) as the plain tensor it holds
         with torch._C.DisableTorchFunctionSubclass():
@@ -261,6 +477,25 @@ def plain(value: Any) -> Any:
     return value
 
 
+def handed_back(value: Any) -> Any:
+    """A read as an engine hands it back after its trace: the tensor the read was made
+    of (the model's own where the place holds it as is, as the hooks engine hands it,
+    so that autograd reaches it); anything else as ``plain`` makes it."""
+    if isinstance(value, EditableRead):
+        edit = value.__dict__.get("_edit")
+        root = edit.root if edit is not None else None
+        with torch._C.DisableTorchFunctionSubclass():
+            whole = (
+                root is not None
+                and value.data_ptr() == root.data_ptr()
+                and value.shape == root.shape
+                and value.stride() == root.stride()
+            )
+        if whole:
+            return root
+    return plain(value)
+
+
 def editable(
     value: Any,
     where: str,
@@ -268,18 +503,28 @@ def editable(
     location: str | None,
     copy: bool,
     ran_past: Callable[[], bool] | None = None,
+    gradient: Gradient | None = None,
 ) -> Any:
     """``value`` (a read of the place ``where``) as handed out inside a trace body: a
     tensor whose in-place edits call ``write`` with the edited tensor (a copy of it
     first where ``copy``); anything else, or anything outside a trace body, as it is.
     ``ran_past``: whether the trace has since passed the place, asked where nnsight
-    does not count a location's visits (0.6/0.7)."""
+    does not count a location's visits (0.6/0.7). ``gradient``: where the read's
+    gradient comes from (``Gradient``)."""
     if not isinstance(value, torch.Tensor) or edit_runner() is None:
         return value
     value = plain(value)
     if copy:
         value = value.clone()
-    return _editable(value, Edit(where, write, value, location, ran_past))
+    return _editable(value, Edit(where, write, value, location, ran_past, gradient))
 
 
-__all__ = ["EditRefused", "EditableRead", "PlaceOutOfOrder", "editable", "plain"]
+__all__ = [
+    "EditRefused",
+    "EditableRead",
+    "Gradient",
+    "PlaceOutOfOrder",
+    "editable",
+    "handed_back",
+    "plain",
+]

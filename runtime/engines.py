@@ -90,9 +90,14 @@ def _saved(value: Any) -> Any:
 
 
 def _value(value: Any) -> Any:
+    """A saved read after the trace: the tensor it was made of, as the hooks engine
+    hands it back (the model's own where the place holds it as is: autograd reaches
+    it from the output on both engines)."""
+    from .edits import handed_back
+
     if isinstance(value, list):
         return [_value(v) for v in value]
-    return getattr(value, "value", value)
+    return handed_back(getattr(value, "value", value))
 
 
 def open_sources(model: Any, steps: Sequence[Step]) -> None:

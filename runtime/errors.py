@@ -44,6 +44,11 @@ class WriteRefused(CausalabError, ValueError):
     """A write that does not fit its place (shape, dtype, device, read-only)."""
 
 
+class GradientRefused(CausalabError, RuntimeError):
+    """A place's gradient asked for in a spelling that cannot give it (in a trace, or of
+    a read), with the spelling that does."""
+
+
 def check_value(where: str, value: Any, current: Any) -> None:
     """Refuse to write ``value`` at ``where`` (a place or component, with its layer)
     unless it is a tensor of exactly ``current``'s shape, dtype and device, raising
@@ -56,6 +61,7 @@ def check_value(where: str, value: Any, current: Any) -> None:
 
 __all__ = [
     "CausalabError",
+    "GradientRefused",
     "HooksRefused",
     "PlaceUnavailable",
     "RemoteIncomplete",

@@ -126,7 +126,7 @@ class _Env:
     def fetch(self, step: Step, target: Any) -> Any:
         return getattr(target, step["attr"])
 
-    def handed(self, step: Step, value: Any, target: Any) -> Any:
+    def handed(self, step: Step, value: Any, target: Any, raw: Any) -> Any:
         return value
 
 

@@ -507,6 +507,8 @@ class Internals(Mapping[str, Place]):
         """``target``'s boundary in the running trace; nnsight's out-of-order error
         said in places (which place was asked for, which later one the trace passed)."""
         place = self._places[_place_name(step)]
+        if compat.backward_running():
+            raise self.asked_in_backward(place, step["layer"])
         try:
             value = getattr(target, step["attr"])
         except Exception as exc:
@@ -522,6 +524,19 @@ class Internals(Mapping[str, Place]):
         self.passed(place, step["layer"])
         return compat.invoke_rows(value)
 
+    def asked_in_backward(self, place: Place, layer: int | None) -> Exception:
+        """A place asked for inside nnsight's ``with loss.backward():``, where the forward
+        is over and only gradients of tensors read before are served."""
+        from .errors import GradientRefused
+
+        at = place.where(self.layer_of(place, layer))
+        return GradientRefused(
+            f"{at} was asked for inside `with loss.backward():`, where the forward is over "
+            f"and only gradients of tensors read before it are served: read x = "
+            f"model.{at} before the backward and write x.grad inside it (or "
+            "x.retain_grad() before a plain loss.backward(), then x.grad)"
+        )
+
     def flat_view(self, step: Step, flat: Any) -> Any:
         return self.unflatten(_place_name(step), step["layer"], flat)
 
@@ -535,14 +550,27 @@ class Internals(Mapping[str, Place]):
 
         return ComponentError(f"component {step['component']!r}: {reason}")
 
-    def handed(self, step: Step, value: Any, target: Any) -> Any:
+    def handed(self, step: Step, value: Any, target: Any, raw: Any) -> Any:
         """A read as handed to the user in a trace body: its in-place edits are the
-        place's write (``causalab_mini.edits``)."""
-        from .edits import editable
+        place's write (``causalab_mini.edits``), and its ``.grad`` is the place's
+        gradient (that of ``raw``, the model's tensor it was made of)."""
+        from .edits import Gradient, editable
 
         place = self._places[_place_name(step)]
         layer = step["layer"]
         location = compat.location(target, step["attr"])
+        gradient = None
+        if hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
+            gradient = Gradient(
+                place.where(layer),
+                raw,
+                lambda grad: plain.meant_gradient(step, grad, self),
+                # a module's input written in place: a write there changes the tensor
+                # every later consumer takes, so the tensor's gradient is the place's
+                None
+                if step["attr"] == "output" or step["in_place"]
+                else self._isolate(place, step, value),
+            )
         return editable(
             value,
             place.where(layer),
@@ -552,7 +580,21 @@ class Internals(Mapping[str, Place]):
             # where nnsight counts no visits of the location (0.6/0.7; 0.8 where it
             # names none)
             None if location is not None and compat.is_08() else self._ran_past(place, layer),
+            gradient,
         )
+
+    def _isolate(self, place: Place, step: Step, value: Any) -> Any:
+        """At a module's input: a function that hands the module a view of its own of
+        the place's value (a write of the place) and returns it, so that its gradient
+        is the place's alone (the tensor may feed other modules too)."""
+        layer = step["layer"]
+
+        def isolate() -> Any:
+            own = value.view_as(value)
+            place.set(layer, own)
+            return own
+
+        return isolate
 
     def _ran_past(self, place: Place, layer: int | None) -> Any:
         """Whether the running trace body has read a place later in the forward than

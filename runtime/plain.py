@@ -95,7 +95,7 @@ if TYPE_CHECKING:
 
         def flat_view(self, step: Step, raw: Any) -> Any: ...
 
-        def handed(self, step: Step, value: Any, target: Any) -> Any: ...
+        def handed(self, step: Step, value: Any, target: Any, raw: Any) -> Any: ...
 
 
 def check_server(model: Any, expected: dict[str, Any]) -> None:
@@ -375,6 +375,16 @@ def _meant(step: Step, raw: Any, env: Env | None) -> Any:
     return value
 
 
+def meant_gradient(step: Step, grad: Any, env: Env | None = None) -> Any:
+    """A gradient at the model's tensor of a step (``raw``) as the gradient at the place
+    as its row means the tensor (the one a zero added there by a write gets): viewed as
+    a read is, and divided by the read's scale, since a write divides by it."""
+    value = _viewed(step, grad, env)
+    if step["scale"] is not None:
+        value = value / step["scale"]
+    return value
+
+
 def whole_value(model: Any, step: Step, env: Env | None = None, edit: bool = False) -> Any:
     """The tensor at the step's place as its place means it (all heads): viewed, a
     copy where the tensor changes in place later, scaled where the row says. With
@@ -383,7 +393,7 @@ def whole_value(model: Any, step: Step, env: Env | None = None, edit: bool = Fal
     target, _, raw = _raw(model, step, env)
     value = _meant(step, raw, env)
     if edit and env is not None and step["take"] is None and step["heads_through"] is None:
-        value = env.handed(step, value, target)
+        value = env.handed(step, value, target, raw)
     return value
 
 

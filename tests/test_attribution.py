@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from causalab_mini import locate
 from causalab_mini.attribution import AttributionRefused, attribute, gradients
+from causalab_mini.errors import GradientRefused, HooksRefused
 from causalab_mini.interchange import interchange
 from causalab_mini.metrics import MetricError, logit_diff, logprob
 from causalab_mini.plan import Plan
@@ -115,6 +116,243 @@ def test_heads_and_positions_are_cut_as_reads_are(tiny_model: Callable[..., Any]
     torch.testing.assert_close(grads[head], grads[whole][..., size : 2 * size])
 
 
+def _in_trace(model: Any, texts: list[str], token: int) -> tuple[Any, Callable[[Any], Any]]:
+    """The batch a trace takes, and the oracle's metric on the model's logits (the sum
+    over rows of logprob(token) at each row's last content token)."""
+    encoded = encode(model, texts)
+    last = torch.tensor([f.content[-1] for f in encoded.frames])
+
+    def metric(logits: Any) -> Any:
+        return torch.log_softmax(logits[torch.arange(len(texts)), last], -1)[:, token].sum()
+
+    return trace_inputs(model, encoded), metric
+
+
+def _weights_clean(model: Any) -> None:
+    """A hand-written backward leaves gradients on the weights (as in plain torch):
+    cleared, since the session's model is shared."""
+    for p in model._model.parameters():
+        p.grad = None
+
+
+def _in_backward(model: Any, batch: Any, metric: Any, read: Callable[[], Any]) -> Any:
+    """``read()`` (a read of a place) in the forward, then its ``.grad`` inside
+    ``with loss.backward():``."""
+    try:
+        with model.trace(batch):
+            x = read()
+            loss = metric(model.output.logits)
+            with loss.backward():
+                g = x.grad.save()
+    finally:
+        _weights_clean(model)
+    return g
+
+
+def _retained(model: Any, batch: Any, metric: Any) -> Any:
+    """``x.retain_grad()`` on a saved read, a plain ``loss.backward()``, then ``x.grad``."""
+    try:
+        with model.trace(batch):
+            x = model.layers_output[1].save()
+            x.retain_grad()
+            metric(model.output.logits).backward()
+    finally:
+        _weights_clean(model)
+    return x.grad
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_a_place_gradient_spelled_in_a_trace_is_autograd_on_the_plain_model(
+    spec: str, tiny_model: Callable[..., Any]
+) -> None:
+    """Every spelling of a place's gradient in a hand-written trace gives what autograd
+    gives on the plain model: ``.grad`` of a read (by attribute or through
+    ``model.internals``) inside the backward, ``retain_grad()`` and a plain backward,
+    and a Plan read differentiated by torch, on both engines."""
+    model = tiny_model(spec)
+    want = _oracle(model, 1, TEXTS, 5)
+    assert want.abs().max() > 0
+    batch, metric = _in_trace(model, TEXTS, 5)
+    got = {
+        "attribute": _in_backward(model, batch, metric, lambda: model.layers_output[1]),
+        "internals": _in_backward(
+            model, batch, metric, lambda: model.internals["layers_output"][1]
+        ),
+        "retain_grad": _retained(model, batch, metric),
+    }
+    address, logits = locate(model, "block_output", 1), locate(model, "logits")
+    for engine in ("nnsight", "hooks"):
+        reads = Plan.of([address, logits]).run(model, batch, engine=engine)
+        (got[engine],) = torch.autograd.grad(metric(reads[logits]), [reads[address]])
+    for spelling, grad in got.items():
+        assert grad is not None, spelling
+        torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-7, msg=spelling)
+    assert all(p.grad is None for p in model._model.parameters())
+
+
+def test_a_place_gradient_in_reverse_order_and_at_a_copied_place(
+    tiny_model: Callable[..., Any],
+) -> None:
+    """Two places' gradients asked in reverse forward order, one of them a place whose
+    reads are copies (the mid-stream, edited in place later by the forward): each is
+    what ``gradients`` gives (itself held to autograd above)."""
+    model = tiny_model("tiny:llama")
+    batch, metric = _in_trace(model, TEXTS, 5)
+    mid, out = locate(model, "block_mid", 1), locate(model, "block_output", 0)
+    want = gradients(model, [mid, out], TEXTS, logprob(5))
+    try:
+        with model.trace(batch):
+            x0 = model.layers_output[0]
+            x1 = model.layers_mid[1]
+            loss = metric(model.output.logits)
+            with loss.backward():
+                g1 = x1.grad.save()
+                g0 = x0.grad.save()
+    finally:
+        _weights_clean(model)
+    torch.testing.assert_close(g1, want[mid], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g0, want[out], rtol=1e-5, atol=1e-7)
+
+
+def test_a_place_gradient_with_several_invokes(tiny_model: Callable[..., Any]) -> None:
+    """With an invoke per prompt: a read's gradient inside a backward the same invoke
+    opens, and ``retain_grad()`` in each invoke, give each row's gradient alone; a
+    backward opened in another invoke (which nnsight's backward does not serve) is
+    refused with those two spellings."""
+    model = tiny_model("tiny:llama")
+    texts = ["The cat sat on the mat", "The dog sat on the rug"]  # 11 and 12 tokens
+    address = locate(model, "block_output", 1)
+    alone = [gradients(model, [address], [t], logprob(5))[address] for t in texts]
+
+    def metric(logits: Any) -> Any:
+        return torch.log_softmax(logits[:, -1], -1)[:, 5].sum()
+
+    try:
+        with model.trace() as tracer:
+            with tracer.invoke(texts[0]):
+                a = model.layers_output[1].save()
+                a.retain_grad()
+                loss_a = metric(model.output.logits).save()
+            with tracer.invoke(texts[1]):
+                b = model.layers_output[1]
+                loss = metric(model.output.logits)
+                with loss.backward(retain_graph=True):
+                    g = b.grad.save()
+        loss_a.backward()
+        with pytest.raises(GradientRefused, match="another invoke"):
+            with model.trace() as tracer:
+                with tracer.invoke(texts[0]):
+                    x = model.layers_output[1]
+                with tracer.invoke(texts[1]):
+                    loss = metric(model.output.logits)
+                    with loss.backward():
+                        x.grad.save()
+    finally:
+        _weights_clean(model)
+    n = alone[0].shape[1]  # the first row padded to the batch's length
+    side = slice(-n, None) if model.tokenizer.padding_side == "left" else slice(0, n)
+    torch.testing.assert_close(a.grad[:, side], alone[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(g, alone[1], rtol=1e-5, atol=1e-7)
+
+
+def test_a_flat_place_gradient_on_nnsight_and_refused_up_front_on_hooks(
+    tiny_model: Callable[..., Any],
+) -> None:
+    """OPT holds its mid-stream flat, (batch*seq, hidden), viewed back with the layer
+    input's batch and sequence: its gradient in a trace (viewed back the same way) is
+    what ``gradients`` gives on the nnsight engine; the hooks engine, which cannot view
+    it back, refuses before the model runs."""
+    model = tiny_model("tiny:opt")
+    address = locate(model, "block_mid", 1)
+    want = gradients(model, [address], TEXTS, logprob(5))[address]
+    assert tuple(want.shape[:2]) == (2, max(len(f.real) for f in encode(model, TEXTS).frames))
+    batch, metric = _in_trace(model, TEXTS, 5)
+    got = _in_backward(model, batch, metric, lambda: model.layers_mid[1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    runs: list[int] = []
+    handle = model._model.register_forward_pre_hook(lambda *_: runs.append(1))
+    try:
+        with pytest.raises(HooksRefused, match="held flat"):
+            gradients(model, [address], TEXTS, logprob(5), engine="hooks")
+    finally:
+        handle.remove()
+    assert not runs
+
+
+def test_a_module_input_place_gradient_is_its_own(tiny_model: Callable[..., Any]) -> None:
+    """Falcon's MLP takes the tensor its attention takes too (a parallel block): the
+    tensor's gradient is both modules', the place's is the MLP's alone. Asked inside
+    the backward it is refused, naming ``retain_grad()``; ``retain_grad()`` right after
+    the read hands the MLP a view of its own and gives what ``gradients`` gives."""
+    model = tiny_model("tiny:falcon")
+    address = locate(model, "mlp_input", 1)
+    want = gradients(model, [address], TEXTS, logprob(5))[address]
+    batch, metric = _in_trace(model, TEXTS, 5)
+    try:
+        with pytest.raises(GradientRefused, match=r"x\.retain_grad\(\) right after"):
+            _in_backward(model, batch, metric, lambda: model.mlps_input[1])
+        with model.trace(batch):
+            x = model.mlps_input[1].save()
+            x.retain_grad()
+            metric(model.output.logits).backward()
+    finally:
+        _weights_clean(model)
+    torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-7)
+
+
+def test_the_sweep_certifies_the_trace_spelling(certified: Callable[[str], Any]) -> None:
+    """The sweep's gradients check holds each place's read in a trace of one's own
+    (``retain_grad()`` right after it, one backward) to ``gradients`` at every served
+    boundary place of the probe layer; on Llama that is every one of them, inputs and
+    the in-place mid-stream included."""
+    from causalab_mini.tools.checks.gradients import TRACED
+
+    result = certified("tiny:llama")
+    assert result.outcome == "certified", result.reason
+    traced = {
+        name
+        for name, item in result.components.items()
+        if any(c.startswith(TRACED) for c in item.get("checks", []))
+    }
+    assert {"block_input", "block_mid", "mlp_input", "mlp_output", "block_output"} <= traced
+
+
+def test_a_place_gradient_spelled_wrongly_is_refused_with_the_spelling_that_works(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:llama")
+    batch, metric = _in_trace(model, TEXTS, 5)
+    try:
+        # the place asked for inside the backward: the forward is over
+        with pytest.raises(GradientRefused, match=r"read x = model.layers_output\[1\] before"):
+            with model.trace(batch):
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    model.layers_output[1].grad.save()
+        # a part of a read: the whole read's gradient, indexed
+        with pytest.raises(GradientRefused, match="of the whole read"):
+            with model.trace(batch):
+                x = model.layers_output[1][:, 0]
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    x.grad.save()
+        # .grad of a read after a plain backward, without retain_grad: never a silent None
+        with model.trace(batch):
+            y = model.layers_output[1].save()
+            metric(model.output.logits).backward()
+        with pytest.raises(GradientRefused, match="retain_grad"):
+            _ = y.grad
+        # a read's gradient is not replaced through the read
+        with pytest.raises(GradientRefused, match=r"t\.grad = g"):
+            with model.trace(batch):
+                z = model.layers_output[1]
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    z.grad = torch.zeros_like(z)
+    finally:
+        _weights_clean(model)
+
+
 def _pairs(model: Any) -> tuple[list[str], list[str]]:
     pairs = checks.equal_length_pairs(model, list(checks.SENTENCES[:10]))
     assert pairs is not None
@@ -188,3 +426,16 @@ def test_bad_input_is_refused_before_anything_runs(tiny_model: Callable[..., Any
         attribute(model, [address], TEXTS, None, logprob(1), method="ig")
     with pytest.raises(MetricError, match="not one"):
         gradients(model, [address], TEXTS, logit_diff("the cat sat", " dog"))
+    # a metric autograd cannot differentiate: refused before the model runs
+    runs: list[int] = []
+    handle = model._model.register_forward_pre_hook(lambda *_: runs.append(1))
+    try:
+        with pytest.raises(AttributionRefused, match=r"torch\.int64 tensor off the graph"):
+            gradients(model, [address], TEXTS, lambda logits: logits.argmax(-1))
+        with pytest.raises(AttributionRefused, match=r"torch\.bool tensor off the graph"):
+            attribute(model, [address], TEXTS, TEXTS, lambda logits: logits[:, 0] > 0)
+        with pytest.raises(MetricError, match="not one value per row"):
+            gradients(model, [address], TEXTS, lambda logits: logits.sum())
+    finally:
+        handle.remove()
+    assert not runs

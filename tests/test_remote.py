@@ -496,6 +496,54 @@ def test_loopback_runs_a_non_blocking_trace(workers: dict[str, Any]) -> None:
     assert loop._count("subscribed") == subscribed, "a non-blocking run opens no websocket"
 
 
+def _remote_grads(client: StandardizedTransformer, loop: Any, texts: list[str]) -> dict[str, Any]:
+    """d logprob(5) at the last token / d (layer 1's output), in a remote trace, spelled
+    as nnsight spells a module's and as a place: each read made to require grad (the
+    server's weights do not), its .grad read inside ``with loss.backward():``."""
+    got: dict[str, Any] = {}
+    for spelling in ("module", "place"):
+        g = None  # bound before: the server hands saved values back by name
+        with loop.installed(), client.trace(texts, remote=True):
+            x = client.model.layers[1].output if spelling == "module" else client.layers_output[1]
+            x.requires_grad_()
+            loss = torch.log_softmax(client.output.logits[:, -1], -1)[:, 5].sum()
+            with loss.backward():
+                g = x.grad.save()
+        got[spelling] = g
+    return got
+
+
+def test_loopback_gradients_in_a_remote_trace_are_the_local_ones(
+    workers: dict[str, Any],
+) -> None:
+    """On the NDIF loopback a place's gradient is served where nnsight serves a
+    module's (a trace with a backward), equal to the local gradient; ``gradients`` and
+    ``attribute`` with ``remote=`` are refused before anything is sent, with the trace
+    to write instead."""
+    if not compat.is_08():
+        pytest.skip("the backward trace is nnsight 0.8's")
+    from causalab_mini.attribution import attribute, gradients
+    from causalab_mini.metrics import logprob
+
+    local = load("tiny:llama")
+    client = remote_llama()
+    texts = ["The cat sat on the mat"]
+    address = locate(local, "block_output", 1)
+    want = gradients(local, [address], texts, logprob(5))[address]
+    loop = loopback(workers["full"])
+    got = _remote_grads(client, loop, texts)
+    for spelling, grad in got.items():
+        torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-7, msg=spelling)
+    sent = loop.requests
+    far = locate(client, "block_output", 1)
+    with loop.installed():
+        with pytest.raises(remote.RemoteRefused, match=r"x\.grad\.save\(\)"):
+            gradients(client, [far], texts, logprob(5), remote=True)
+        with pytest.raises(remote.RemoteRefused, match="plain steps"):
+            attribute(client, [far], texts, texts, logprob(5), remote=True)
+    assert loop.requests == sent, "refused before anything was sent"
+
+
 # ---------------------------------------------------------------------- loading
 
 

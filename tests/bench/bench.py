@@ -1206,6 +1206,114 @@ def _grid_case(
     }
 
 
+def _ranks(values: Any) -> Any:
+    """The rank of each value (0 for the least), ties broken by position."""
+    import torch
+
+    order = values.argsort()
+    ranks = torch.empty_like(order, dtype=torch.float64)
+    ranks[order] = torch.arange(len(values), dtype=torch.float64)
+    return ranks
+
+
+def spearman(a: Any, b: Any) -> float:
+    """Spearman's rank correlation of two flat tensors of the same length."""
+    import torch
+
+    ra, rb = _ranks(a.flatten().double()), _ranks(b.flatten().double())
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def bench_attribution(repeats: int) -> dict[str, Any]:
+    """Issue 35: a (layer x position) grid on the 4-layer Llama of the engines part
+    estimated by attribution patching (``attribute``: one forward of bases and sources
+    and one backward) against the exact grid by activation patching
+    (``interchange.grid``: one patched row per cell), on the same pairs and the same
+    metric; wall time of the whole grid each way (interleaved, gc on, medians) and the
+    Spearman rank agreement of the two grids (over every cell, and over the cells'
+    means across pairs)."""
+    import torch
+
+    from causalab_mini import StandardizedTransformer
+    from causalab_mini.attribution import attribute
+    from causalab_mini.components import locate
+    from causalab_mini.interchange import grid
+    from causalab_mini.metrics import logit_diff
+    from causalab_mini.tools.tiny import build_tiny
+
+    seq, pairs = 32, 4
+    log(f"attribution: 4-layer llama, {seq} tokens, {pairs} pairs")
+    path = build_tiny("llama", overrides=READS_MODEL)
+    model = StandardizedTransformer(str(path))
+    # the same words in each row, rotated: as many tokens in every base and source
+    words = [f" w{i}" for i in range(seq)]
+    bases = ["".join(words[i:] + words[:i]) for i in range(pairs)]
+    sources = ["".join(reversed(words[i:] + words[:i])) for i in range(pairs)]
+    layers = list(range(model.internals.num_layers))
+    addresses = [locate(model, "block_input", layer) for layer in layers]
+    with torch.no_grad():
+        clean = grid(model, "block_input", layers[:1], [{"index": 0}], bases[:1], sources[:1])
+    good, bad = int(clean.source_logits[0].argmax()), int(clean.base_logits[0].argmax())
+    metric = logit_diff(good, bad)
+
+    def exact(engine: str) -> Any:
+        with torch.no_grad():
+            result = grid(
+                model,
+                "block_input",
+                layers,
+                "all",
+                bases,
+                sources,
+                metric=lambda logits, _pairs: metric(logits, model),
+                engine=engine,
+                batch_size=64,
+            )
+        base = metric(result.base_logits, model)
+        return result.values - base  # (layers, positions, pairs)
+
+    def atp(engine: str) -> Any:
+        result = attribute(model, addresses, bases, sources, metric, engine=engine)
+        # (pairs, positions) per layer -> (layers, positions, pairs)
+        return torch.stack([result.scores[a].T for a in addresses])
+
+    grids = {"patching": exact("hooks"), "atp": atp("hooks")}
+    agree = {
+        "engines equal (patching)": bool(torch.allclose(exact("nnsight"), grids["patching"])),
+        "engines equal (atp)": bool(
+            torch.allclose(atp("nnsight"), grids["atp"], rtol=1e-5, atol=1e-6)
+        ),
+    }
+    shape = tuple(grids["patching"].shape)
+    assert tuple(grids["atp"].shape) == shape, (grids["atp"].shape, shape)
+    times = interleaved_gc_on(
+        {
+            "atp_hooks": lambda: atp("hooks"),
+            "atp_nnsight": lambda: atp("nnsight"),
+            "patching_hooks": lambda: exact("hooks"),
+            "patching_nnsight": lambda: exact("nnsight"),
+        },
+        max(3, repeats // 8),
+        warmup=1,
+    )
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
+    return {
+        "grid": {"layers": shape[0], "positions": shape[1], "pairs": shape[2]},
+        "metric": metric.name,
+        "checks": agree,
+        "median_ms": {k: 1e3 * v for k, v in med.items()},
+        "median_cpu_ms": {k: 1e3 * v for k, v in cpu.items()},
+        "figures": {
+            f"patching / atp ({e})": figure(times, f"patching_{e}", f"atp_{e}", None)
+            for e in ("hooks", "nnsight")
+        },
+        "spearman (every cell)": spearman(grids["atp"], grids["patching"]),
+        "spearman (mean over pairs)": spearman(grids["atp"].mean(-1), grids["patching"].mean(-1)),
+        "max |patching effect|": float(grids["patching"].abs().max()),
+    }
+
+
 def _lens_grid(
     path: Path, model: Any, cells: list[Any], bases: list[str], sources: list[str]
 ) -> Callable[[], list[Any]] | str:
@@ -1657,6 +1765,12 @@ def table(result: dict[str, Any]) -> str:
             "per read: trace-body thread CPU, internals / hand",
             p["figures"]["internals / nnsight hand-written, worker-thread CPU per read"],
         )
+    a = result.get("attribution")
+    if a:
+        g = a["grid"]
+        cells = f"{g['layers']}x{g['positions']}x{g['pairs']}"
+        for label, fig in a["figures"].items():
+            ratio_row(f"attribution grid {cells}: {label}", fig)
     e = result.get("engines")
     if e:
         for part in ("reads", "interchange", "grid"):
@@ -1827,7 +1941,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="tracing,engines,resolve,tooling",
-        help="comma-separated parts: tracing, engines, seam, grid, resolve, tooling",
+        help="comma-separated parts: tracing, engines, seam, grid, attribution, resolve, tooling",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -1863,6 +1977,8 @@ def main(argv: list[str] | None = None) -> int:
         result["seam"] = bench_seam(args.repeats)
     if "grid" in parts:
         result["grid"] = bench_grid(args.repeats)
+    if "attribution" in parts:
+        result["attribution"] = bench_attribution(args.repeats)
     if "resolve" in parts:
         with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
             result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))

@@ -1,8 +1,10 @@
 """Gradients at places (``causalab_mini.attribution.gradients``), certified like values:
 the gradient at each layer's block output equals autograd on the model's own torch
 module through a zero added by a plain forward hook on the raw decoder layer (no
-causalab_mini code on that side), and the hooks engine's gradient at every place it
-serves equals the nnsight engine's."""
+causalab_mini code on that side), the hooks engine's gradient at every place it
+serves equals the nnsight engine's, and in a hand-written trace each place's read,
+``retain_grad()`` called right after it, has that gradient as its ``.grad`` after a
+backward (the spelling of ``docs/attribution.md``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from causalab_mini.tools.checks.base import Outcome
 ORACLE = "gradient at block_output == autograd through a zero hooked on the raw layer"
 ENGINES = "engine='hooks' gradient == engine='nnsight' gradient within 1e-6 relative"
 ENGINES_RTOL = 1e-6
+TRACED = "x.grad of a place's read in a trace (x.retain_grad()) == gradients() within 1e-5"
 TOKEN = 1  # the metric: the log-probability of this token at each row's last token
 RTOL = 1e-5
 
@@ -109,6 +112,7 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
         return
     yield from _oracle_outcomes(ctx, encoded)
     yield from _engine_outcomes(ctx, encoded)
+    yield from _traced_outcomes(ctx, encoded)
 
 
 def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
@@ -197,4 +201,71 @@ def _engine_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
         yield Outcome((address.component,), ENGINES, ok, "" if ok else f"{address}: {error:.2g}")
 
 
-__all__ = ["ENGINES", "ORACLE", "gradients"]
+def _traced_reads(model: Any, served: list[Any], inputs: Any, last: Any) -> list[Any]:
+    """Each of ``served`` read in one trace in forward order, ``retain_grad()`` right
+    after the read, and one backward of the metric (through the weights' graph, leaving
+    no ``.grad`` on them): the reads, whose ``.grad`` is then the place's gradient."""
+    import torch
+
+    weights = [p for p in model._model.parameters() if p.requires_grad]
+    reads: list[Any] = []  # bound before the trace: nnsight hands saves back
+    with torch.enable_grad(), model.trace(inputs):
+        for address in served:
+            x = model.internals[address.accessor][address.layer]
+            x.retain_grad()
+            reads.append(x.save())
+        logits = model.internals["logits"]()
+        value = _metric(logits[torch.arange(logits.shape[0]), last]).sum()
+        torch.autograd.grad(value, weights, allow_unused=True)
+    return reads
+
+
+def _traced_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+    """Every served boundary place of the probe layer, read in a trace of one's own,
+    against ``gradients`` at the component that reads the whole place (where the read
+    and the component hand the tensor on alike)."""
+    import torch
+
+    from causalab_mini.attribution import gradients as grads_of
+    from causalab_mini.errors import CausalabError
+    from causalab_mini.positions import trace_inputs
+
+    model = ctx.model
+    by_place: dict[Any, Any] = {}
+    for a in ctx.addresses.values():
+        if (
+            a not in ctx.unordered
+            and a.writable
+            and a.kind == "boundary"
+            and a.layer == min(1, ctx.n - 1)
+            and a.head is None
+            and a.stream is None
+            and not a.position
+        ):
+            by_place.setdefault((a.accessor, a.layer), a)
+    served = sorted(by_place.values(), key=lambda a: a.rank)
+    if not served or "logits" not in model.internals:
+        return
+    try:
+        want = grads_of(model, served, encoded, _metric)
+    except (CausalabError, RuntimeError):
+        return  # no gradient there (refused with the reason): nothing to compare
+    last = torch.tensor([f.real[-1] for f in encoded.frames])
+    try:
+        reads = _traced_reads(model, served, trace_inputs(model, encoded), last)
+    except CausalabError as exc:
+        yield Outcome(tuple(a.component for a in served), TRACED, False, str(exc)[:300])
+        return
+    for address, x in zip(served, reads, strict=True):
+        got, expected = x.grad, want[address]
+        if got is None:
+            yield Outcome((address.component,), TRACED, False, f"{address}: x.grad is None")
+            continue
+        if got.shape != expected.shape:
+            continue  # the place holds the tensor otherwise than the component hands it on
+        error = _relative(got, expected)
+        ok = error <= RTOL
+        yield Outcome((address.component,), TRACED, ok, "" if ok else f"{address}: {error:.2g}")
+
+
+__all__ = ["ENGINES", "ORACLE", "TRACED", "gradients"]
