@@ -36,12 +36,19 @@ if TYPE_CHECKING:
 ENGINES = ("nnsight", "hooks")
 
 
+# per model (the id of its internals, while they live), the hooks programs of plans of
+# reads alone, a few kept
+_PROGRAMS: dict[int, dict[tuple[Any, bool], Program]] = {}
+_PROGRAMS_KEPT = 16
+
+
 class Engine(ABC):
     """Runs lowered programs: ``lower`` a plan for this engine's target, ``run`` the
     program in one forward of the model on its inputs."""
 
     name: ClassVar[str]
     target: ClassVar[Target]
+    keeps_programs: ClassVar[bool] = False  # (the hooks engine: see ``lower``)
 
     def lower(
         self,
@@ -51,9 +58,26 @@ class Engine(ABC):
         indices: Mapping[Any, Any] | None = None,
         edits: Sequence[tuple[Any, Any]] | None = None,
     ) -> Program:
-        """``plan`` lowered for this engine (``causalab_mini.lower.lower``)."""
+        """``plan`` lowered for this engine (``causalab_mini.lower.lower``). Where the
+        engine ``keeps_programs``, a plan of reads alone (no indices, no edits: nothing
+        in its steps changes from one run to the next) is lowered once per model and the
+        same program handed back, so that what a run prepares of it is made once too."""
         self.prepare(model)
-        return lower(plan, model, held, indices, target=self.target, edits=edits)
+        kept = self.keeps_programs and not indices and edits is None
+        if not kept or any(s.write for s in plan.steps):
+            return lower(plan, model, held, indices, target=self.target, edits=edits)
+        internals = model.internals
+        cache = _PROGRAMS.get(id(internals))
+        if cache is None:  # (dropped with the model's internals)
+            cache = _PROGRAMS[id(internals)] = {}
+            weakref.finalize(internals, _PROGRAMS.pop, id(internals), None)
+        key = (plan, held)
+        program = cache.get(key)
+        if program is None:
+            if len(cache) >= _PROGRAMS_KEPT:
+                cache.pop(next(iter(cache)))  # the oldest
+            program = cache[key] = lower(plan, model, held, None, target=self.target)
+        return program
 
     def prepare(self, model: Any) -> None:
         """What the engine needs of the model before lowering (nothing by default)."""
@@ -174,42 +198,10 @@ class HooksEngine(Engine):
     def prepare(self, model: Any) -> None:
         hooks.dispatched(model)  # a hook on a meta module would never fire
 
-    def lower(
-        self,
-        plan: Any,
-        model: Any,
-        held: bool = False,
-        indices: Mapping[Any, Any] | None = None,
-        edits: Sequence[tuple[Any, Any]] | None = None,
-    ) -> Program:
-        """As ``Engine.lower``; a plan of reads alone (no indices, no edits: nothing
-        in its steps changes from one run to the next) is lowered once per model and
-        the same program handed back, so that the hooks a run installs are prepared
-        once too (``hooks.run`` keeps them per program)."""
-        if indices or edits is not None or any(s.write for s in plan.steps):
-            return super().lower(plan, model, held, indices, edits)
-        self.prepare(model)
-        internals = model.internals
-        cache = _PROGRAMS.get(id(internals))
-        if cache is None:  # (dropped with the model's internals)
-            cache = _PROGRAMS[id(internals)] = {}
-            weakref.finalize(internals, _PROGRAMS.pop, id(internals), None)
-        key = (plan, held)
-        program = cache.get(key)
-        if program is None:
-            if len(cache) >= _PROGRAMS_KEPT:
-                cache.pop(next(iter(cache)))  # the oldest
-            program = cache[key] = lower(plan, model, held, None, target=self.target)
-        return program
+    keeps_programs = True
 
     def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
         return hooks.run(model, program.steps, inputs)
-
-
-# per model (the id of its internals, while they live), the hooks programs of plans of
-# reads alone, a few kept
-_PROGRAMS: dict[int, dict[tuple[Any, bool], Program]] = {}
-_PROGRAMS_KEPT = 16
 
 
 class RemoteEngine(Engine):

@@ -489,21 +489,18 @@ def section_issues(source: Source) -> list[Issue]:
     ]
 
 
-def row_field_issues(source: Source, rows: Rows) -> list[Issue]:
-    """D033: a field these sections read that a row lacks."""
-    out = []
-    for field, path in field_needs(source.data).items():
-        lacking = [n for n, row in enumerate(rows.rows) if field not in row]
-        if lacking:
-            out.append(
-                source.issue(
-                    path,
-                    "D033",
-                    f"this reads the field {field!r} of every row, and rows {lacking[:10]} "
-                    f"have none (their fields: {sorted(rows.rows[lacking[0]])})",
-                )
-            )
-    return out
+def lacking_field(source: Source, rows: Rows, field: str, path: Any) -> Issue | None:
+    """D033 at ``path``: the rows that lack ``field``, which the document reads of every
+    row (None where none lacks it)."""
+    lacking = [n for n, row in enumerate(rows.rows) if field not in row]
+    if not lacking:
+        return None
+    return source.issue(
+        path,
+        "D033",
+        f"this reads the field {field!r} of every row, and rows {lacking[:10]} "
+        f"have none (their fields: {sorted(rows.rows[lacking[0]])})",
+    )
 
 
 __all__ = [
@@ -512,7 +509,7 @@ __all__ = [
     "feature_count",
     "featurizer_file",
     "field_needs",
-    "row_field_issues",
+    "lacking_field",
     "section_issues",
     "split_issues",
     "trained_interventions",

@@ -44,7 +44,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from .data import Rows, rows_of
-from .sections import field_needs, section_issues, split_issues
+from .sections import field_needs, lacking_field, section_issues, split_issues
 from .source import Issue, Path_, Source
 
 METRICS = ("logit_diff", "logprob", "cross_entropy", "kl", "accuracy", "iia")
@@ -455,16 +455,9 @@ def _row_issues(source: Source, rows: Rows) -> list[Issue]:
         needs.setdefault(field, path)
     out = _source_counts(source, rows)
     for field, path in needs.items():
-        lacking = [n for n, row in enumerate(rows.rows) if field not in row]
-        if lacking:
-            out.append(
-                source.issue(
-                    path,
-                    "D033",
-                    f"this needs the field {field!r} of every row, and rows {lacking[:10]} "
-                    f"have none (their fields: {sorted(rows.rows[lacking[0]])})",
-                )
-            )
+        issue = lacking_field(source, rows, field, path)
+        if issue is not None:
+            out.append(issue)
     return out
 
 
