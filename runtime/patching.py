@@ -97,11 +97,6 @@ def _cells(
     return out
 
 
-def _rows(inputs: dict[str, Any], rows: Any) -> dict[str, Any]:
-    """The batch's tensors at ``rows`` (each batch-first), in that order."""
-    return {key: value[rows] if hasattr(value, "shape") else value for key, value in inputs.items()}
-
-
 def _take_last(full: Any, last: Any) -> Any:
     import torch
 
@@ -139,6 +134,7 @@ class _Layer:
     model: Any
     runner: Engine
     inputs: dict[str, Any]
+    rows: Callable[[Any], Any]  # row indices -> the batch's rows there, as runner.run takes
     logits_at: ComponentAddress
     last: Any
     pair_of: Any  # cell c -> its pair (cell c = position c // k, pair c % k)
@@ -169,7 +165,7 @@ class _Layer:
                 self.model,
                 edits=[(patch, None), (None, lambda full, lr=last_rows: _take_last(full, lr))],
             )
-            (logits,) = self.runner.run(self.model, program, _rows(self.inputs, pairs))
+            (logits,) = self.runner.run(self.model, program, self.rows(pairs))
             yield torch.arange(start, stop), logits
 
 
@@ -185,9 +181,12 @@ def _check(bases: Sequence[str], sources: Sequence[str], batch_size: int) -> Non
 def _sources_once(layer: _Layer, addresses: list[ComponentAddress]) -> dict[Any, Any]:
     """Every source (and base) once: one forward reads the component at every layer
     and the logits; the reads by address."""
+    import torch
+
     plan = Plan.of(reads=[*addresses, layer.logits_at])
     program = layer.runner.lower(plan, layer.model)
-    values = layer.runner.run(layer.model, program, layer.inputs)
+    every_row = torch.arange(int(layer.last.shape[0]))  # bases, then sources
+    values = layer.runner.run(layer.model, program, layer.rows(every_row))
     return dict(zip(program.reads, values, strict=True))
 
 
@@ -255,10 +254,12 @@ def grid(
     cells = _cells(model, encoded, specs, k, bases)
     addresses, refused = _located(model, component, layers)
     logits_at = locate(model, "logits")
+    inputs = trace_inputs(model, encoded)
     layer = _Layer(
         model,
         runner,
-        trace_inputs(model, encoded),
+        inputs,
+        runner.batched(model, inputs),
         logits_at,
         torch.tensor(
             [f.real[-1] for f in encoded.frames]
