@@ -25,6 +25,12 @@ test asserts a time. Four parts, each timed in this one run:
    every file, or after an upgrade).
 4. sweep throughput: pending (the sweep command is not there yet).
 
+Parts run on request (``--only``): ``engines`` and ``seam`` (the hooks engine against
+a bare forward), ``grid`` (``interchange.grid`` against the bare-forward bound of its
+batches and one interchange per cell) and ``grid_tl`` (the same grids against
+TransformerLens's cached patching grid; ``--tl-python`` runs it in a venv that has
+transformer_lens, never a dependency).
+
 Variants of one figure run interleaved (A B C, B C A, ...) so that load from other
 processes falls on all of them alike; each figure reports min and median over the
 repeats, and a ratio of mins and a ratio of medians. A target is judged on the ratio
@@ -1146,8 +1152,13 @@ class GridBench:
         self.pairs = pairs
         self.cells = len(self.layers) * n_pos * pairs
         self.inputs = trace_inputs(self.model, encode(self.model, [*self.bases, *self.sources]))
+        # the grid's own chunking (batch_size GRID_BATCH, its default token budget)
+        from causalab_mini.patching import rows_per_forward
+
+        length = int(self.inputs["input_ids"].shape[1])
+        self.chunk = rows_per_forward(self.model, length, GRID_BATCH, None)
         rows = n_pos * pairs
-        self.chunks = [min(GRID_BATCH, rows - s) for s in range(0, rows, GRID_BATCH)]
+        self.chunks = [min(self.chunk, rows - s) for s in range(0, rows, self.chunk)]
 
     def bound(self) -> None:
         """The grid's forwards, bare: bases and sources once, then per layer each chunk
@@ -1225,6 +1236,7 @@ def _grid_case(
     cells_equal = torch.equal(a.logits, b.logits)
     one = torch.stack(g.per_cell()).reshape(a.logits.shape)
     worst = float((one - a.logits).abs().max())
+    load = os.getloadavg()
     times = interleaved_gc_on(
         {
             "bound": g.bound,
@@ -1238,6 +1250,8 @@ def _grid_case(
     return {
         "cells": g.cells,
         "batch": list(g.inputs["input_ids"].shape),
+        "rows_per_forward": g.chunk,
+        "load": [*load, *os.getloadavg()],
         "checks": {"engines equal": cells_equal, "max |grid - per-cell interchange|": worst},
         **_grid_figures(g.cells, times),
     }
@@ -1322,7 +1336,7 @@ class LensGrid:
         return logits, cache
 
     def layer_batches(self) -> Any:
-        """Per layer, the cells in chunks of GRID_BATCH rows: logits (L, P, k, vocab)."""
+        """Per layer, the cells in the chunks of our grid: logits (L, P, k, vocab)."""
         import torch
 
         with torch.no_grad():
@@ -1330,8 +1344,8 @@ class LensGrid:
             out = []
             for name in self.names:
                 source = cache[name]
-                for start in range(0, len(self.pair_of), GRID_BATCH):
-                    rows = slice(start, start + GRID_BATCH)
+                for start in range(0, len(self.pair_of), self.g.chunk):
+                    rows = slice(start, start + self.g.chunk)
                     out.append(self._patched(name, source, rows))
         g = self.g
         return torch.cat(out).reshape(len(g.layers), len(g.specs), g.pairs, -1)
@@ -1427,6 +1441,7 @@ def _grid_tl_case(
     return {
         "cells": g.cells,
         "batch": list(g.inputs["input_ids"].shape),
+        "rows_per_forward": g.chunk,
         "load": [*load, *os.getloadavg()],
         "checks": checks,
         **figures,
@@ -1964,6 +1979,46 @@ def table(result: dict[str, Any]) -> str:
     )
 
 
+GRID_VARIANTS = {
+    "bound": "bare transformers forwards (bound)",
+    "grid_hooks": "ours, hooks engine",
+    "grid_nnsight": "ours, nnsight engine",
+    "tl_cached": "TransformerLens cached, layer chunks",
+    "tl_cached_per_cell": "TransformerLens cached, per cell",
+    "per_cell_hooks": "one interchange per cell (hooks)",
+}
+
+
+def grid_table(result: dict[str, Any]) -> str:
+    """The grid parts as a Markdown table: per grid and variant the patches/s (median),
+    the bound's time over the variant's (wall median, wall min, CPU median) and the
+    load over the grid's run."""
+    rows = [("grid", "variant", "patches/s", "bound/x wall", "min", "cpu", "load")]
+    for part in ("grid", "grid_tl"):
+        for label, case in result.get(part, {}).items():
+            if not isinstance(case, dict) or "patches_per_s" not in case:
+                continue
+            load = case.get("load")
+            shown = "-" if load is None else f"{load[0]:.1f}-{load[3]:.1f}"
+            for key, per_s in case["patches_per_s"].items():
+                ratios = [
+                    case[f].get(key) for f in ("bound / grid (wall)", "bound / grid (wall, min)")
+                ]
+                ratios.append(case["bound / grid (cpu)"].get(key))
+                cells = ["-" if r is None else f"{r:.3f}" for r in ratios]
+                rows.append((label, GRID_VARIANTS.get(key, key), f"{per_s:.0f}", *cells, shown))
+    if len(rows) == 1:
+        return ""
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join(
+        [line(rows[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows[1:])]
+    )
+
+
 # (label, part of result["tracing"], variant) of the absolute times compared across runs
 COMPARED_TIMES = [
     ("empty trace, small model", "per_read", "empty_trace"),
@@ -2030,6 +2085,20 @@ def compare(results: list[dict[str, Any]]) -> str:
             *loads,
         ]
     )
+
+
+def grid_checks(result: dict[str, Any]) -> dict[str, bool]:
+    """The grid parts' pass/fail checks: the engines equal, one interchange per cell
+    within 1e-6, TransformerLens within LENS_TOLERANCE."""
+    out: dict[str, bool] = {}
+    for part in ("grid", "grid_tl"):
+        for label, case in result.get(part, {}).items():
+            for name, value in case.get("checks", {}).items() if isinstance(case, dict) else ():
+                if isinstance(value, bool):
+                    out[f"{part} {label}: {name}"] = value
+                elif name == "max |grid - per-cell interchange|":
+                    out[f"{part} {label}: grid == per-cell interchange (1e-6)"] = value <= 1e-6
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -2109,11 +2178,15 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"]["bench_seconds"] = time.perf_counter() - started
     result["meta"]["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     result["table"] = table(result)
+    result["grid_table"] = grid_table(result)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(result["table"])
+    if result["grid_table"]:
+        print("\n" + result["grid_table"])
     checks = {
         **result.get("tracing", {}).get("checks", {}),
         **result.get("engines", {}).get("checks", {}),
+        **grid_checks(result),
     }
     bad = [k for k, v in checks.items() if not v]
     if result.get("resolve") and not result["resolve"]["no_forward_no_weights"]:
