@@ -27,7 +27,9 @@ from typing import Any
 from .engines import Engine, engine_for
 from .errors import CausalabError
 from .geometry import ComponentError
+from .hooks import dispatched
 from .locator import ComponentAddress, locate
+from .lower import Target
 from .plan import Plan, Step
 from .positions import Encoded, PositionError, encode, parse, resolve, text_of, trace_inputs
 
@@ -287,6 +289,8 @@ def grid(
     addresses, refused = _located(model, component, layers)
     logits_at = locate(model, "logits")
     inputs = trace_inputs(model, encoded)
+    if runner.target is not Target.REMOTE:
+        dispatched(model)  # the weights where they run: the token budget is the device's
     layer = _Layer(
         model,
         runner,

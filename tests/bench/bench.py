@@ -1152,9 +1152,12 @@ class GridBench:
         self.pairs = pairs
         self.cells = len(self.layers) * n_pos * pairs
         self.inputs = trace_inputs(self.model, encode(self.model, [*self.bases, *self.sources]))
-        # the grid's own chunking (batch_size GRID_BATCH, its default token budget)
+        # the grid's own chunking (batch_size GRID_BATCH, its default token budget for
+        # the device the weights are on: loaded first)
+        from causalab_mini.hooks import dispatched
         from causalab_mini.patching import rows_per_forward
 
+        dispatched(self.model)
         length = int(self.inputs["input_ids"].shape[1])
         self.chunk = rows_per_forward(self.model, length, GRID_BATCH, None)
         rows = n_pos * pairs
