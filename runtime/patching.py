@@ -173,22 +173,31 @@ class _Layer:
 
 # Tokens (rows x padded length) per forward on CPU where the caller gives no budget:
 # past about this many a forward's activations leave the caches and each row costs
-# more (tiny Llama 4 x 256 at 128 tokens: 8.1 ms a row at 8 rows, 9.2 at 32; at 23
-# tokens 64 rows are cheapest); on an accelerator only ``batch_size`` bounds a chunk.
-CPU_BATCH_TOKENS = 1024
+# more (tiny Llama 4 x 256 at 128 tokens: 8.1 ms a row at 8 rows, 8.7 at 16, 9.2 at
+# 32; at 23 tokens 64 rows are cheapest); on an accelerator only ``batch_size``
+# bounds a chunk.
+CPU_BATCH_TOKENS = 1536
 
 
-def rows_per_forward(model: Any, length: int, batch_size: int, batch_tokens: int | None) -> int:
+def rows_per_forward(
+    model: Any, length: int, batch_size: int, batch_tokens: int | None, cells: int | None = None
+) -> int:
     """How many cells a grid's forward takes: ``batch_size`` rows at most, and at most
     ``batch_tokens`` tokens (rows x ``length``, the padded length); ``None``:
-    ``CPU_BATCH_TOKENS`` where the model runs on CPU, no token bound elsewhere."""
+    ``CPU_BATCH_TOKENS`` where the model runs on CPU, no token bound elsewhere. Given
+    ``cells`` (a layer's), as few forwards as those bounds allow, of equal size (96
+    cells at 44 rows: three of 32, not 44, 44 and 8)."""
     if batch_tokens is None:
         device = getattr(model, "device", None)
         on_cpu = device is None or getattr(device, "type", str(device)) == "cpu"
         batch_tokens = CPU_BATCH_TOKENS if on_cpu else None
-    if batch_tokens is None:
-        return batch_size
-    return max(1, min(batch_size, batch_tokens // max(1, length)))
+    most = batch_size
+    if batch_tokens is not None:
+        most = max(1, min(batch_size, batch_tokens // max(1, length)))
+    if cells is None or cells <= most:
+        return most if cells is None else max(1, cells)
+    forwards = -(-cells // most)
+    return -(-cells // forwards)
 
 
 def _length(inputs: Mapping[str, Any]) -> int:
@@ -302,7 +311,7 @@ def grid(
         ),  # where each row predicts its next token ({"anchor": "last"})
         torch.arange(k).repeat(len(specs)),
         torch.tensor([t for base_at, _ in cells for t in base_at]),
-        rows_per_forward(model, _length(inputs), batch_size, batch_tokens),
+        rows_per_forward(model, _length(inputs), batch_size, batch_tokens, k * len(specs)),
     )
     read = _sources_once(layer, list(addresses.values()))
     full_logits = _take_last(read[logits_at], layer.last)

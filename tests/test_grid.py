@@ -118,5 +118,8 @@ def test_a_token_budget_bounds_each_forward_and_changes_no_cell(
     assert rows_per_forward(model, length, 4, 10**6) == 4
     # on CPU the default budget is CPU_BATCH_TOKENS
     assert rows_per_forward(model, 128, 64, None) == CPU_BATCH_TOKENS // 128
+    # balanced: 96 cells at 44 rows a forward are three forwards of 32
+    assert rows_per_forward(model, 23, 44, None, 96) == 32
+    assert rows_per_forward(model, 23, 64, None, 5) == 5
     with pytest.raises(CausalabError, match="batch_tokens"):
         grid(model, "block_output", [0], "all", BASES, SOURCES, batch_tokens=0)

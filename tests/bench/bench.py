@@ -1159,8 +1159,8 @@ class GridBench:
 
         dispatched(self.model)
         length = int(self.inputs["input_ids"].shape[1])
-        self.chunk = rows_per_forward(self.model, length, GRID_BATCH, None)
         rows = n_pos * pairs
+        self.chunk = rows_per_forward(self.model, length, GRID_BATCH, None, rows)
         self.chunks = [min(self.chunk, rows - s) for s in range(0, rows, self.chunk)]
 
     def bound(self) -> None:
