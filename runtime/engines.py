@@ -22,7 +22,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import hooks, plain
@@ -89,12 +89,26 @@ class Engine(ABC):
         ``trace`` takes: text, or the batch ``positions.trace_inputs`` makes); return
         its reads in program order, as tensors (a read's ``then`` may make a list)."""
 
+    def batched(self, model: Any, inputs: Mapping[str, Any]) -> Callable[[Any], Any]:
+        """For a verb that runs many subsets of one tokenized batch (a patching grid's
+        chunks of cells): a function of row indices (a 1-D index tensor) giving the
+        batch's rows there, as ``run`` takes them. By default each tensor's rows."""
+        return lambda index: select_rows(inputs, index)
+
     def reads(self, model: Any, program: Program, inputs: Any) -> dict[Any, Any]:
         """``run``'s reads by address."""
         return dict(zip(program.reads, self.run(model, program, inputs), strict=True))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def select_rows(inputs: Mapping[str, Any], index: Any) -> dict[str, Any]:
+    """A tokenized batch's rows at ``index``, in that order (every tensor is
+    batch-first; anything else is kept as it is)."""
+    return {
+        key: value[index] if hasattr(value, "shape") else value for key, value in inputs.items()
+    }
 
 
 def unwrapped(exc: BaseException) -> BaseException:
@@ -203,6 +217,13 @@ class HooksEngine(Engine):
     def run(self, model: Any, program: Program, inputs: Any) -> list[Any]:
         return hooks.run(model, program.steps, inputs)
 
+    def batched(self, model: Any, inputs: Mapping[str, Any]) -> Callable[[Any], Any]:
+        """The batch prepared for the forward once (nnsight's batching of the whole
+        batch, ``hooks.prepared``), each subset its rows of that: no per-run batching."""
+        self.prepare(model)
+        ready = hooks.prepared(model, inputs)
+        return super().batched(model, inputs) if ready is None else ready.select
+
 
 class RemoteEngine(Engine):
     """The program as plain nnsight module accesses, on NDIF with ``remote=True`` (or
@@ -269,5 +290,6 @@ __all__ = [
     "engine_for",
     "open_sources",
     "prepare_sources",
+    "select_rows",
     "unwrapped",
 ]

@@ -29,6 +29,7 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import compat, plain
@@ -497,6 +498,39 @@ def forward_inputs(
     return call, args, kwargs
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A batch prepared once for many runs on subsets of its rows: what
+    ``forward_inputs`` makes of it (the callable and its keyword arguments), every
+    argument a batch-first tensor of the batch's rows, so the batch's rows at an index
+    are each argument's rows there (nnsight's batching of one tokenized input is row by
+    row)."""
+
+    call: Callable[..., Any]
+    kwargs: Mapping[str, Any]
+
+    def select(self, index: Any) -> Prepared:
+        """The rows at ``index`` (a 1-D index tensor), in that order."""
+        return Prepared(self.call, {key: value[index] for key, value in self.kwargs.items()})
+
+
+def prepared(model: Any, inputs: Any) -> Prepared | None:
+    """``inputs`` (a tokenized batch) prepared once, as ``run`` prepares it; None where
+    the call takes anything but batch-first tensors of one row count (each run then
+    prepares its own rows)."""
+    import torch
+
+    call, args, kwargs = forward_inputs(model, inputs)
+    ids = kwargs.get("input_ids")
+    if args or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    rows = ids.shape[0]
+    for value in kwargs.values():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != rows:
+            return None
+    return Prepared(call, kwargs)
+
+
 def dispatched(model: Any) -> None:
     """Load the real weights where nnsight has not yet (a hook on a meta module would
     never fire: dispatch replaces the modules)."""
@@ -507,12 +541,15 @@ def dispatched(model: Any) -> None:
 def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
     """Run ``program`` (``lower``'s steps, in forward order; a step may carry ``edit``,
     a write's value made of the place's handed tensor, and ``then``, applied to a read
-    in its hook) in one forward of
-    ``model`` on ``inputs``; return the reads in program order. Every hook is removed
-    before this returns or raises."""
+    in its hook) in one forward of ``model`` on ``inputs`` (or a ``Prepared`` batch's
+    rows); return the reads in program order. Every hook is removed before this
+    returns or raises."""
     dispatched(model)
     run_ = _Run(model, program)
-    call, args, kwargs = forward_inputs(model, inputs)
+    if isinstance(inputs, Prepared):
+        call, args, kwargs = inputs.call, (), dict(inputs.kwargs)
+    else:
+        call, args, kwargs = forward_inputs(model, inputs)
     for module in run_.modules.values():
         compat.clear_pending_operations(module)
     handles: list[Callable[[], None]] = []
@@ -557,4 +594,4 @@ def run_plan(
     return dict(zip(program.reads, run(model, program.steps, inputs), strict=True))
 
 
-__all__ = ["HooksRefused", "forward_inputs", "run", "run_plan"]
+__all__ = ["HooksRefused", "Prepared", "forward_inputs", "prepared", "run", "run_plan"]

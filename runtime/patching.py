@@ -20,14 +20,16 @@ logits), and every engine that runs the component gives the same grid.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .engines import Engine, engine_for
 from .errors import CausalabError
 from .geometry import ComponentError
+from .hooks import dispatched
 from .locator import ComponentAddress, locate
+from .lower import Target
 from .plan import Plan, Step
 from .positions import Encoded, PositionError, encode, parse, resolve, text_of, trace_inputs
 
@@ -97,11 +99,6 @@ def _cells(
     return out
 
 
-def _rows(inputs: dict[str, Any], rows: Any) -> dict[str, Any]:
-    """The batch's tensors at ``rows`` (each batch-first), in that order."""
-    return {key: value[rows] if hasattr(value, "shape") else value for key, value in inputs.items()}
-
-
 def _take_last(full: Any, last: Any) -> Any:
     import torch
 
@@ -139,6 +136,7 @@ class _Layer:
     model: Any
     runner: Engine
     inputs: dict[str, Any]
+    rows: Callable[[Any], Any]  # row indices -> the batch's rows there, as runner.run takes
     logits_at: ComponentAddress
     last: Any
     pair_of: Any  # cell c -> its pair (cell c = position c // k, pair c % k)
@@ -169,13 +167,51 @@ class _Layer:
                 self.model,
                 edits=[(patch, None), (None, lambda full, lr=last_rows: _take_last(full, lr))],
             )
-            (logits,) = self.runner.run(self.model, program, _rows(self.inputs, pairs))
+            (logits,) = self.runner.run(self.model, program, self.rows(pairs))
             yield torch.arange(start, stop), logits
 
 
-def _check(bases: Sequence[str], sources: Sequence[str], batch_size: int) -> None:
+# Tokens (rows x padded length) per forward on CPU where the caller gives no budget:
+# past about this many a forward's activations leave the caches and each row costs
+# more (tiny Llama 4 x 256 at 128 tokens: 8.1 ms a row at 8 rows, 8.7 at 16, 9.2 at
+# 32; at 23 tokens 64 rows are cheapest); on an accelerator only ``batch_size``
+# bounds a chunk.
+CPU_BATCH_TOKENS = 1536
+
+
+def rows_per_forward(
+    model: Any, length: int, batch_size: int, batch_tokens: int | None, cells: int | None = None
+) -> int:
+    """How many cells a grid's forward takes: ``batch_size`` rows at most, and at most
+    ``batch_tokens`` tokens (rows x ``length``, the padded length); ``None``:
+    ``CPU_BATCH_TOKENS`` where the model runs on CPU, no token bound elsewhere. Given
+    ``cells`` (a layer's), as few forwards as those bounds allow, of equal size (96
+    cells at 44 rows: three of 32, not 44, 44 and 8)."""
+    if batch_tokens is None:
+        device = getattr(model, "device", None)
+        on_cpu = device is None or getattr(device, "type", str(device)) == "cpu"
+        batch_tokens = CPU_BATCH_TOKENS if on_cpu else None
+    most = batch_size
+    if batch_tokens is not None:
+        most = max(1, min(batch_size, batch_tokens // max(1, length)))
+    if cells is None or cells <= most:
+        return most if cells is None else max(1, cells)
+    forwards = -(-cells // most)
+    return -(-cells // forwards)
+
+
+def _length(inputs: Mapping[str, Any]) -> int:
+    """The batch's padded length: its longest (rows, tokens) tensor's."""
+    return max((int(v.shape[-1]) for v in inputs.values() if getattr(v, "ndim", 0) == 2), default=1)
+
+
+def _check(
+    bases: Sequence[str], sources: Sequence[str], batch_size: int, batch_tokens: int | None
+) -> None:
     if type(batch_size) is not int or batch_size < 1:
         raise CausalabError(f"batch_size is a positive int, not {batch_size!r}")
+    if batch_tokens is not None and (type(batch_tokens) is not int or batch_tokens < 1):
+        raise CausalabError(f"batch_tokens is a positive int or None, not {batch_tokens!r}")
     if isinstance(bases, str) or isinstance(sources, str) or len(bases) != len(sources):
         raise PositionError("bases and sources are lists of texts, one source per base")
     if not bases:
@@ -185,9 +221,12 @@ def _check(bases: Sequence[str], sources: Sequence[str], batch_size: int) -> Non
 def _sources_once(layer: _Layer, addresses: list[ComponentAddress]) -> dict[Any, Any]:
     """Every source (and base) once: one forward reads the component at every layer
     and the logits; the reads by address."""
+    import torch
+
     plan = Plan.of(reads=[*addresses, layer.logits_at])
     program = layer.runner.lower(plan, layer.model)
-    values = layer.runner.run(layer.model, program, layer.inputs)
+    every_row = torch.arange(int(layer.last.shape[0]))  # bases, then sources
+    values = layer.runner.run(layer.model, program, layer.rows(every_row))
     return dict(zip(program.reads, values, strict=True))
 
 
@@ -239,33 +278,40 @@ def grid(
     engine: str | Engine = "nnsight",
     frame: str = "plain",
     batch_size: int = 64,
+    batch_tokens: int | None = None,
     keep_logits: bool | None = None,
 ) -> GridResult:
     """Patch ``component`` at each of ``layers`` and ``positions`` (specs naming one
     token per row, or ``"all"``) from each pair's source into its base (the module's
     text). ``metric(logits, pairs)``: (n, vocab) last-token logits and their pairs (n,)
-    -> (n,); ``keep_logits`` (default: no metric) keeps each cell's logits."""
+    -> (n,); ``keep_logits`` (default: no metric) keeps each cell's logits. A forward
+    takes at most ``batch_size`` cells and ``batch_tokens`` tokens
+    (``rows_per_forward``)."""
     import torch
 
     runner = engine_for(engine)
-    _check(bases, sources, batch_size)
+    _check(bases, sources, batch_size, batch_tokens)
     k = len(bases)
     encoded = encode(model, [*bases, *sources], frame)
     specs = _positions(model, encoded, positions, k)
     cells = _cells(model, encoded, specs, k, bases)
     addresses, refused = _located(model, component, layers)
     logits_at = locate(model, "logits")
+    inputs = trace_inputs(model, encoded)
+    if runner.target is not Target.REMOTE:
+        dispatched(model)  # the weights where they run: the token budget is the device's
     layer = _Layer(
         model,
         runner,
-        trace_inputs(model, encoded),
+        inputs,
+        runner.batched(model, inputs),
         logits_at,
         torch.tensor(
             [f.real[-1] for f in encoded.frames]
         ),  # where each row predicts its next token ({"anchor": "last"})
         torch.arange(k).repeat(len(specs)),
         torch.tensor([t for base_at, _ in cells for t in base_at]),
-        batch_size,
+        rows_per_forward(model, _length(inputs), batch_size, batch_tokens, k * len(specs)),
     )
     read = _sources_once(layer, list(addresses.values()))
     full_logits = _take_last(read[logits_at], layer.last)
@@ -276,4 +322,4 @@ def grid(
     return GridResult(component, tuple(addresses), tuple(specs), *out[:2], *clean, refused, out[2])
 
 
-__all__ = ["GridResult", "Metric", "grid"]
+__all__ = ["CPU_BATCH_TOKENS", "GridResult", "Metric", "grid", "rows_per_forward"]

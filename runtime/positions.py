@@ -501,16 +501,27 @@ def _tokenized(
     rows of different lengths exactly)."""
     from .padding import side_for
 
-    lengths = [len(r) for r in tokenizer(sources, add_special_tokens=add_special)["input_ids"]]
-    side = side_for(model, str(tokenizer.padding_side), lengths, required)
-    return tokenizer(
-        sources,
-        padding=True,
-        padding_side=side,
-        add_special_tokens=add_special,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
+    def padded(side: str) -> Any:
+        return tokenizer(
+            sources,
+            padding=True,
+            padding_side=side,
+            add_special_tokens=add_special,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+        )
+
+    preferred = str(tokenizer.padding_side)
+    try:  # most batches pad on the tokenizer's own side: tokenized once
+        batch = padded(preferred)
+    except ValueError:  # no pad token: refused below as before, or after the side
+        batch = None
+    if batch is not None:
+        lengths = [sum(row) for row in batch["attention_mask"]]
+    else:
+        lengths = [len(r) for r in tokenizer(sources, add_special_tokens=add_special)["input_ids"]]
+    side = side_for(model, preferred, lengths, required)
+    return batch if batch is not None and side == preferred else padded(side)
 
 
 def _check_padded_ids(model: Any, inputs: Mapping[str, Any], required: str | None) -> None:

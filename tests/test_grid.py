@@ -1,8 +1,8 @@
 """Patching grids (``causalab_mini.interchange.grid``): every cell equals the one-cell
 interchange of the same pair on ragged pairs (rows of different lengths), both engines
 give the same grid, the sources run once, a cell's patch changes what comes after, a
-layer the family lacks is left out with its reason, and bad positions are refused
-before anything runs."""
+layer the family lacks is left out with its reason, bad positions are refused
+before anything runs, and a token budget per forward changes no cell."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 from causalab_mini import locate
 from causalab_mini.errors import CausalabError
 from causalab_mini.interchange import grid, interchange
-from causalab_mini.positions import PositionError
+from causalab_mini.patching import CPU_BATCH_TOKENS, rows_per_forward
+from causalab_mini.positions import PositionError, encode
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
 
@@ -90,3 +91,35 @@ def test_bad_positions_are_refused_before_anything_runs(
         grid(model, "block_output", [0], "all", BASES, SOURCES[:1])
     with pytest.raises(CausalabError, match="batch_size"):
         grid(model, "block_output", [0], "all", BASES, SOURCES, batch_size=0)
+
+
+def test_a_token_budget_bounds_each_forward_and_changes_no_cell(
+    tiny_model: Callable[..., Any],
+) -> None:
+    model = tiny_model("tiny:llama")
+    length = int(encode(model, [*BASES, *SOURCES]).inputs["input_ids"].shape[1])
+    # 9 cells a layer: batch_size alone, then 2 rows' worth of tokens a forward
+    whole = grid(model, "block_output", [0, 1], SPECS, BASES, SOURCES, engine="hooks")
+    assert whole.forwards == 1 + 2
+    budget = grid(
+        model,
+        "block_output",
+        [0, 1],
+        SPECS,
+        BASES,
+        SOURCES,
+        engine="hooks",
+        batch_tokens=2 * length + 1,
+    )
+    assert budget.forwards == 1 + 2 * 5
+    assert torch.equal(budget.logits, whole.logits)
+    # a budget below one row still runs a row a forward
+    assert rows_per_forward(model, length, 64, 1) == 1
+    assert rows_per_forward(model, length, 4, 10**6) == 4
+    # on CPU the default budget is CPU_BATCH_TOKENS
+    assert rows_per_forward(model, 128, 64, None) == CPU_BATCH_TOKENS // 128
+    # balanced: 96 cells at 44 rows a forward are three forwards of 32
+    assert rows_per_forward(model, 23, 44, None, 96) == 32
+    assert rows_per_forward(model, 23, 64, None, 5) == 5
+    with pytest.raises(CausalabError, match="batch_tokens"):
+        grid(model, "block_output", [0], "all", BASES, SOURCES, batch_tokens=0)

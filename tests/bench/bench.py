@@ -25,6 +25,12 @@ test asserts a time. Four parts, each timed in this one run:
    every file, or after an upgrade).
 4. sweep throughput: pending (the sweep command is not there yet).
 
+Parts run on request (``--only``): ``engines`` and ``seam`` (the hooks engine against
+a bare forward), ``grid`` (``interchange.grid`` against the bare-forward bound of its
+batches and one interchange per cell) and ``grid_tl`` (the same grids against
+TransformerLens's cached patching grid; ``--tl-python`` runs it in a venv that has
+transformer_lens, never a dependency).
+
 Variants of one figure run interleaved (A B C, B C A, ...) so that load from other
 processes falls on all of them alike; each figure reports min and median over the
 repeats, and a ratio of mins and a ratio of medians. A target is judged on the ratio
@@ -1104,6 +1110,15 @@ def bench_seam(repeats: int) -> dict[str, Any]:
     return out
 
 
+# (model overrides, pairs, words of the longest text + 1, positions) of each grid: the
+# tiny Llama's texts are 23 tokens (bos and 11 words of 2-3 tokens), the 4-layer's 128
+GRID_CASES: dict[str, tuple[dict[str, Any], int, int, int]] = {
+    "tiny llama 3 layers, 12 positions, 8 pairs": ({"num_hidden_layers": 3}, 8, 12, 12),
+    "4-layer llama, 4 pairs x 128 tokens, 8 positions": (READS_MODEL, 4, 47, 8),
+}
+GRID_BATCH = 64
+
+
 def bench_grid(repeats: int) -> dict[str, Any]:
     """Patching grids (issue 37): ``interchange.grid`` against the bare-forward bound of
     the same batches (the source forward and each chunk of patched rows, run as a pure
@@ -1111,98 +1126,329 @@ def bench_grid(repeats: int) -> dict[str, Any]:
     cell; interleaved, gc on. Grids: tiny Llama 3 layers x 12 positions x 8 pairs, and
     the 4-layer Llama of the engines part at 4 pairs x 128 tokens (8 positions)."""
     out: dict[str, Any] = {}
-    cases = {
-        "tiny llama 3 layers, 12 positions, 8 pairs": ({"num_hidden_layers": 3}, 8, 12, 12),
-        "4-layer llama, 128 tokens, 4 pairs, 8 positions": (READS_MODEL, 4, 128, 8),
-    }
-    for label, (overrides, pairs, seq, n_pos) in cases.items():
-        out[label] = _grid_case(label, overrides, pairs, seq, n_pos, repeats)
+    for label, case in GRID_CASES.items():
+        out[label] = _grid_case(label, *case, repeats)
     return out
 
 
-def _grid_case(
-    label: str, overrides: dict[str, Any], pairs: int, seq: int, n_pos: int, repeats: int
-) -> dict[str, Any]:
-    import torch
+class GridBench:
+    """One grid of GRID_CASES, ready to time: the model, its pairs (ragged: three
+    lengths), the positions (the last ``n_pos`` tokens), the batch every engine runs,
+    and the bare-forward bound of the grid's batches."""
 
-    from causalab_mini import StandardizedTransformer
-    from causalab_mini.components import locate
-    from causalab_mini.interchange import grid, interchange
-    from causalab_mini.positions import encode, trace_inputs
-    from causalab_mini.tools.tiny import build_tiny
+    def __init__(self, overrides: dict[str, Any], pairs: int, words: int, n_pos: int) -> None:
+        from causalab_mini import StandardizedTransformer
+        from causalab_mini.positions import encode, trace_inputs
+        from causalab_mini.tools.tiny import build_tiny
 
-    log(f"grid: {label}")
-    path = build_tiny("llama", overrides=overrides)
-    model = StandardizedTransformer(str(path))
-    floor = TorchHooks(path)
-    words = [f" w{i}" for i in range(seq)]
-    bases = ["".join(words[: seq - 1 - (i % 3)]) for i in range(pairs)]
-    sources = ["".join(reversed(words[: seq - 1 - (i % 3)])) for i in range(pairs)]
-    layers = list(range(model.internals.num_layers))
-    specs = [{"index": -1 - j} for j in range(n_pos)]
-    batch = 64
-    cells = len(layers) * n_pos * pairs
-    inputs = trace_inputs(model, encode(model, [*bases, *sources]))
-    rows_per_chunk = [min(batch, n_pos * pairs - s) for s in range(0, n_pos * pairs, batch)]
+        self.path = build_tiny("llama", overrides=overrides)
+        self.model = StandardizedTransformer(str(self.path))
+        self.floor = TorchHooks(self.path)
+        vocab = [f" w{i}" for i in range(words)]
+        self.bases = ["".join(vocab[: words - 1 - (i % 3)]) for i in range(pairs)]
+        self.sources = ["".join(reversed(vocab[: words - 1 - (i % 3)])) for i in range(pairs)]
+        self.layers = list(range(self.model.internals.num_layers))
+        self.specs = [{"index": -1 - j} for j in range(n_pos)]
+        self.pairs = pairs
+        self.cells = len(self.layers) * n_pos * pairs
+        self.inputs = trace_inputs(self.model, encode(self.model, [*self.bases, *self.sources]))
+        # the grid's own chunking (batch_size GRID_BATCH, its default token budget for
+        # the device the weights are on: loaded first)
+        from causalab_mini.hooks import dispatched
+        from causalab_mini.patching import rows_per_forward
 
-    def bound(inputs: Any = inputs, rows_per_chunk: list[int] = rows_per_chunk) -> None:
+        dispatched(self.model)
+        length = int(self.inputs["input_ids"].shape[1])
+        rows = n_pos * pairs
+        self.chunk = rows_per_forward(self.model, length, GRID_BATCH, None, rows)
+        self.chunks = [min(self.chunk, rows - s) for s in range(0, rows, self.chunk)]
+
+    def bound(self) -> None:
+        """The grid's forwards, bare: bases and sources once, then per layer each chunk
+        of patched rows (a base each)."""
+        import torch
+
         with torch.no_grad():
-            floor.forward(inputs)  # the sources' (and bases') one forward
-            for _ in layers:
-                for rows in rows_per_chunk:
-                    idx = torch.arange(rows) % pairs
-                    floor.forward({k: v[idx] for k, v in inputs.items()})
+            self.floor.forward(self.inputs)
+            for _ in self.layers:
+                for rows in self.chunks:
+                    idx = torch.arange(rows) % self.pairs
+                    self.floor.forward({k: v[idx] for k, v in self.inputs.items()})
 
-    def run(engine: str, bases: Any = bases, sources: Any = sources) -> Any:
+    def run(self, engine: str) -> Any:
+        import torch
+
+        from causalab_mini.interchange import grid
+
         with torch.no_grad():
             return grid(
-                model,
+                self.model,
                 "block_input",
-                layers,
-                specs,
-                bases,
-                sources,
+                self.layers,
+                self.specs,
+                self.bases,
+                self.sources,
                 engine=engine,
-                batch_size=batch,
+                batch_size=GRID_BATCH,
             )
 
-    def per_cell(bases: Any = bases, sources: Any = sources) -> Any:
+    def per_cell(self) -> list[Any]:
+        import torch
+
+        from causalab_mini.components import locate
+        from causalab_mini.interchange import interchange
+
         with torch.no_grad():
             return [
                 interchange(
-                    model,
-                    [locate(model, "block_input", layer, position=p)],
-                    bases,
-                    sources,
+                    self.model,
+                    [locate(self.model, "block_input", layer, position=p)],
+                    self.bases,
+                    self.sources,
                     engine="hooks",
                 ).logits
-                for layer in layers
-                for p in specs
+                for layer in self.layers
+                for p in self.specs
             ]
 
-    a, b = run("hooks"), run("nnsight")
+
+def _grid_figures(cells: int, times: dict[str, list[float]]) -> dict[str, Any]:
+    """Medians, patches/s and bound / variant (wall and CPU) of one interleaved run."""
+    med = {k: statistics.median(v) for k, v in times.items()}
+    cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
+    return {
+        "median_ms": {k: 1e3 * v for k, v in med.items()},
+        "median_cpu_ms": {k: 1e3 * v for k, v in cpu.items()},
+        "patches_per_s": {k: cells / v for k, v in med.items()},
+        "bound / grid (wall)": {k: med["bound"] / med[k] for k in med if k != "bound"},
+        "bound / grid (cpu)": {k: cpu["bound"] / cpu[k] for k in cpu if k != "bound"},
+        "bound / grid (wall, min)": {
+            k: min(times["bound"]) / min(v) for k, v in times.items() if k != "bound"
+        },
+    }
+
+
+def _grid_case(
+    label: str, overrides: dict[str, Any], pairs: int, words: int, n_pos: int, repeats: int
+) -> dict[str, Any]:
+    import torch
+
+    log(f"grid: {label}")
+    g = GridBench(overrides, pairs, words, n_pos)
+    a, b = g.run("hooks"), g.run("nnsight")
     cells_equal = torch.equal(a.logits, b.logits)
-    one = torch.stack(per_cell()).reshape(a.logits.shape)
+    one = torch.stack(g.per_cell()).reshape(a.logits.shape)
     worst = float((one - a.logits).abs().max())
+    load = os.getloadavg()
     times = interleaved_gc_on(
         {
-            "bound": bound,
-            "grid_hooks": lambda: run("hooks"),
-            "grid_nnsight": lambda: run("nnsight"),
-            "per_cell_hooks": per_cell,
+            "bound": g.bound,
+            "grid_hooks": lambda: g.run("hooks"),
+            "grid_nnsight": lambda: g.run("nnsight"),
+            "per_cell_hooks": g.per_cell,
         },
         max(3, repeats // 4),
         warmup=1,
     )
-    med = {k: statistics.median(v) for k, v in times.items()}
-    cpu = {k: statistics.median(v) for k, v in CPU[id(times)].items()}
     return {
-        "cells": cells,
+        "cells": g.cells,
+        "batch": list(g.inputs["input_ids"].shape),
+        "rows_per_forward": g.chunk,
+        "load": [*load, *os.getloadavg()],
         "checks": {"engines equal": cells_equal, "max |grid - per-cell interchange|": worst},
-        "median_ms": {k: 1e3 * v for k, v in med.items()},
-        "patches_per_s": {k: cells / v for k, v in med.items() if k != "bound"},
-        "bound / grid (wall)": {k: med["bound"] / med[k] for k in med if k != "bound"},
-        "bound / grid (cpu)": {k: cpu["bound"] / cpu[k] for k in cpu if k != "bound"},
+        **_grid_figures(g.cells, times),
+    }
+
+
+# TransformerLens's grid against ours: its logits may differ from transformers' own
+# forward by float32 rounding (it runs the checkpoint through its bridge); a grid cell
+# is within this of ours (absolute, on logits of magnitude about 1: some 80 float32
+# steps, well above the clean forwards' measured difference and far below any effect).
+LENS_TOLERANCE = 1e-5
+
+
+def bench_grid_tl(repeats: int, tl_python: str | None) -> dict[str, Any]:
+    """Patching grids against TransformerLens (issue 37): its grid with the sources'
+    activations cached once (``run_with_cache`` of the bases and sources, then
+    ``run_with_hooks`` per layer with that layer's cells as rows of the same chunks as
+    ours, and per cell with the pairs as rows, as its patching helpers do), our grid on
+    both engines, and the bare-forward bound of our batches; interleaved, gc on, the
+    same checkpoints as the grid part. TransformerLens is never a dependency: where it
+    does not import, ``tl_python`` (an interpreter that has it and this project) runs
+    this part and its JSON is returned."""
+    try:
+        import transformer_lens  # noqa: F401
+    except ImportError as error:
+        if tl_python is None:
+            return {"status": f"not measured: transformer_lens does not import ({error})"}
+        return _grid_tl_elsewhere(tl_python, repeats)
+    out: dict[str, Any] = {}
+    for label, case in GRID_CASES.items():
+        out[label] = _grid_tl_case(label, *case, repeats)
+    return out
+
+
+def _grid_tl_elsewhere(python: str, repeats: int) -> dict[str, Any]:
+    """This part run by another interpreter (one with transformer_lens), its result."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="causalab-bench-tl-") as tmp:
+        out = Path(tmp) / "grid_tl.json"
+        args = [python, __file__, "--only", "grid_tl", "--repeats", str(repeats)]
+        args += ["--threads", str(torch.get_num_threads()), "--out", str(out)]
+        log(f"grid_tl: in {python}")
+        done = subprocess.run(args, capture_output=True, text=True)
+        if done.returncode != 0 or not out.exists():
+            return {"status": f"failed in {python}: {done.stderr[-2000:]}"}
+        result = json.loads(out.read_text())
+    part: dict[str, Any] = result["grid_tl"]
+    part["interpreter"] = {"python": python, **result["meta"]}
+    return part
+
+
+class LensGrid:
+    """The grid of ``g`` with TransformerLens: its bridge over the same checkpoint,
+    the bases' and sources' ``hook_resid_pre`` at every layer cached by one
+    ``run_with_cache``, then each cell's source value written by a hook into its base
+    row's token in ``run_with_hooks``."""
+
+    def __init__(self, g: GridBench) -> None:
+        import torch
+        from transformer_lens.model_bridge import TransformerBridge
+
+        from causalab_mini.positions import encode, resolve
+
+        self.bridge = TransformerBridge.boot_transformers(str(g.path), device="cpu")
+        self.g = g
+        k = g.pairs
+        self.ids, self.mask = g.inputs["input_ids"], g.inputs["attention_mask"]
+        encoded = encode(g.model, [*g.bases, *g.sources])
+        self.last = torch.tensor([row[0] for row in resolve(g.model, encoded, {"index": -1})])
+        at = [resolve(g.model, encoded, spec) for spec in g.specs]
+        # cell c = position c // k, pair c % k (as our grid orders them)
+        self.pair_of = torch.arange(k).repeat(len(g.specs))
+        self.base_tok = torch.tensor([w[i][0] for w in at for i in range(k)])
+        self.source_tok = torch.tensor([w[k + i][0] for w in at for i in range(k)])
+        self.names = [f"blocks.{layer}.hook_resid_pre" for layer in g.layers]
+
+    def cache(self) -> Any:
+        wanted = set(self.names)
+        logits, cache = self.bridge.run_with_cache(
+            self.ids, attention_mask=self.mask, names_filter=lambda name: name in wanted
+        )
+        return logits, cache
+
+    def layer_batches(self) -> Any:
+        """Per layer, the cells in the chunks of our grid: logits (L, P, k, vocab)."""
+        import torch
+
+        with torch.no_grad():
+            _, cache = self.cache()
+            out = []
+            for name in self.names:
+                source = cache[name]
+                for start in range(0, len(self.pair_of), self.g.chunk):
+                    rows = slice(start, start + self.g.chunk)
+                    out.append(self._patched(name, source, rows))
+        g = self.g
+        return torch.cat(out).reshape(len(g.layers), len(g.specs), g.pairs, -1)
+
+    def _patched(self, name: str, source: Any, rows: slice) -> Any:
+        import torch
+
+        pairs, at = self.pair_of[rows], self.base_tok[rows]
+        put = source[self.g.pairs + pairs, self.source_tok[rows]]
+        n = torch.arange(len(pairs))
+
+        def patch(t: Any, hook: Any) -> Any:
+            t = t.clone()
+            t[n, at] = put
+            return t
+
+        logits = self.bridge.run_with_hooks(
+            self.ids[pairs], attention_mask=self.mask[pairs], fwd_hooks=[(name, patch)]
+        )
+        return logits[n, self.last[pairs]]
+
+    def per_cell(self) -> Any:
+        """One ``run_with_hooks`` per cell, the pairs as rows: logits (L, P, k, vocab)."""
+        import torch
+
+        k = self.g.pairs
+        with torch.no_grad():
+            _, cache = self.cache()
+            out = [
+                self._patched(name, cache[name], slice(s, s + k))
+                for name in self.names
+                for s in range(0, len(self.pair_of), k)
+            ]
+        g = self.g
+        return torch.cat(out).reshape(len(g.layers), len(g.specs), g.pairs, -1)
+
+    def clean(self) -> Any:
+        """Its unpatched logits of every row against transformers' own forward's."""
+        import torch
+
+        with torch.no_grad():
+            theirs = self.bridge(self.ids, attention_mask=self.mask)
+            ours = self.g.floor.hf(**self.g.inputs).logits
+        kept = self.mask.bool()
+        return float((theirs - ours)[kept].abs().max()), float(ours[kept].abs().max())
+
+
+def _grid_tl_case(
+    label: str, overrides: dict[str, Any], pairs: int, words: int, n_pos: int, repeats: int
+) -> dict[str, Any]:
+    import torch
+
+    log(f"grid_tl: {label}")
+    g = GridBench(overrides, pairs, words, n_pos)
+    lens = LensGrid(g)
+    ours = g.run("hooks")
+    theirs, theirs_cells = lens.layer_batches(), lens.per_cell()
+    clean, scale = lens.clean()
+    # the metric of the issue's grids: the base's top clean token's logit minus the
+    # source's, at the last token
+    top = torch.stack([ours.base_logits.argmax(-1), ours.source_logits.argmax(-1)], -1)
+
+    def metric(logits: Any) -> Any:
+        picked = logits.gather(-1, top.expand(*logits.shape[:-1], 2))
+        return picked[..., 0] - picked[..., 1]
+
+    worst = float((theirs - ours.logits).abs().max())
+    checks = {
+        "engines equal": torch.equal(ours.logits, g.run("nnsight").logits),
+        "TransformerLens per cell == per layer batch": float((theirs_cells - theirs).abs().max()),
+        "max |TransformerLens - ours| logits": worst,
+        "max |TransformerLens - ours| metric": float(
+            (metric(theirs) - metric(ours.logits)).abs().max()
+        ),
+        "max |TransformerLens - transformers| clean logits": clean,
+        "max |logit|": scale,
+        f"TransformerLens ~= ours (atol {LENS_TOLERANCE})": worst <= LENS_TOLERANCE,
+    }
+    load = os.getloadavg()
+    times = interleaved_gc_on(
+        {
+            "bound": g.bound,
+            "grid_hooks": lambda: g.run("hooks"),
+            "grid_nnsight": lambda: g.run("nnsight"),
+            "tl_cached": lens.layer_batches,
+            "tl_cached_per_cell": lens.per_cell,
+        },
+        max(3, repeats // 4),
+        warmup=1,
+    )
+    figures = _grid_figures(g.cells, times)
+    med = figures["median_ms"]
+    return {
+        "cells": g.cells,
+        "batch": list(g.inputs["input_ids"].shape),
+        "rows_per_forward": g.chunk,
+        "load": [*load, *os.getloadavg()],
+        "checks": checks,
+        **figures,
+        "ours hooks / TransformerLens cached (speed)": med["tl_cached"] / med["grid_hooks"],
     }
 
 
@@ -1850,6 +2096,46 @@ def table(result: dict[str, Any]) -> str:
     )
 
 
+GRID_VARIANTS = {
+    "bound": "bare transformers forwards (bound)",
+    "grid_hooks": "ours, hooks engine",
+    "grid_nnsight": "ours, nnsight engine",
+    "tl_cached": "TransformerLens cached, layer chunks",
+    "tl_cached_per_cell": "TransformerLens cached, per cell",
+    "per_cell_hooks": "one interchange per cell (hooks)",
+}
+
+
+def grid_table(result: dict[str, Any]) -> str:
+    """The grid parts as a Markdown table: per grid and variant the patches/s (median),
+    the bound's time over the variant's (wall median, wall min, CPU median) and the
+    load over the grid's run."""
+    rows = [("grid", "variant", "patches/s", "bound/x wall", "min", "cpu", "load")]
+    for part in ("grid", "grid_tl"):
+        for label, case in result.get(part, {}).items():
+            if not isinstance(case, dict) or "patches_per_s" not in case:
+                continue
+            load = case.get("load")
+            shown = "-" if load is None else f"{load[0]:.1f}-{load[3]:.1f}"
+            for key, per_s in case["patches_per_s"].items():
+                ratios = [
+                    case[f].get(key) for f in ("bound / grid (wall)", "bound / grid (wall, min)")
+                ]
+                ratios.append(case["bound / grid (cpu)"].get(key))
+                cells = ["-" if r is None else f"{r:.3f}" for r in ratios]
+                rows.append((label, GRID_VARIANTS.get(key, key), f"{per_s:.0f}", *cells, shown))
+    if len(rows) == 1:
+        return ""
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    return "\n".join(
+        [line(rows[0]), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows[1:])]
+    )
+
+
 # (label, part of result["tracing"], variant) of the absolute times compared across runs
 COMPARED_TIMES = [
     ("empty trace, small model", "per_read", "empty_trace"),
@@ -1918,6 +2204,20 @@ def compare(results: list[dict[str, Any]]) -> str:
     )
 
 
+def grid_checks(result: dict[str, Any]) -> dict[str, bool]:
+    """The grid parts' pass/fail checks: the engines equal, one interchange per cell
+    within 1e-6, TransformerLens within LENS_TOLERANCE."""
+    out: dict[str, bool] = {}
+    for part in ("grid", "grid_tl"):
+        for label, case in result.get(part, {}).items():
+            for name, value in case.get("checks", {}).items() if isinstance(case, dict) else ():
+                if isinstance(value, bool):
+                    out[f"{part} {label}: {name}"] = value
+                elif name == "max |grid - per-cell interchange|":
+                    out[f"{part} {label}: grid == per-cell interchange (1e-6)"] = value <= 1e-6
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench.json"), help="where the JSON goes")
@@ -1941,7 +2241,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="tracing,engines,resolve,tooling",
-        help="comma-separated parts: tracing, engines, seam, grid, attribution, resolve, tooling",
+        help="comma-separated parts: tracing, engines, seam, grid, grid_tl, attribution, resolve, tooling",
+    )
+    parser.add_argument(
+        "--tl-python",
+        default=os.environ.get("CAUSALAB_TL_PYTHON"),
+        help="for grid_tl where transformer_lens does not import: an interpreter that has "
+        "it and this project (e.g. a venv of `nox -s transformer_lens`); the part runs "
+        "there (default: $CAUSALAB_TL_PYTHON)",
     )
     args = parser.parse_args(argv)
     if args.compare:
@@ -1979,6 +2286,8 @@ def main(argv: list[str] | None = None) -> int:
         result["grid"] = bench_grid(args.repeats)
     if "attribution" in parts:
         result["attribution"] = bench_attribution(args.repeats)
+    if "grid_tl" in parts:
+        result["grid_tl"] = bench_grid_tl(args.repeats, args.tl_python)
     if "resolve" in parts:
         with tempfile.TemporaryDirectory(prefix="causalab-bench-") as tmp:
             result["resolve"] = bench_resolve(args.resolve_repeats, Path(tmp))
@@ -1988,11 +2297,15 @@ def main(argv: list[str] | None = None) -> int:
     result["meta"]["bench_seconds"] = time.perf_counter() - started
     result["meta"]["load_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     result["table"] = table(result)
+    result["grid_table"] = grid_table(result)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(result["table"])
+    if result["grid_table"]:
+        print("\n" + result["grid_table"])
     checks = {
         **result.get("tracing", {}).get("checks", {}),
         **result.get("engines", {}).get("checks", {}),
+        **grid_checks(result),
     }
     bad = [k for k, v in checks.items() if not v]
     if result.get("resolve") and not result["resolve"]["no_forward_no_weights"]:
