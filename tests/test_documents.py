@@ -1158,3 +1158,21 @@ def test_explaining_a_fit_or_a_generation_runs_no_forward(name: str) -> None:
     text = explain(exp)
     assert not exp.model.dispatched  # nothing fitted, harvested or generated to say it
     assert f"forwards: {forwards(exp)} " in text and "fits and steering:" in text
+
+
+def _readme_block(marker: str) -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    after = text.split(f"<!-- {marker} -->\n", 1)[1]
+    return after.split("\n", 1)[1].split("```\n", 1)[0]  # the fenced block's body
+
+
+def test_the_readme_shows_the_main_document_and_what_explain_says_of_it() -> None:
+    """README's research section: the document its main command runs, as the file is,
+    and the first lines of `causalab-mini explain` on it, as the command says them."""
+    assert _readme_block("document") == (REPO / "documents/activation_patching.yaml").read_text(
+        encoding="utf-8"
+    )
+    shown = _readme_block("explain")
+    said = cli("explain", "documents/activation_patching.yaml")
+    assert said.exit_code == 0, said.output
+    assert said.output.startswith(shown), (shown, said.output[: len(shown) + 200])
