@@ -310,6 +310,28 @@ class Gradient:
             source.register_hook(keep)
 
 
+class NoGradient(Gradient):
+    """The gradient of a computed place's read (each head's term of the output
+    projection, made from the projection's input and weight): no tensor the forward
+    runs through, so autograd has none; every spelling is refused with ``why`` (where
+    the gradient is), never torch's silent None."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, where: str, source: Any, why: str) -> None:
+        super().__init__(where, source, lambda grad: grad)
+        self.why = why
+
+    def of(self, read: Any, root: Any, reader: Any) -> Any:
+        raise GradientRefused(f"x.grad at {self.where}: {self.why}")
+
+    def track(self, requires_grad: bool) -> None:
+        raise GradientRefused(f"x.requires_grad_() at {self.where}: {self.why}")
+
+    def retain(self, read: Any, root: Any) -> None:
+        raise GradientRefused(f"x.retain_grad() at {self.where}: {self.why}")
+
+
 def _target(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The tensor ``func`` edits in place, or None where it edits none."""
     name = getattr(func, "__name__", "")

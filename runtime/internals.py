@@ -339,6 +339,17 @@ class Place:
 _BEFORE_LAYERS = 1 << 20
 
 
+# where a computed place's gradient is (each head's term of the output projection is
+# made from its input and weight: no tensor the forward runs through)
+COMPUTED_GRADIENT = (
+    "the place is computed from the output projection's input and weight (each head's "
+    "term), not a tensor the forward runs through, so autograd has no gradient for it; "
+    "every head's term has the gradient of the projection's output (their sum plus the "
+    "bias): read attentions_output (where nothing follows the projection) and take its "
+    "x.grad, or attentions_premix's for the heads' inputs"
+)
+
+
 class Internals(Mapping[str, Place]):
     """The rows of one model by name, in forward order."""
 
@@ -554,13 +565,15 @@ class Internals(Mapping[str, Place]):
         """A read as handed to the user in a trace body: its in-place edits are the
         place's write (``causalab_mini.edits``), and its ``.grad`` is the place's
         gradient (that of ``raw``, the model's tensor it was made of)."""
-        from .edits import Gradient, editable
+        from .edits import Gradient, NoGradient, editable
 
         place = self._places[_place_name(step)]
         layer = step["layer"]
         location = compat.location(target, step["attr"])
-        gradient = None
-        if hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
+        gradient: Gradient | None = None
+        if step["heads_through"] is not None and hasattr(raw, "requires_grad"):
+            gradient = NoGradient(place.where(layer), raw, COMPUTED_GRADIENT)
+        elif hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
             gradient = Gradient(
                 place.where(layer),
                 raw,

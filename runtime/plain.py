@@ -392,7 +392,7 @@ def whole_value(model: Any, step: Step, env: Env | None = None, edit: bool = Fal
     place's write (``causalab_mini.edits``)."""
     target, _, raw = _raw(model, step, env)
     value = _meant(step, raw, env)
-    if edit and env is not None and step["take"] is None and step["heads_through"] is None:
+    if edit and env is not None and step["take"] is None:
         value = env.handed(step, value, target, raw)
     return value
 

@@ -146,3 +146,35 @@ def test_a_heads_term_is_read_only_and_refused_after_a_post_norm(tiny_model: Loa
     sandwich = tiny_model("tiny:gemma2")
     with pytest.raises(ComponentError, match="a norm is not linear"):
         locate(sandwich, "attention_head_output", 0)
+
+
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_a_heads_term_read_in_a_trace_refuses_an_edit_and_a_gradient(
+    spec: str, tiny_model: Load
+) -> None:
+    """A read of the computed place in a hand-written trace: an in-place edit raises
+    (it would change a copy the forward never sees), and every gradient spelling names
+    where the gradient is, never torch's silent None; the model's output is untouched."""
+    from causalab_mini.errors import GradientRefused
+
+    model = tiny_model(spec)
+    inputs = c.sample_inputs(model)
+    place = model.internals["attentions_head_output"]
+    with model.trace(inputs):
+        clean = model.logits.save()
+    for spelling in ("retain_grad", "requires_grad_", "grad"):
+        with pytest.raises(GradientRefused, match="attentions_output"):
+            with model.trace(inputs):
+                x = place[1]
+                if spelling == "grad":
+                    x.grad  # noqa: B018
+                else:
+                    getattr(x, spelling)()
+    with pytest.raises(WriteRefused, match="read-only"):
+        with model.trace(inputs):
+            y = place[1]
+            y.mul_(0)
+    with model.trace(inputs):
+        kept = place[1].save()
+        after = model.logits.save()
+    assert torch.equal(after, clean) and kept.abs().sum() > 0
