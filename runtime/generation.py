@@ -124,21 +124,20 @@ def _batch(model: Any, inputs: Any, frame: str) -> Encoded:
     )
     decoder = "decoder_input_ids" in encoded.inputs  # an encoder-decoder's batch
     mask = encoded.inputs["decoder_attention_mask" if decoder else "attention_mask"]
-    if mask is not None and decoder and not bool(mask[:, -1].all()):
-        rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
-        raise GenerationRefused(
-            f"Plan.generate on decoder prefixes of different lengths (rows {rows} end in "
-            "padding): transformers generates each row's next token after the last column, "
-            "which in those rows is padding: give prefixes of as many tokens, or generate "
-            "each row alone"
-        )
     if mask is not None and not bool(mask[:, -1].all()):
         rows = [r for r in range(mask.shape[0]) if not int(mask[r, -1])]
+        what, fix = (
+            (
+                "decoder prefixes of different lengths",
+                "give prefixes of as many tokens, or generate each row alone",
+            )
+            if decoder
+            else ("a right-padded batch", "pad on the left (model.tokenizer.padding_side = 'left')")
+        )
         raise GenerationRefused(
-            f"Plan.generate on a right-padded batch (rows {rows} end in padding): "
-            "transformers generates each row's next token after the batch's last column, "
-            "which in those rows is padding: pad on the left "
-            "(model.tokenizer.padding_side = 'left')"
+            f"Plan.generate on {what} (rows {rows} end in padding): transformers generates "
+            f"each row's next token after the batch's last column, which in those rows is "
+            f"padding: {fix}"
         )
     return encoded
 

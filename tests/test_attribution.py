@@ -149,11 +149,12 @@ def _in_backward(model: Any, batch: Any, metric: Any, read: Callable[[], Any]) -
     return g
 
 
-def _retained(model: Any, batch: Any, metric: Any) -> Any:
-    """``x.retain_grad()`` on a saved read, a plain ``loss.backward()``, then ``x.grad``."""
+def _retained(model: Any, batch: Any, metric: Any, place: Any = None) -> Any:
+    """``x.retain_grad()`` on a saved read (``place()``, else block_output[1]), a plain
+    ``loss.backward()``, then ``x.grad``."""
     try:
         with model.trace(batch):
-            x = model.layers_output[1].save()
+            x = (place() if place is not None else model.layers_output[1]).save()
             x.retain_grad()
             metric(model.output.logits).backward()
     finally:
@@ -291,13 +292,10 @@ def test_a_module_input_place_gradient_is_its_own(tiny_model: Callable[..., Any]
     try:
         with pytest.raises(GradientRefused, match=r"x\.retain_grad\(\) right after"):
             _in_backward(model, batch, metric, lambda: model.mlps_input[1])
-        with model.trace(batch):
-            x = model.mlps_input[1].save()
-            x.retain_grad()
-            metric(model.output.logits).backward()
     finally:
         _weights_clean(model)
-    torch.testing.assert_close(x.grad, want, rtol=1e-5, atol=1e-7)
+    got = _retained(model, batch, metric, lambda: model.mlps_input[1])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_the_sweep_certifies_the_trace_spelling(certified: Callable[[str], Any]) -> None:

@@ -374,22 +374,13 @@ def _sweep_issues(source: Source) -> list[Issue]:
     site = sites[sweep["site"]]
     out = []
     for i, axis in enumerate(sweep.get("axes") or []):
-        if axis == "units" and site.get("units") is None:
+        if axis in ("units", "heads") and site.get(axis) is None:
             out.append(
                 source.issue(
                     ("sweep", "axes", i),
                     "D003",
-                    f"the sweep runs over units and site {sweep['site']!r} names none: give "
-                    "it units (a list, a range or all)",
-                )
-            )
-        if axis == "heads" and site.get("heads") is None:
-            out.append(
-                source.issue(
-                    ("sweep", "axes", i),
-                    "D003",
-                    f"the sweep runs over heads and site {sweep['site']!r} names none: give "
-                    "it heads (a list, a range or all)",
+                    f"the sweep runs over {axis} and site {sweep['site']!r} names none: give "
+                    f"it {axis} (a list, a range or all)",
                 )
             )
     return out
