@@ -406,9 +406,14 @@ def encode(
         )
         for row in range(len(sources))
     ]
-    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids}
+    out = {"input_ids": ids, "attention_mask": mask, "position_ids": position_ids_of(mask)}
     return Encoded(inputs=out, frames=tuple(frames), frame=frame)
+
+
+def position_ids_of(mask: Any) -> Any:
+    """Each token's position counted from its row's first real token (0 on the pads
+    before it), from the batch's attention mask: as the rows alone count them."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def check_frame(inputs: Any, frame: str) -> None:
@@ -874,6 +879,7 @@ __all__ = [
     "media_token_id",
     "media_token_ids",
     "parse",
+    "position_ids_of",
     "put",
     "resolve",
     "spec_of",

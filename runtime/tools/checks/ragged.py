@@ -64,7 +64,7 @@ def _raw_batch(model: Any, texts: list[str], side: str) -> tuple[dict[str, Any],
     family's forward makes of that padding."""
     import torch
 
-    from causalab_mini.positions import Encoded, trace_inputs
+    from causalab_mini.positions import Encoded, position_ids_of, trace_inputs
 
     tokenizer = model.tokenizer
     batch = tokenizer(texts, padding=True, padding_side=side, return_tensors="pt")
@@ -72,7 +72,7 @@ def _raw_batch(model: Any, texts: list[str], side: str) -> tuple[dict[str, Any],
     inputs = {
         "input_ids": batch["input_ids"],
         "attention_mask": mask,
-        "position_ids": (mask.long().cumsum(-1) - 1).clamp(min=0),
+        "position_ids": position_ids_of(mask),
     }
     fed = trace_inputs(model, Encoded(inputs=inputs, frames=()))
     return fed, mask.bool() if isinstance(mask, torch.Tensor) else mask
