@@ -231,7 +231,11 @@ def test_splicing_keeps_the_logits_and_an_ablation_moves_them(
     sae = SAE.load(_written(kind, tmp_path, trained)[0], model=llama)
     at = locate(llama, sae.site.component, sae.site.layer, featurizer=sae)
     logits = locate(llama, "logits")
-    clean = Plan.of(reads=[logits]).run(llama, HELD_OUT, engine=engine)[logits]
+    # a place the forward reaches before the SAE's: what a write there leaves as it was
+    before = locate(llama, "block_input", sae.site.layer)
+    assert before.rank < at.rank
+    clean_run = Plan.of(reads=[before, logits]).run(llama, HELD_OUT, engine=engine)
+    clean = clean_run[logits]
     got = Plan.of(reads=[at, logits], writes=[(at, Scale(torch.ones(sae.k or 0)))]).run(
         llama, HELD_OUT, engine=engine
     )
@@ -239,10 +243,11 @@ def test_splicing_keeps_the_logits_and_an_ablation_moves_them(
     features = got[at]
     keep = torch.ones(sae.k or 0)
     keep[int(features[0, -1].argmax())] = 0
-    ablated = Plan.of(reads=[logits], writes=[(at, Scale(keep))]).run(
+    ablated = Plan.of(reads=[before, logits], writes=[(at, Scale(keep))]).run(
         llama, HELD_OUT, engine=engine
     )
-    assert not torch.allclose(ablated[logits], clean)
+    assert not torch.allclose(ablated[logits], clean)  # the ablation reached the model
+    assert torch.equal(ablated[before], clean_run[before])  # the read before it kept its value
 
 
 def test_fvu_is_lowest_at_its_own_place(
