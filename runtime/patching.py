@@ -99,10 +99,50 @@ def _cells(
     return out
 
 
-def _take_last(full: Any, last: Any) -> Any:
+def _take_last(full: Any, last: Any, width: int | None = None) -> Any:
+    """Each row's logits at its column ``last`` of the padded batch (``width`` columns),
+    from logits that hold the batch's last ``full.shape[1]`` columns (all of them, or
+    fewer where the forward was asked for ``logits_to_keep``)."""
     import torch
 
-    return full[torch.arange(full.shape[0], device=full.device), last.to(full.device)]
+    offset = 0 if width is None else width - int(full.shape[1])
+    at = last.to(full.device) - offset
+    return full[torch.arange(full.shape[0], device=full.device), at]
+
+
+def _logits_kept(model: Any, inputs: Mapping[str, Any], last: Any) -> int | None:
+    """How many of the batch's last columns a grid's forwards need logits at (each
+    row's ``last`` among them), where the model's forward computes logits only there
+    when asked (``logits_to_keep``, transformers' own test); None where it cannot be
+    asked (the forward has no such keyword, or its logits are not over the input
+    tokens: an encoder-decoder's are over the decoder's). The unembedding of every
+    other column is work no cell reads."""
+    from .generation import _keeps_logits
+
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False) or not _keeps_logits(model):
+        return None
+    ids = inputs.get("input_ids")
+    if ids is None or getattr(ids, "ndim", 0) != 2:
+        return None
+    return int(ids.shape[1]) - int(last.min())
+
+
+def _with_extra(rows: Callable[[Any], Any], extra: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """``rows`` (an engine's ``batched``), each subset's forward given ``extra``
+    keywords as well."""
+    from .hooks import Prepared
+
+    if not extra:
+        return rows
+
+    def with_extra(index: Any) -> Any:
+        got = rows(index)
+        if isinstance(got, Prepared):
+            return Prepared(got.call, {**got.kwargs, **extra})
+        return {**got, **extra}
+
+    return with_extra
 
 
 def _located(
@@ -139,6 +179,9 @@ class _Layer:
     rows: Callable[[Any], Any]  # row indices -> the batch's rows there, as runner.run takes
     logits_at: ComponentAddress
     last: Any
+    # the padded length of the columns ``last`` indexes, where the forwards keep the
+    # logits of the last columns only (None: they keep every column)
+    width: int | None
     pair_of: Any  # cell c -> its pair (cell c = position c // k, pair c % k)
     base_tok: Any  # cell c -> the base token it patches
     batch_size: int
@@ -165,7 +208,10 @@ class _Layer:
             program = self.runner.lower(
                 plan,
                 self.model,
-                edits=[(patch, None), (None, lambda full, lr=last_rows: _take_last(full, lr))],
+                edits=[
+                    (patch, None),
+                    (None, lambda full, lr=last_rows: _take_last(full, lr, self.width)),
+                ],
             )
             (logits,) = self.runner.run(self.model, program, self.rows(pairs))
             yield torch.arange(start, stop), logits
@@ -300,21 +346,24 @@ def grid(
     inputs = trace_inputs(model, encoded)
     if runner.target is not Target.REMOTE:
         dispatched(model)  # the weights where they run: the token budget is the device's
+    # where each row predicts its next token ({"anchor": "last"})
+    last = torch.tensor([f.real[-1] for f in encoded.frames])
+    kept = _logits_kept(model, inputs, last)
+    extra = {} if kept is None else {"logits_to_keep": kept}
     layer = _Layer(
         model,
         runner,
         inputs,
-        runner.batched(model, inputs),
+        _with_extra(runner.batched(model, inputs), extra),
         logits_at,
-        torch.tensor(
-            [f.real[-1] for f in encoded.frames]
-        ),  # where each row predicts its next token ({"anchor": "last"})
+        last,
+        None if kept is None else int(inputs["input_ids"].shape[1]),
         torch.arange(k).repeat(len(specs)),
         torch.tensor([t for base_at, _ in cells for t in base_at]),
         rows_per_forward(model, _length(inputs), batch_size, batch_tokens, k * len(specs)),
     )
     read = _sources_once(layer, list(addresses.values()))
-    full_logits = _take_last(read[logits_at], layer.last)
+    full_logits = _take_last(read[logits_at], layer.last, layer.width)
     keep = metric is None if keep_logits is None else keep_logits
     shape = (len(addresses), len(specs), k)
     out = _fill(layer, addresses, read, cells, shape, full_logits, metric, keep)
