@@ -156,7 +156,7 @@ def _width(model: Any, step: int) -> int:
     return int(ids.shape[1])
 
 
-def _keeps_logits(model: Any) -> bool:
+def keeps_logits(model: Any) -> bool:
     """Whether the model's forward takes ``logits_to_keep`` (transformers' own test)."""
     supports = getattr(getattr(model, "_model", model), "_supports_logits_to_keep", None)
     return bool(supports()) if callable(supports) else False
@@ -194,7 +194,7 @@ def generate(
         batch["decoder_input_ids"] = ids
         if encoded.inputs.get("decoder_attention_mask") is not None:
             batch["decoder_attention_mask"] = encoded.inputs["decoder_attention_mask"]
-    if _keeps_logits(model):
+    if keeps_logits(model):
         # generate computes step 0's logits at the last column only (logits_to_keep=1);
         # 0 keeps every prompt position, so that they are the prompt's, as in Plan.run
         generate_kwargs.setdefault("logits_to_keep", 0)
@@ -221,4 +221,4 @@ def generate(
     return Generation(steps=steps_out, tokens=sequences[:, ids.shape[1] :], sequences=sequences)
 
 
-__all__ = ["Generation", "GenerationRefused", "generate"]
+__all__ = ["Generation", "GenerationRefused", "generate", "keeps_logits"]

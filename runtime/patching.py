@@ -110,17 +110,17 @@ def _take_last(full: Any, last: Any, width: int | None = None) -> Any:
     return full[torch.arange(full.shape[0], device=full.device), at]
 
 
-def _logits_kept(model: Any, inputs: Mapping[str, Any], last: Any) -> int | None:
+def logits_kept(model: Any, inputs: Mapping[str, Any], last: Any) -> int | None:
     """How many of the batch's last columns a grid's forwards need logits at (each
     row's ``last`` among them), where the model's forward computes logits only there
     when asked (``logits_to_keep``, transformers' own test); None where it cannot be
     asked (the forward has no such keyword, or its logits are not over the input
     tokens: an encoder-decoder's are over the decoder's). The unembedding of every
     other column is work no cell reads."""
-    from .generation import _keeps_logits
+    from .generation import keeps_logits
 
     config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False) or not _keeps_logits(model):
+    if getattr(config, "is_encoder_decoder", False) or not keeps_logits(model):
         return None
     ids = inputs.get("input_ids")
     if ids is None or getattr(ids, "ndim", 0) != 2:
@@ -348,7 +348,7 @@ def grid(
         dispatched(model)  # the weights where they run: the token budget is the device's
     # where each row predicts its next token ({"anchor": "last"})
     last = torch.tensor([f.real[-1] for f in encoded.frames])
-    kept = _logits_kept(model, inputs, last)
+    kept = logits_kept(model, inputs, last)
     extra = {} if kept is None else {"logits_to_keep": kept}
     layer = _Layer(
         model,
@@ -371,4 +371,4 @@ def grid(
     return GridResult(component, tuple(addresses), tuple(specs), *out[:2], *clean, refused, out[2])
 
 
-__all__ = ["CPU_BATCH_TOKENS", "GridResult", "Metric", "grid", "rows_per_forward"]
+__all__ = ["CPU_BATCH_TOKENS", "GridResult", "Metric", "grid", "logits_kept", "rows_per_forward"]

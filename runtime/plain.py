@@ -625,7 +625,29 @@ def read(model: Any, step: Step, env: Env | None = None) -> Any:
         value = value[head_slice(step)]
     if step["stream"] is not None:
         value = value[stream_slice(step, value, env)]
+    if _on_the_path(step, native, env):
+        # a part of the place, cut off the tensor the forward goes on with, is off the
+        # autograd path; the forward goes on with the place rebuilt from the part
+        # (the same values), so a gradient with respect to the read is the place's
+        # there
+        rebuilt = step.copy()
+        rebuilt["value"] = value
+        write(model, rebuilt, env)
     return value
+
+
+def _on_the_path(step: Step, native: Any, env: Env | None) -> bool:
+    """Whether a read cut to positions, a head or a stream is put back into the
+    forward: on a client engine, where autograd records the forward (a gradient is
+    wanted, the place's tensor requires one) and the place is the model's own tensor
+    (not a computed one)."""
+    if env is None or step["heads_through"] is not None:
+        return False
+    if step["index"] is None and step["head"] is None and step["stream"] is None:
+        return False
+    import torch
+
+    return bool(torch.is_grad_enabled() and getattr(native, "requires_grad", False))
 
 
 def write(model: Any, step: Step, env: Env | None = None) -> None:

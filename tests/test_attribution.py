@@ -191,6 +191,45 @@ def test_a_place_gradient_spelled_in_a_trace_is_autograd_on_the_plain_model(
     assert all(p.grad is None for p in model._model.parameters())
 
 
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_a_plan_read_at_positions_or_a_head_is_on_the_autograd_path(
+    spec: str, tiny_model: Callable[..., Any]
+) -> None:
+    """A Plan read cut to positions, a head, or both, differentiated by torch, has the
+    place's gradient there on both engines (autograd on the plain model at the layer's
+    output for the positions; ``gradients`` at the same address otherwise), and the
+    read's values and the logits are those of a run without a gradient."""
+    model = tiny_model(spec)
+    want = _oracle(model, 1, TEXTS, 5)
+    batch, metric = _in_trace(model, TEXTS, 5)
+    last = torch.tensor([f.content[-1] for f in encode(model, TEXTS).frames])
+    logits = locate(model, "logits")
+    cut = [
+        locate(model, "block_output", 1, position={"index": -1}),
+        locate(model, "attention_z", 1, head=1),
+        locate(model, "attention_query", 1, head=0, position={"index": -2}),
+    ]
+
+    def token_logprob(lo: Any) -> Any:
+        return torch.log_softmax(lo.float(), -1)[:, 5]
+
+    for engine in ("nnsight", "hooks"):
+        with torch.no_grad():
+            plain = Plan.of([*cut, logits]).run(model, batch, engine=engine)
+        reads = Plan.of([*cut, logits]).run(model, batch, engine=engine)
+        for address in cut:
+            torch.testing.assert_close(reads[address].detach(), plain[address], rtol=0, atol=0)
+        torch.testing.assert_close(reads[logits].detach(), plain[logits], rtol=0, atol=0)
+        grads = torch.autograd.grad(metric(reads[logits]), [reads[a] for a in cut])
+        at_last = want[torch.arange(len(TEXTS)), last].unsqueeze(1)
+        torch.testing.assert_close(grads[0], at_last, rtol=1e-5, atol=1e-7)
+        for address, grad in zip(cut[1:], grads[1:], strict=True):
+            expected = gradients(model, [address], batch, token_logprob, engine=engine)[address]
+            assert float(expected.abs().max()) > 0, address
+            torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-9, msg=str(address))
+    assert all(p.grad is None for p in model._model.parameters())
+
+
 def test_a_place_gradient_in_reverse_order_and_at_a_copied_place(
     tiny_model: Callable[..., Any],
 ) -> None:

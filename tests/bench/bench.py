@@ -1162,15 +1162,15 @@ class GridBench:
         rows = n_pos * pairs
         self.chunk = rows_per_forward(self.model, length, GRID_BATCH, None, rows)
         self.chunks = [min(self.chunk, rows - s) for s in range(0, rows, self.chunk)]
-        # the columns the grid's forwards unembed (patching._logits_kept): the tight
+        # the columns the grid's forwards unembed (patching.logits_kept): the tight
         # bound asks the bare forwards for those logits only, as the grid does
         import torch
 
-        from causalab_mini.patching import _logits_kept
+        from causalab_mini.patching import logits_kept
 
         frames = encode(self.model, [*self.bases, *self.sources]).frames
         last = torch.tensor([f.real[-1] for f in frames])
-        kept = _logits_kept(self.model, self.inputs, last)
+        kept = logits_kept(self.model, self.inputs, last)
         self.kept = {} if kept is None else {"logits_to_keep": kept}
 
     def bound(self, extra: dict[str, Any] | None = None) -> None:

@@ -24,6 +24,11 @@ WRITES = (
 )
 POSITIONS = "engine='hooks' == engine='nnsight' at a position, read and written (torch.equal)"
 INTERCHANGE = "engine='hooks' interchange == engine='nnsight' interchange (torch.equal)"
+GRID = (
+    "patching grid on pairs of different lengths: engine='hooks' == engine='nnsight' "
+    "(torch.equal), each cell == its one-cell interchange (1e-5 relative), a cell moves "
+    "the base"
+)
 BOTH = "nnsight, hooks"
 
 
@@ -166,6 +171,7 @@ def hooks_engine(ctx: Any) -> Iterator[Outcome]:
         yield from _outcome(ctx, "block_input", POSITIONS, lambda: _positions(model, probe))
     if text_fed(ctx) and ("block_output", probe) in served:
         yield from _outcome(ctx, "block_output", INTERCHANGE, lambda: _interchange(model, probe))
+        yield from _outcome(ctx, "block_output", GRID, lambda: _grid(model, probe))
 
 
 def _write(model: Any, inputs: Any, address: Any, before: Any, logits: Any) -> tuple[bool, str]:
@@ -237,6 +243,48 @@ def _interchange(model: Any, layer: int) -> tuple[bool, str]:
         and _equal(a.reads[read], b.reads[read])
     )
     return ok, "" if ok else "the logits or the read differ"
+
+
+def _grid(model: Any, layer: int) -> tuple[bool, str]:
+    """``interchange.grid`` at one layer, its first and last content token, on three
+    pairs of different lengths (padding in every forward; the forwards unembed only
+    the columns the cells read): both engines give the same grid, each cell is the
+    one-cell interchange, and patching the last token moves the base's logits."""
+    import torch
+
+    from causalab_mini.components import locate
+    from causalab_mini.interchange import grid, interchange
+
+    bases = [SENTENCES[0], SENTENCES[2], SENTENCES[8]]
+    sources = [SENTENCES[5], SENTENCES[3], SENTENCES[4]]
+    specs = [{"index": 0}, {"index": -1}]
+    try:
+        want = grid(model, "block_output", [layer], specs, bases, sources)
+    except CausalabError as exc:
+        try:
+            grid(model, "block_output", [layer], specs, bases, sources, engine="hooks")
+        except CausalabError:
+            raise _BothRefuse(f"both engines refuse: {str(exc)[:160]}") from None
+        return False, f"nnsight refuses ({str(exc)[:160]}) and hooks ran it"
+    got = grid(model, "block_output", [layer], specs, bases, sources, engine="hooks")
+    if want.layers != (layer,):
+        return True, f"layer {layer} refused: {want.refused.get(layer, '')[:160]}"
+    if not _equal(want.logits, got.logits):
+        return False, "the engines' grids differ"
+    worst = 0.0
+    for pi, spec in enumerate(specs):
+        patch = locate(model, "block_output", layer, position=spec)
+        one = interchange(model, [patch], bases, sources, engine="hooks").logits
+        scale = float(one.abs().max().clamp_min(1e-30))
+        worst = max(worst, float((got.logits[0, pi] - one).abs().max()) / scale)
+    if worst > 1e-5:
+        return False, f"a cell differs from its one-cell interchange by {worst:.2e} relative"
+    if torch.equal(got.logits[0, -1], got.base_logits):
+        return (
+            False,
+            "patching the last token from another text left the base's logits as they were",
+        )
+    return True, f"cells within {worst:.1e} of one-cell interchanges"
 
 
 __all__ = ["BOTH", "hooks_engine"]
