@@ -499,7 +499,8 @@ def test_loopback_runs_a_non_blocking_trace(workers: dict[str, Any]) -> None:
 def _remote_grads(client: StandardizedTransformer, loop: Any, texts: list[str]) -> dict[str, Any]:
     """d logprob(5) at the last token / d (layer 1's output), in a remote trace, spelled
     as nnsight spells a module's and as a place: each read made to require grad (the
-    server's weights do not), its .grad read inside ``with loss.backward():``."""
+    server's weights do not), its .grad read inside ``with loss.backward():``; and the
+    place read with ``x.retain_grad()`` and a plain backward, its .grad saved after."""
     got: dict[str, Any] = {}
     for spelling in ("module", "place"):
         g = None  # bound before: the server hands saved values back by name
@@ -510,6 +511,16 @@ def _remote_grads(client: StandardizedTransformer, loop: Any, texts: list[str]) 
             with loss.backward():
                 g = x.grad.save()
         got[spelling] = g
+    # x.retain_grad() right after the read and a plain backward, as locally
+    g = None
+    with loop.installed(), client.trace(texts, remote=True):
+        x = client.layers_output[1]
+        x.requires_grad_()
+        x.retain_grad()
+        loss = torch.log_softmax(client.output.logits[:, -1], -1)[:, 5].sum()
+        loss.backward()
+        g = x.grad.save()
+    got["retain_grad"] = g
     return got
 
 
