@@ -33,7 +33,7 @@ def _metric(logits: Any) -> Any:
 
 
 def _oracle(
-    model: Any, inputs: dict[str, Any], module: Any, io: Any, last: Any
+    model: Any, inputs: dict[str, Any], module: Any, io: Any, last: Any, shared: bool
 ) -> tuple[Any, Any] | None:
     """d metric / d (``module``'s output, or its first positional input where ``io``
     is the input side) by autograd on the model's torch module called as a trace calls
@@ -43,7 +43,11 @@ def _oracle(
     hook puts everything after them on the autograd path; a plain hook (or pre-hook)
     on the raw module keeps the tensor object there, and autograd differentiates with
     respect to it, through every use the forward makes of it (the mid-stream feeds the
-    MLP's norm and the residual sum alike). None where there is no such oracle: the
+    MLP's norm and the residual sum alike). Where a write at the place is the module's
+    own input only (``shared`` False: the input side of a row written by replacing
+    it), a zero added to the input the module is handed instead: what the module sees
+    alone, not the other modules the same tensor feeds (a parallel block's attention,
+    a post-norm's residual). None where there is no such oracle: the
     module runs more than once in the forward, the input is passed by keyword only,
     the tensor is not on the path from the embeddings, or the forward edits it in
     place later."""
@@ -76,11 +80,16 @@ def _oracle(
         else:
             seen["calls"] += 2
 
-    def pre_hook(_m: Any, args: Any, _kwargs: Any) -> None:
-        if args and isinstance(args[0], torch.Tensor):
-            capture(args[0])
-        else:
+    def pre_hook(_m: Any, args: Any, kwargs: Any) -> Any:
+        if not args or not isinstance(args[0], torch.Tensor):
             seen["calls"] += 2  # no positional tensor: no oracle
+            return None
+        if shared:
+            capture(args[0])
+            return None
+        own = args[0] + torch.zeros_like(args[0], requires_grad=True)
+        capture(own)
+        return ((own, *args[1:]), kwargs)
 
     handles = [embed.register_forward_hook(lift)]
     if io is IOType.INPUT:
@@ -106,9 +115,9 @@ def _oracle(
     return None if grad is None else (grad, seen["as_handed"])
 
 
-def _raw_module(model: Any, address: Any) -> tuple[Any, Any] | None:
-    """The raw torch module and side (output, input) whose tensor ``address`` reads as
-    it is, so that a plain hook there is an independent oracle for it: not where the
+def _raw_module(model: Any, address: Any) -> tuple[Any, Any, bool] | None:
+    """The raw torch module, side (output, input) and whether a write there overwrites
+    the tensor in place, whose tensor ``address`` reads as it is, so that a plain hook there is an independent oracle for it: not where the
     row reads an operation inside the module, selects other than the first element,
     scales, views or holds several streams, is computed, or is edited in place later
     by the forward."""
@@ -137,7 +146,7 @@ def _raw_module(model: Any, address: Any) -> tuple[Any, Any] | None:
     base = model.internals.row_base(row, address.layer)
     envoy = None if base is None else child(base, row.module)
     module = getattr(envoy, "_module", None)
-    return None if module is None else (module, row.io)
+    return None if module is None else (module, row.io, row.write == "in_place")
 
 
 def _relative(a: Any, b: Any) -> float:
@@ -170,6 +179,7 @@ def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
     against autograd on the raw module through a zero hooked there."""
     import torch
 
+    from causalab_mini.address import IOType
     from causalab_mini.attribution import gradients as grads_of
     from causalab_mini.errors import CausalabError
     from causalab_mini.plan import Plan
@@ -195,7 +205,8 @@ def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
         if raw is None:
             continue
         try:
-            want = _oracle(model, inputs, raw[0], raw[1], last)
+            shared = raw[1] is not IOType.INPUT or raw[2]
+            want = _oracle(model, inputs, raw[0], raw[1], last, shared)
         except RuntimeError:
             return  # autograd cannot run this forward at all (in-place edits): no gradient
         if want is None:
