@@ -686,6 +686,8 @@ def clear_pending_operations(module: Any) -> None:
     would call nnsight's copy of that function instead of the one the model's code
     hands out (the hooks engine's wrapper of transformers' attention interface never
     runs). A trace that reads there installs its own again; 0.6 and 0.8 leave none."""
+    if is_08():
+        return
     stack = [getattr(module, "__source_accessor__", None)]
     while stack:
         accessor = stack.pop()

@@ -159,10 +159,11 @@ _PLAIN_READ = {
 }
 
 
-def _fast_read(at: Step) -> Callable[[_Call], Any] | None:
+def _fast_read(at: Step) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None:
     """What ``plain.read`` does at ``at`` (a step at a call, ``_at_call``'s), as one
-    function of the call, where that is picking the input or output (and a part of it)
-    and copying it where the row says; None where the step needs ``plain.read``."""
+    function of the call's arguments and output, where that is picking the input or
+    output (and a part of it) and copying it where the row says; None where the step
+    needs ``plain.read``."""
     if at["write"] or at["layout"] is not None:
         return None
     if any(at.get(key) != want for key, want in _PLAIN_READ.items()):
@@ -172,8 +173,9 @@ def _fast_read(at: Step) -> Callable[[_Call], Any] | None:
         return None
     output = attr.endswith("output")
 
-    def read(call: _Call) -> Any:
-        value = call.output if output else call.input
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        # the output, or the first positional argument, else the first keyword one
+        value = out if output else (args[0] if args else next(iter(kwargs.values())))
         if select is not None:
             if select[0] == "first":
                 value = value[0] if isinstance(value, (tuple, list)) else value
@@ -334,7 +336,7 @@ def _placed(model: Any, step: Step) -> tuple[str, Any, str]:
 
 _Prepared = tuple[
     list["Step"],
-    list[Callable[[_Call], Any] | None],
+    list[Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None],
     dict[tuple[str, int, str], list[int]],
     dict[int, Any],
 ]
@@ -352,8 +354,10 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
     kept = _PREPARED.get(id(program))
     if kept is not None and kept[0] is program and kept[1] is module:
         made = kept[2]
-        # a run edits its steps at a call: each run its own copies of those
-        return [dict(step) for step in made[0]], made[1], made[2], made[3]  # type: ignore[misc]
+        # a run edits its steps at a call: each run its own copies of those (a fast
+        # read never runs its step)
+        local = [s if f is not None else dict(s) for s, f in zip(made[0], made[1], strict=True)]
+        return local, made[1], made[2], made[3]  # type: ignore[return-value]
     local = [_at_call(step) for step in program]
     fast = [_fast_read(step) for step in local]
     at: dict[tuple[str, int, str], list[int]] = {}
@@ -365,7 +369,8 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
     if len(_PREPARED) >= _PREPARED_KEPT:
         _PREPARED.pop(next(iter(_PREPARED)))
     _PREPARED[id(program)] = (program, module, (local, fast, at, modules))
-    return [dict(step) for step in local], fast, at, modules  # type: ignore[misc]
+    local = [s if f is not None else dict(s) for s, f in zip(local, fast, strict=True)]
+    return local, fast, at, modules  # type: ignore[return-value]
 
 
 class _Run:
@@ -380,7 +385,7 @@ class _Run:
         self.done: set[int] = set()
         self.fired: set[tuple[str, int, str]] = set()
 
-    def steps(self, key: tuple[str, int, str], call: _Call) -> None:
+    def _once(self, key: tuple[str, int, str]) -> None:
         if key in self.fired:
             step = self.program[self.at[key][0]]
             raise refused(
@@ -389,14 +394,37 @@ class _Run:
                 "this forward, and hooks cannot tell which call the plan means",
             )
         self.fired.add(key)
+
+    def steps(self, key: tuple[str, int, str], call: _Call) -> None:
+        self._once(key)
         for i in self.at[key]:
             fast = self.fast[i]
-            value = fast(call) if fast is not None else _apply(self.local[i], call, self.env)
+            if fast is not None:
+                value = fast(call.args, call.kwargs, call._output)
+            else:
+                value = _apply(self.local[i], call, self.env)
             if not self.program[i]["write"]:
                 self.reads[i] = value
             self.done.add(i)
 
+    def _reads_only(self, key: tuple[str, int, str]) -> list[tuple[int, Any]] | None:
+        """The fast reads at ``key`` where every step there is one (no call object
+        is made for them), else None."""
+        fasts = [(i, self.fast[i]) for i in self.at[key]]
+        return fasts if all(f is not None for _, f in fasts) else None
+
     def pre_hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
+        fasts = self._reads_only(key)
+        if fasts is not None:
+
+            def reads(_module: Any, args: Any, kwargs: Any) -> None:
+                self._once(key)
+                for i, fast in fasts:
+                    self.reads[i] = fast(args, kwargs, _UNSET)
+                    self.done.add(i)
+
+            return reads
+
         def hook(_module: Any, args: Any, kwargs: Any) -> Any:
             call = _Call(args, kwargs)
             self.steps(key, call)
@@ -405,6 +433,17 @@ class _Run:
         return hook
 
     def hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
+        fasts = self._reads_only(key)
+        if fasts is not None:
+
+            def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
+                self._once(key)
+                for i, fast in fasts:
+                    self.reads[i] = fast(args, kwargs, output)
+                    self.done.add(i)
+
+            return reads
+
         def hook(_module: Any, args: Any, kwargs: Any, output: Any) -> Any:
             call = _Call(args, kwargs, output)
             self.steps(key, call)
@@ -490,12 +529,76 @@ def forward_inputs(
 ) -> tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]:
     """The call ``model.trace(inputs)`` makes of the model: nnsight's own batching of
     one input (tokenizing, padding, position ids), on the model's device, and what it
-    calls with them (each nnsight release its own way: ``compat.prepared_call``)."""
+    calls with them (each nnsight release its own way: ``compat.prepared_call``). A
+    batch of tensors run again unchanged (the same tensors, none edited in place since,
+    the same model, device and padding side) is batched once: the runs of a loop over
+    places on one batch pay nnsight's batching once (about 0.1 ms a run, 3-4 % of a
+    forward of 16 tokens on the bench's 4-layer Llama)."""
+    key = _batch_key(model, inputs)
+    if key is not None:
+        hit = _BATCHED.get(id(inputs))
+        if hit is not None and hit[0] is inputs and _same(hit[1], key) and _unchanged(hit[3]):
+            call, args, kwargs = hit[2]
+            return call, args, dict(kwargs)
     call, args, kwargs = compat.prepared_call(model, inputs)
     device = getattr(model, "device", None)
     if device is not None:
         args, kwargs = _moved(args, device), _moved(kwargs, device)
+    if key is not None:
+        if len(_BATCHED) >= _BATCHED_KEPT:
+            _BATCHED.pop(next(iter(_BATCHED)))
+        made = _versions([*args, *kwargs.values()])
+        _BATCHED[id(inputs)] = (inputs, key, (call, args, dict(kwargs)), made)
     return call, args, kwargs
+
+
+# batches of tensors already batched for a forward: id(inputs) -> (the inputs, their
+# key (which holds the tensors themselves), the call and its arguments, the
+# arguments' tensors and versions); a few kept
+_BATCHED: dict[int, tuple[Any, tuple[Any, ...], Any, tuple[tuple[Any, int], ...]]] = {}
+_BATCHED_KEPT = 4
+
+
+def _versions(values: Any) -> tuple[tuple[Any, int], ...]:
+    import torch
+
+    return tuple((v, v._version) for v in values if isinstance(v, torch.Tensor))
+
+
+def _unchanged(versions: tuple[tuple[Any, int], ...]) -> bool:
+    """Whether no tensor of a kept batch was edited in place since (a forward that
+    edits its input ids, a caller that edits the batch)."""
+    return all(t._version == v for t, v in versions)
+
+
+def _same(kept: tuple[Any, ...], key: tuple[Any, ...]) -> bool:
+    """Two batch keys alike: the same model, device and side, the same names, each
+    the same tensor object at the same in-place version."""
+    if len(kept) != len(key):
+        return False
+    for a, b in zip(kept, key, strict=True):
+        alike = a == b if isinstance(a, (str, int)) else a is b
+        if not alike:
+            return False
+    return True
+
+
+def _batch_key(model: Any, inputs: Any) -> tuple[Any, ...] | None:
+    """What a batch of tensors is batched by: the model, its device and tokenizer's
+    padding side, each name, tensor (the object, kept alive by the key) and in-place
+    version; None for anything else (text is tokenized again each run)."""
+    import torch
+
+    if not isinstance(inputs, Mapping) or not inputs:
+        return None
+    items: list[Any] = []
+    for name, value in inputs.items():
+        if not isinstance(value, torch.Tensor):
+            return None
+        items.extend((str(name), value, int(value._version)))
+    tokenizer = getattr(model, "tokenizer", None)
+    side = str(getattr(tokenizer, "padding_side", None))
+    return (model, str(getattr(model, "device", None)), side, *items)
 
 
 @dataclass(frozen=True)
