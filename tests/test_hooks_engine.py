@@ -324,3 +324,36 @@ def test_the_sweep_check_holds_and_notices_a_hooks_engine_that_differs(
     monkeypatch.setattr(hooks, "_apply", off)
     tampered = list(engines.hooks_engine(Context(model, ctx.inputs, addresses, {})))
     assert any(not o.ok for o in tampered if o.name == engines.READS)
+
+
+def test_a_batch_run_again_is_batched_again_where_it_changed(tiny_model: Load) -> None:
+    """The hooks engine batches a batch of tensors once while it is unchanged: run
+    again after an in-place edit of its ids, or with its tensors replaced in the
+    mapping, it gives what the nnsight engine gives on the batch as it now is (never
+    the first run's values)."""
+    from causalab_mini.positions import encode, trace_inputs
+
+    model = tiny_model("tiny:llama")
+    batch = trace_inputs(model, encode(model, TEXTS))
+    logits = locate(model, "logits")
+    mid = locate(model, "block_mid", 1)
+    plan = Plan.of([mid, logits])
+
+    def both() -> tuple[Any, Any]:
+        hooks = plan.run(model, batch, engine="hooks")
+        want = plan.run(model, batch)
+        for a in (mid, logits):
+            assert torch.equal(hooks[a], want[a]), a
+        return hooks[logits], hooks[mid]
+
+    first, _ = both()
+    again, _ = both()
+    assert torch.equal(first, again)
+    batch["input_ids"][0, -1] = (int(batch["input_ids"][0, -1]) + 1) % 512
+    edited, _ = both()
+    assert not torch.equal(edited[0], first[0]), "an in-place edit of the ids was not seen"
+    batch["input_ids"] = batch["input_ids"].flip(0)
+    batch["attention_mask"] = batch["attention_mask"].flip(0)
+    batch["position_ids"] = batch["position_ids"].flip(0)
+    flipped, _ = both()
+    torch.testing.assert_close(flipped.flip(0), edited, rtol=1e-5, atol=1e-6)
