@@ -163,10 +163,45 @@ def test_the_gradient_check_holds_and_fails_on_a_wrong_gradient(
 
     model = StandardizedTransformer("tiny:llama")
     addresses = {("block_output", i): locate(model, "block_output", i) for i in range(2)}
+    # the oracle holds every whole place that is a raw module's output or input: the
+    # mid-stream through both its uses (the MLP's norm and the residual sum)
+    more = ["block_mid", "mlp_input", "attention_output", "mlp_output", "mlp_neuron_output"]
+    addresses |= {(name, 1): locate(model, name, 1) for name in more}
     ctx = k.Context(model, c.sample_inputs(model), addresses, {})
     clean = list(gradients.gradients(ctx))
     assert clean and all(o.ok for o in clean), clean
+    held = {o.components[0] for o in clean if o.name == gradients.ORACLE}
+    assert held == {"block_output", *more}, held
     cut = attribution._cut
     monkeypatch.setattr(attribution, "_cut", lambda a, whole, index: 2 * cut(a, whole, index))
     tampered = [o for o in gradients.gradients(ctx) if o.name == gradients.ORACLE]
     assert tampered and not any(o.ok for o in tampered)
+
+
+def test_a_ragged_error_over_the_tolerance_is_measured_again_in_float64() -> None:
+    """``ragged.settled``: an error within the tolerance holds; one over it that goes
+    with the weights in float64 is float32 rounding (it holds, said); one that stays
+    there is a padding error (it fails, with both figures); the weights come back as
+    they were."""
+    import torch
+
+    from causalab_mini.hooks import dispatched
+    from causalab_mini.tools.checks import ragged
+
+    model = StandardizedTransformer("tiny:llama")
+    dispatched(model)  # the real weights
+    before = [p.detach().clone() for p in model._model.parameters()]
+    assert ragged.settled(model, lambda: 1e-7)[0]
+
+    def rounding() -> float:
+        float32 = next(model._model.parameters()).dtype == torch.float32
+        return 3e-5 if float32 else 0.0
+
+    ok, detail = ragged.settled(model, rounding)
+    assert ok and "rounding" in detail, detail
+    ok, detail = ragged.settled(model, lambda: 3e-5)
+    assert not ok and "float64" in detail, detail
+    after = list(model._model.parameters())
+    assert all(
+        a.dtype == torch.float32 and torch.equal(a, b) for a, b in zip(after, before, strict=True)
+    )

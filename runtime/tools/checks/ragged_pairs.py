@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from causalab_mini.tools.checks.base import Outcome
-from causalab_mini.tools.checks.ragged import RTOL, SPECS, relative
+from causalab_mini.tools.checks.ragged import SPECS, relative, settled
 
 DECODER = (
     "ragged pairs: each row's decoder block_output and reads at positions are the pair's alone"
@@ -73,15 +73,19 @@ def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
         # with the reason, and a caller gives decoder_input_ids
         return
     plan = Plan.of([out, *reads])
-    batch = plan.run(model, encoded)
-    errors = []
-    for r, pair in enumerate(PAIRS):
-        alone = _alone(model, pair, plan)
-        real = encoded.inputs["decoder_attention_mask"][r].bool()
-        errors.append(relative(batch[out][r][real], alone[out][0]))
-        errors += [relative(batch[a][r : r + 1], alone[a]) for a in reads]
-    detail = f"max relative error {max(errors):.3g}"
-    yield Outcome.of(("block_output",), DECODER, max(errors) <= RTOL, detail)
+
+    def measure() -> float:
+        batch = plan.run(model, encoded)
+        errors = []
+        for r, pair in enumerate(PAIRS):
+            alone = _alone(model, pair, plan)
+            real = encoded.inputs["decoder_attention_mask"][r].bool()
+            errors.append(relative(batch[out][r][real], alone[out][0]))
+            errors += [relative(batch[a][r : r + 1], alone[a]) for a in reads]
+        return max(errors)
+
+    ok, detail = settled(model, measure)
+    yield Outcome.of(("block_output",), DECODER, ok, detail)
     yield from _encoder(ctx, encoded, resolve)
     yield from _write(ctx, encoded)
     yield from _swapped(ctx)
@@ -97,20 +101,24 @@ def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[Outcome]:
     if place.unavailable_on(0) is not None:
         return
     index = stacked(resolve(model, encoded, {"index": -1}, stack="encoder"), {"index": -1})
-    with model.trace(trace_inputs(model, encoded)):
-        whole = place.read(0).save()
-    errors = []
-    for r, pair in enumerate(PAIRS):
-        one = encode(model, [pair])
-        with model.trace(trace_inputs(model, one)):
-            alone = place.read(0).save()
-        n = int(encoded.inputs["attention_mask"][r].sum())
-        # (the real tokens of each: LED pads its encoder's input to its attention window)
-        errors.append(relative(whole[r, :n], alone[0, :n]))
-        at = stacked(resolve(model, one, {"index": -1}, stack="encoder"), {"index": -1})
-        errors.append(relative(take(whole, index, 1)[r : r + 1], take(alone, at, 1)))
-    detail = f"max relative error {max(errors):.3g}"
-    yield Outcome.of(("block_output",), ENCODER, max(errors) <= RTOL, detail)
+
+    def measure() -> float:
+        with model.trace(trace_inputs(model, encoded)):
+            whole = place.read(0).save()
+        errors = []
+        for r, pair in enumerate(PAIRS):
+            one = encode(model, [pair])
+            with model.trace(trace_inputs(model, one)):
+                alone = place.read(0).save()
+            n = int(encoded.inputs["attention_mask"][r].sum())
+            # (the real tokens of each: LED pads its encoder's input to its window)
+            errors.append(relative(whole[r, :n], alone[0, :n]))
+            at = stacked(resolve(model, one, {"index": -1}, stack="encoder"), {"index": -1})
+            errors.append(relative(take(whole, index, 1)[r : r + 1], take(alone, at, 1)))
+        return max(errors)
+
+    ok, detail = settled(model, measure)
+    yield Outcome.of(("block_output",), ENCODER, ok, detail)
 
 
 def _write(ctx: Any, encoded: Any) -> Iterator[Outcome]:
@@ -131,16 +139,20 @@ def _write(ctx: Any, encoded: Any) -> Iterator[Outcome]:
     width = ctx.v[("block_input", layer)].shape[-1]
     import torch
 
-    value = torch.ones((len(PAIRS), 1, width))
-    written = Plan.of([after], [(at, value)]).run(model, encoded)[after]
-    errors = []
-    for r, pair in enumerate(PAIRS):
-        one = encode(model, [pair])
-        single = Plan.of([after], [(at, value[r : r + 1])]).run(model, one)[after]
-        keep = encoded.inputs["decoder_attention_mask"][r].bool()
-        errors.append(relative(written[r][keep], single[0]))
-    detail = f"max relative error {max(errors):.3g}"
-    yield Outcome.of(("block_input",), WRITE, max(errors) <= RTOL, detail)
+    def measure() -> float:
+        dtype = next(model._model.parameters()).dtype
+        value = torch.ones((len(PAIRS), 1, width), dtype=dtype)
+        written = Plan.of([after], [(at, value)]).run(model, encoded)[after]
+        errors = []
+        for r, pair in enumerate(PAIRS):
+            one = encode(model, [pair])
+            single = Plan.of([after], [(at, value[r : r + 1])]).run(model, one)[after]
+            keep = encoded.inputs["decoder_attention_mask"][r].bool()
+            errors.append(relative(written[r][keep], single[0]))
+        return max(errors)
+
+    ok, detail = settled(model, measure)
+    yield Outcome.of(("block_input",), WRITE, ok, detail)
 
 
 def _swapped(ctx: Any) -> Iterator[Outcome]:
