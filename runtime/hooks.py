@@ -356,8 +356,7 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
         made = kept[2]
         # a run edits its steps at a call: each run its own copies of those (a fast
         # read never runs its step)
-        local = [s if f is not None else dict(s) for s, f in zip(made[0], made[1], strict=True)]
-        return local, made[1], made[2], made[3]  # type: ignore[return-value]
+        return _own_copies(made[0], made[1]), made[1], made[2], made[3]
     local = [_at_call(step) for step in program]
     fast = [_fast_read(step) for step in local]
     at: dict[tuple[str, int, str], list[int]] = {}
@@ -369,8 +368,13 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
     if len(_PREPARED) >= _PREPARED_KEPT:
         _PREPARED.pop(next(iter(_PREPARED)))
     _PREPARED[id(program)] = (program, module, (local, fast, at, modules))
-    local = [s if f is not None else dict(s) for s, f in zip(local, fast, strict=True)]
-    return local, fast, at, modules  # type: ignore[return-value]
+    return _own_copies(local, fast), fast, at, modules
+
+
+def _own_copies(steps: list[Step], fast: list[Any]) -> list[Step]:
+    """A run's steps: a copy of each that runs through ``plain`` (a run edits those),
+    the kept one where a fast read runs instead (it never reads its step)."""
+    return [s if f is not None else s.copy() for s, f in zip(steps, fast, strict=True)]
 
 
 class _Run:

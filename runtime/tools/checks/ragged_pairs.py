@@ -82,7 +82,7 @@ def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
             real = encoded.inputs["decoder_attention_mask"][r].bool()
             errors.append(relative(batch[out][r][real], alone[out][0]))
             errors += [relative(batch[a][r : r + 1], alone[a]) for a in reads]
-        return max(errors)
+        return float(max(errors))
 
     ok, detail = settled(model, measure)
     yield Outcome.of(("block_output",), DECODER, ok, detail)
@@ -115,7 +115,7 @@ def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[Outcome]:
             errors.append(relative(whole[r, :n], alone[0, :n]))
             at = stacked(resolve(model, one, {"index": -1}, stack="encoder"), {"index": -1})
             errors.append(relative(take(whole, index, 1)[r : r + 1], take(alone, at, 1)))
-        return max(errors)
+        return float(max(errors))
 
     ok, detail = settled(model, measure)
     yield Outcome.of(("block_output",), ENCODER, ok, detail)
@@ -149,7 +149,7 @@ def _write(ctx: Any, encoded: Any) -> Iterator[Outcome]:
             single = Plan.of([after], [(at, value[r : r + 1])]).run(model, one)[after]
             keep = encoded.inputs["decoder_attention_mask"][r].bool()
             errors.append(relative(written[r][keep], single[0]))
-        return max(errors)
+        return float(max(errors))
 
     ok, detail = settled(model, measure)
     yield Outcome.of(("block_input",), WRITE, ok, detail)
