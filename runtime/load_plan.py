@@ -19,14 +19,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from causalab_mini.address import Address, IOType, RenameConfig
+from causalab_mini.address import Address, Containers, IOType, Loading
 from causalab_mini.address import names as container_paths
 
 from . import compat
 from .classes import DEFAULT_AUTO_CLASS, auto_class_maps, group_auto_class
 from .family import Resolution
 
-# the RenameConfig fields nnterp's own RenameConfig takes
+# the Containers fields nnterp's own RenameConfig takes
 NNTERP_CONTAINERS = (
     "model_name",
     "layers_name",
@@ -119,7 +119,7 @@ def plan_load(
     caller's ``kwargs`` (the prepared spec's own included), for the registry's answer
     ``family`` before the load and what ``seen`` read of the model."""
     check_arguments(kwargs, enable_attention_probs)
-    merged = family.rename
+    containers, loading, checks = family.containers, family.loading, family.checks
     out = dict(kwargs)
     remote = bool(out.get("remote"))
     if enable_attention_probs:
@@ -133,18 +133,18 @@ def plan_load(
 
         out["check_attn_probs_with_trace"] = False
         deferred["attention_probabilities"] = PROBS_DEFERRED
-    containers = {k: _mounted(getattr(merged, k)) for k in NNTERP_CONTAINERS}
+    mounted = {k: _mounted(getattr(containers, k)) for k in NNTERP_CONTAINERS}
     probs = vouched_probabilities(family.rows.get("attention_probabilities"), seen.config)
     if probs is None and enable_attention_probs:
         out["attn_implementation"] = "eager"
-    if merged.mixed_layers:
+    if containers.mixed_layers:
         out.setdefault("allow_multimodal", True)
-    out.update(_auto_class_arguments(spec, merged, seen, out))
-    out.update(_dispatch_arguments(merged, seen.class_names, out))
+    out.update(_auto_class_arguments(spec, loading, seen, out))
+    out.update(_dispatch_arguments(loading, seen.class_names, out))
     # nnterp checks attention probabilities on layer 0; where attention is not on every
     # layer (ignore_attn) our own row serves them, under eager attention
-    nnterp_probs = enable_attention_probs and probs is not None and not merged.ignore_attn
-    if merged.ignore_ln_final or merged.skip_nnterp_checks:
+    nnterp_probs = enable_attention_probs and probs is not None and not containers.ignore_attn
+    if containers.ignore_ln_final or loading.skip_nnterp_checks:
         # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
         # model has none, and read .output where nnsight mounts it elsewhere; the family
         # says so, and they are skipped (with its probability check). Every place is
@@ -153,7 +153,7 @@ def plan_load(
         nnterp_probs = False
     if enable_attention_probs and not nnterp_probs:
         out["attn_implementation"] = "eager"
-    rename = _renames(merged, out.pop("rename", None))
+    rename = _renames(containers, out.pop("rename", None))
     no_dispatch = None
     if remote:
         from .remote import NO_DISPATCH
@@ -161,7 +161,7 @@ def plan_load(
         no_dispatch = NO_DISPATCH
     return LoadPlan(
         kwargs=MappingProxyType(out),
-        containers=MappingProxyType(containers),
+        containers=MappingProxyType(mounted),
         rename=MappingProxyType(rename),
         probabilities=probs if probs is not None and probs.source else None,
         nnterp_probs=bool(nnterp_probs),
@@ -169,11 +169,11 @@ def plan_load(
         deferred=MappingProxyType(deferred),
         no_dispatch=no_dispatch,
         install_sources=not remote,
-        text_config_name=merged.text_config_name,
-        traced_module=merged.traced_module,
-        hidden_states_are_block_outputs=bool(merged.hidden_states_are_block_outputs),
-        oracles_from_last_calls=bool(merged.oracles_from_last_calls),
-        oracle_module=merged.oracle_module,
+        text_config_name=loading.text_config_name,
+        traced_module=loading.traced_module,
+        hidden_states_are_block_outputs=bool(checks.hidden_states_are_block_outputs),
+        oracles_from_last_calls=bool(checks.oracles_from_last_calls),
+        oracle_module=checks.oracle_module,
     )
 
 
@@ -207,7 +207,7 @@ def _refused_by_config(row: Address, config: Any) -> bool:
 
 
 def _auto_class_arguments(
-    spec: Any, merged: RenameConfig, seen: Seen, kwargs: Mapping[str, Any]
+    spec: Any, loading: Loading, seen: Seen, kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The family's transformers class (its model_class, else its auto_class: a
     language model inside a multimodal wrapper), else its group's auto class, said the
@@ -217,14 +217,14 @@ def _auto_class_arguments(
     (traced_module), the class loads the whole model and returns the submodule. Only
     the keys ``kwargs`` does not hold yet."""
     out: dict[str, Any] = {}
-    if merged.key_mapping and isinstance(spec, str) and "key_mapping" not in kwargs:
-        out["key_mapping"] = dict(merged.key_mapping)
+    if loading.key_mapping and isinstance(spec, str) and "key_mapping" not in kwargs:
+        out["key_mapping"] = dict(loading.key_mapping)
     auto_class = (
-        merged.model_class
-        or merged.auto_class
+        loading.model_class
+        or loading.auto_class
         or group_auto_class(seen.model_type, seen.architectures)
     )
-    traced = merged.traced_module
+    traced = loading.traced_module
     if traced and not auto_class:  # a submodule of a causal LM's checkpoint
         auto_class = DEFAULT_AUTO_CLASS
     if not auto_class or not isinstance(spec, str) or "automodel" in kwargs:
@@ -238,13 +238,13 @@ def _auto_class_arguments(
 
 
 def _dispatch_arguments(
-    merged: RenameConfig, class_names: tuple[str, ...], kwargs: Mapping[str, Any]
+    loading: Loading, class_names: tuple[str, ...], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Where the family says its class cannot be built on the meta device (its
     construction reads a tensor's value), the weights are loaded at construction
     (nnsight's ``dispatch=True``) instead of at the first trace; ``remote=True``, which
     builds on meta and never loads them here, is refused with the family's reason."""
-    why = merged.meta_build_unavailable
+    why = loading.meta_build_unavailable
     if not why:
         return {}
     model_class = class_names[0] if class_names else "this model"
@@ -256,14 +256,14 @@ def _dispatch_arguments(
     return {} if "dispatch" in kwargs else {"dispatch": True}
 
 
-def _renames(merged: RenameConfig, given: Mapping[str, str] | None) -> dict[str, str]:
+def _renames(containers: Containers, given: Mapping[str, str] | None) -> dict[str, str]:
     """nnterp's ``rename`` table: the caller's, the family's embedding path bound to
     ``embed_tokens``, and the keys of nnterp's own table the family leaves unbound (each
     bound to its own name: no alias, nnterp's table updated with this one)."""
     rename = dict(given or {})
-    for embed in container_paths(merged.embed_name):
+    for embed in container_paths(containers.embed_name):
         rename.setdefault(compat.container_path(embed), "embed_tokens")
-    for key in merged.unbound_defaults or ():
+    for key in containers.unbound_defaults or ():
         rename.setdefault(key, key)
     return rename
 

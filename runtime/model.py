@@ -202,7 +202,7 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
         self._causalab.architectures = tuple(architectures or ())
         before = resolve(class_names, model_type, config, rename_config)
-        if before.rename.traced_module:  # the family traces a submodule of the model
+        if before.loading.traced_module:  # the family traces a submodule of the model
             self._causalab.traced_from = before
             model, class_names, config, before = _traced_before_load(
                 model, before, class_names, rename_config, kwargs
@@ -503,7 +503,7 @@ def _traced_before_load(
     would run the whole class)."""
     from .traced import refuse_remote, sub_config, submodule
 
-    path = str(outer.rename.traced_module)
+    path = str(outer.loading.traced_module)
     model_class = class_names[0] if class_names else "this model"
     if kwargs.get("remote"):
         refuse_remote(model_class, path)
@@ -517,7 +517,7 @@ def _traced_before_load(
             trust_remote_code=kwargs.get("trust_remote_code", False),
             local_files_only=kwargs.get("local_files_only", False),
         )
-        config = sub_config(whole, str(outer.rename.traced_config), path)
+        config = sub_config(whole, str(outer.loading.traced_config), path)
         names = mapped_classes(config.model_type)
     else:
         model = submodule(model, path)

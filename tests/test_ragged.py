@@ -133,6 +133,6 @@ def test_the_docs_list_every_family_refused_on_a_side() -> None:
         (name, side)
         for name, family in FAMILIES.items()
         for side in ("left", "right")
-        if getattr(family.rename, f"{side}_padding_unavailable", None)
+        if getattr(family.forward, f"{side}_padding_unavailable", None)
     }
     assert rows == want

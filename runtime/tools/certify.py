@@ -399,7 +399,7 @@ def merged_oracle(model: Any, out: Any) -> tuple[Any, str]:
 
     attentions: Any = getattr(out, "attentions", None)
     cross: Any = getattr(out, "cross_attentions", None)
-    merged_cross = model.resolution.rename.merged_cross_attention
+    merged_cross = model.resolution.checks.merged_cross_attention
     if merged_cross is None or attentions is None or cross is None:
         return attentions, "output_attentions == attention_probabilities"
     merged = tuple(torch.cat(pair, dim=-1) for pair in zip(attentions, cross, strict=True))

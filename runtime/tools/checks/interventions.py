@@ -265,7 +265,7 @@ def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
     if not text_fed(ctx) or ("block_input", 0) not in ctx.addresses:
         return
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return  # the family file says why (docs/families.md)
     probe = min(1, ctx.n - 1)
     pairs = equal_length_pairs(model)

@@ -106,7 +106,7 @@ def position_reads_and_writes(ctx: Any) -> Iterator[Outcome]:
         for r in range(len(texts))
     )
     there = min(float(moved[r, int(where[r, 0])]) for r in range(len(texts)))
-    ahead = model.resolution.rename.attends_ahead
+    ahead = model.resolution.checks.attends_ahead
     # a real token before the written one keeps its value (to the checks' tolerance: a
     # mixture of experts groups tokens by expert, and another value at one token
     # regroups the others' products at rounding level); the written one moves
@@ -122,7 +122,7 @@ def interchange_identities(ctx: Any) -> Iterator[Outcome]:
     if not text_fed(ctx) or ("block_input", 0) not in ctx.addresses:
         return
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return  # the family file says why (docs/families.md)
     try:
         first = locate(model, "block_input", 0, position="all")

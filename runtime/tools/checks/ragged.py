@@ -166,7 +166,7 @@ def ragged_interchange(ctx: Any) -> Iterator[Outcome]:
     if not text_fed(ctx) or ("block_output", ctx.n - 1) not in ctx.addresses:
         return
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return  # the family file says why (docs/families.md)
     if getattr(model, "tokenizer", None) is None:
         return

@@ -149,7 +149,7 @@ def _swapped(ctx: Any) -> Iterator[Outcome]:
     from causalab_mini.tools.certify import close
 
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return
     try:
         last = locate(model, "block_output", ctx.n - 1, position={"anchor": "last"})
