@@ -29,9 +29,9 @@ def _context(model: StandardizedTransformer) -> k.Context:
             except ComponentError:
                 pass
     unordered: dict[Any, str] = {}
-    read = sweep._read_all(model, inputs, addresses, {}, {}, unordered)
+    read = sweep.read_all(model, inputs, addresses, {}, {}, unordered)
     v = {key: read[a] for key, a in addresses.items()}
-    return sweep._context(model, inputs, addresses, v, unordered)
+    return sweep.check_context(model, inputs, addresses, v, unordered)
 
 
 @pytest.fixture(scope="module")

@@ -263,7 +263,7 @@ def test_a_checkpoint_saved_by_another_class_loads_every_weight(model_type: str)
     path = tiny.resolve_model_spec(f"tiny:{model_type}")
     assert json.loads((Path(path) / "config.json").read_text())["architectures"] == [saver]
     auto = getattr(transformers, tiny.build_class(model_type))
-    mapping = tiny._load_kwargs(model_type)
+    mapping = tiny.build._load_kwargs(model_type)
     assert mapping, f"{model_type}: its family gives no key_mapping"
     _, bare = auto.from_pretrained(path, output_loading_info=True)
     assert bare["missing_keys"], "the checkpoint loads without the key mapping"
@@ -284,7 +284,7 @@ def _loads_every_weight(model_type: str, checkpoints: list[str], expected: Any) 
     from causalab_mini.tools import tiny
 
     auto = getattr(transformers, tiny.build_class(model_type))
-    mapping = tiny._load_kwargs(model_type)
+    mapping = tiny.build._load_kwargs(model_type)
     ids = torch.tensor([[5, 9, 17, 33, 2]])
     for checkpoint in checkpoints:
         loaded, info = auto.from_pretrained(checkpoint, output_loading_info=True, **mapping)
