@@ -168,5 +168,5 @@ def test_the_gradient_check_holds_and_fails_on_a_wrong_gradient(
     assert clean and all(o.ok for o in clean), clean
     cut = attribution._cut
     monkeypatch.setattr(attribution, "_cut", lambda a, whole, index: 2 * cut(a, whole, index))
-    tampered = [o for o in gradients.gradients(ctx) if o.name == gradients.ORACLE]
+    tampered = [o for o in gradients.gradients(ctx) if o.description == gradients.ORACLE]
     assert tampered and not any(o.ok for o in tampered)

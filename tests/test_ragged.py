@@ -90,7 +90,7 @@ def _outcomes(model: Any) -> dict[str, tuple[bool, str]]:
         v={("block_input", 1): held},
     )
     found = list(ragged.ragged_batches(ctx)) + list(ragged.ragged_interchange(ctx))
-    return {o.name: (o.ok, o.detail) for o in found}
+    return {o.description: (o.ok, o.detail) for o in found}
 
 
 def test_the_sweep_check_measures_the_refusal_and_fails_without_it(

@@ -4,12 +4,11 @@ values, and each component judged ok, refused (with the model's reason) or broke
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
-from causalab_mini.tools.checks import CHECKS, Context, row_components
+from causalab_mini.tools.checks import CHECKS, CheckResult, Context, row_components
 from causalab_mini.tools.checks.recompute import raw_outputs_of
 from causalab_mini.tools.verdicts import ComponentState
 
@@ -22,15 +21,16 @@ class _Checks:
     certifies one: it says nothing of the values."""
 
     def __init__(self) -> None:
-        self.by_component: dict[str, list[tuple[str, bool, str]]] = {}
-        self.guards: dict[str, list[tuple[str, bool, str]]] = {}
+        self.by_component: dict[str, list[CheckResult]] = {}
+        self.guards: dict[str, list[CheckResult]] = {}
 
-    def add(self, components: Iterable[str], name: str, ok: bool, detail: str = "") -> None:
-        for component in components:
-            self.by_component.setdefault(component, []).append((name, ok, detail))
+    def add(self, result: CheckResult) -> None:
+        for component in result.components:
+            self.by_component.setdefault(component, []).append(result)
 
-    def guard(self, component: str, name: str, ok: bool, detail: str = "") -> None:
-        self.guards.setdefault(component, []).append((name, ok, detail))
+    def guard(self, result: CheckResult) -> None:
+        for component in result.components:
+            self.guards.setdefault(component, []).append(result)
 
 
 def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -44,8 +44,8 @@ def certify(model: Any, inputs: dict[str, Any]) -> dict[str, dict[str, Any]]:
     heads_refused = _layout_checks(model, inputs, addresses, checks)
     ctx = check_context(model, inputs, addresses, v, unordered)
     for check in CHECKS:
-        for outcome in check(ctx):
-            checks.add(outcome.components, outcome.name, outcome.ok, outcome.detail)
+        for found in check(ctx):
+            checks.add(found)
     for name in COMPONENTS:
         if name in result:
             continue
@@ -102,19 +102,19 @@ def _judged(checks: _Checks, name: str) -> dict[str, Any]:
     """A located component's entry: broken where a check (or guard) failed or none
     covers it, else ok, with the checks that covered it."""
     done = checks.by_component.get(name, [])
-    failed = [c for c in (*checks.guards.get(name, []), *done) if not c[1]]
+    failed = [c for c in (*checks.guards.get(name, []), *done) if c.status is ComponentState.BROKEN]
     if failed:
         return {
             "state": ComponentState.BROKEN,
-            "reason": "; ".join(f"{c[0]} ({c[2]})" for c in failed[:3]),
-            "checks": sorted({c[0] for c in done}),
+            "reason": "; ".join(f"{c.description} ({c.detail})" for c in failed[:3]),
+            "checks": sorted({c.description for c in done}),
         }
     if not done:
         return {
             "state": ComponentState.BROKEN,
             "reason": "resolved, but no check covers it on this model",
         }
-    return {"state": ComponentState.OK, "checks": sorted({c[0] for c in done})}
+    return {"state": ComponentState.OK, "checks": sorted({c.description for c in done})}
 
 
 def check_context(
@@ -181,10 +181,12 @@ def _layout_checks(
         if address.head_size_unknown is not None:
             refused.setdefault(name, address.head_size_unknown)
         checks.guard(
-            name,
-            "the heads and head size stated == the tensor's, heads x head size == its width",
-            reason is None,
-            reason or f"layer {layer}",
+            CheckResult.of(
+                (name,),
+                "the heads and head size stated == the tensor's, heads x head size == its width",
+                reason is None,
+                reason or f"layer {layer}",
+            )
         )
     return refused
 

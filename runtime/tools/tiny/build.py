@@ -15,7 +15,7 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from causalab_mini.generated.tiny import (
     TINY_CHECKPOINT_FILES,
@@ -23,8 +23,6 @@ from causalab_mini.generated.tiny import (
     TINY_SAVED_BY,
 )
 
-if TYPE_CHECKING:
-    pass
 from .config import (
     BUILD_FROM,
     BUILD_KEY,

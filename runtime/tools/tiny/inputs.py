@@ -5,10 +5,8 @@ target states, audio codes), made from the loaded config."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    pass
 from .config import SIDE_INPUTS, TinyBuildError
 
 
