@@ -14,6 +14,7 @@ import torch
 
 from causalab_mini import Address, FirstIfTuple, Index, IOType, RenameConfig
 from causalab_mini.generated import (
+    BLOCK_STRUCTURES,
     DEFAULT_ADDRESSES,
     FAMILY_ADDRESSES,
     FAMILY_LOADING,
@@ -92,7 +93,7 @@ def _identities_and_oracles(model: StandardizedTransformer, structure: str | Non
     checks = c.identities(model, values)
     expected_identities = sum(
         _available(model, c.identity_rows(text), layer)
-        for text in c.BLOCK_STRUCTURES[model.block_structure].identities
+        for text in BLOCK_STRUCTURES[model.block_structure].identities
         for layer in range(model.internals.num_layers)
     )
     assert expected_identities > 0 or model.internals.status()["layers_mid"] is not None
