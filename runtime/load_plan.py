@@ -125,34 +125,14 @@ def plan_load(
     if enable_attention_probs:
         out.pop("attn_implementation", None)  # the probabilities imply eager (checked)
     out.setdefault("device_map", "cpu")
-    # remote=True keeps the checkpoint off this machine: a load-time check that needs a
-    # forward is deferred to the server, with why
-    deferred: dict[str, str] = {}
-    if remote and enable_attention_probs:
-        from .remote import PROBS_DEFERRED
-
-        out["check_attn_probs_with_trace"] = False
-        deferred["attention_probabilities"] = PROBS_DEFERRED
+    deferred = _deferred(out, enable_attention_probs)
     mounted = {k: _mounted(getattr(containers, k)) for k in NNTERP_CONTAINERS}
     probs = vouched_probabilities(family.rows.get("attention_probabilities"), seen.config)
-    if probs is None and enable_attention_probs:
-        out["attn_implementation"] = "eager"
     if containers.mixed_layers:
         out.setdefault("allow_multimodal", True)
     out.update(_auto_class_arguments(spec, loading, seen, out))
     out.update(_dispatch_arguments(loading, seen.class_names, out))
-    # nnterp checks attention probabilities on layer 0; where attention is not on every
-    # layer (ignore_attn) our own row serves them, under eager attention
-    nnterp_probs = enable_attention_probs and probs is not None and not containers.ignore_attn
-    if containers.ignore_ln_final or loading.skip_nnterp_checks:
-        # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
-        # model has none, and read .output where nnsight mounts it elsewhere; the family
-        # says so, and they are skipped (with its probability check). Every place is
-        # still certified by our identities and transformers' oracles.
-        out["check_renaming"] = False
-        nnterp_probs = False
-    if enable_attention_probs and not nnterp_probs:
-        out["attn_implementation"] = "eager"
+    nnterp_probs = _nnterp_checks(out, family, probs, enable_attention_probs)
     rename = _renames(containers, out.pop("rename", None))
     no_dispatch = None
     if remote:
@@ -175,6 +155,42 @@ def plan_load(
         oracles_from_last_calls=bool(checks.oracles_from_last_calls),
         oracle_module=checks.oracle_module,
     )
+
+
+def _deferred(out: dict[str, Any], enable_attention_probs: bool) -> dict[str, str]:
+    """remote=True keeps the checkpoint off this machine: a load-time check that needs a
+    forward is deferred to the server, with why (turned into a scan in ``out``, the
+    plan's own copy of the kwargs)."""
+    if not (out.get("remote") and enable_attention_probs):
+        return {}
+    from .remote import PROBS_DEFERRED
+
+    out["check_attn_probs_with_trace"] = False
+    return {"attention_probabilities": PROBS_DEFERRED}
+
+
+def _nnterp_checks(
+    out: dict[str, Any], family: Resolution, probs: Address | None, enable_attention_probs: bool
+) -> bool:
+    """Whether nnterp checks the attention probabilities at load (on layer 0, through
+    our vouched row ``probs``), with what goes into ``out`` (the plan's own copy of the
+    kwargs): its load-time checks skipped where the family says they cannot run, and
+    eager attention wherever the probabilities are asked and nnterp does not check
+    them."""
+    # where attention is not on every layer (ignore_attn) our own row serves them
+    nnterp_probs = (
+        enable_attention_probs and probs is not None and not family.containers.ignore_attn
+    )
+    if family.containers.ignore_ln_final or family.loading.skip_nnterp_checks:
+        # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
+        # model has none, and read .output where nnsight mounts it elsewhere; the family
+        # says so, and they are skipped (with its probability check). Every place is
+        # still certified by our identities and transformers' oracles.
+        out["check_renaming"] = False
+        nnterp_probs = False
+    if enable_attention_probs and not nnterp_probs:
+        out["attn_implementation"] = "eager"
+    return nnterp_probs
 
 
 def vouched_probabilities(probs: Address | None, config: Any) -> Address | None:
