@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from causalab_mini import __version__
+from causalab_mini.address import PARTS, part_of
 from causalab_mini.errors import CausalabError
 
 from . import emit
@@ -193,11 +194,14 @@ def _tables(registry: Registry) -> dict[str, Any]:
 
 def _family(registry: Registry, f: Any) -> emit.Bracket:
     """``Family(...)`` for one family file: only the fields it states."""
-    fields: dict[str, Any] = {
-        "name": f.name,
-        "match": f.match,
-        "rename": emit.call("RenameConfig", **dict(f.rename)),
-    }
+    fields: dict[str, Any] = {"name": f.name, "match": f.match}
+    # the file's flat rename: section, each key in its part (Containers, Loading, ...)
+    parts: dict[str, dict[str, Any]] = {}
+    for key, value in f.rename:
+        parts.setdefault(part_of(key), {})[key] = value
+    for part, kind in PARTS.items():
+        if part in parts:
+            fields[part] = emit.call(kind.__name__, **parts[part])
     rows = {
         **{
             row: emit.call("replace", _base_row(registry, row), **dict(changes))

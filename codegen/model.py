@@ -417,7 +417,7 @@ def _joined(text: str | None) -> str | None:
 
 
 def _rename_value(value: Any) -> Any:
-    """A rename field as the generated RenameConfig holds it: a list as a tuple, a
+    """A rename field as the generated parts (Containers, Loading, ...) hold it: a list as a tuple, a
     mapping (key_mapping) as a tuple of (key, value) pairs, in the file's order."""
     if isinstance(value, list):
         return tuple(value)

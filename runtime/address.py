@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any, Literal
 
@@ -346,72 +346,27 @@ def names(value: Names | None) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class RenameConfig:
-    """Where a family keeps its containers, plus Address rows of its own.
+class Containers:
+    """Where a family keeps its modules and widths, as nnterp is told them.
 
     The container fields are nnterp's (``attn_name`` … ``layers_name``) with
-    ``embed_name`` beside them; ``mixed_layers`` says the layers are not all of one
-    class (hybrid attention / state-space stacks), which nnterp refuses unless told;
-    ``ignore_ln_final`` says the model has no final norm (the last block's output
-    goes straight to the unembedding), which nnterp's load-time checks cannot accept;
-    ``skip_nnterp_checks`` skips those checks where they read a tensor nnterp cannot
-    reach (a layer with a child module named ``output``, whose own output nnsight
-    mounts at ``nns_output``); the identities and oracles still certify every row;
-    ``merged_cross_attention``
-    (a reason) says the decoder's attention is self- and cross-attention in one
-    softmax, so its probabilities' oracle is transformers' decoder_attentions and
-    cross_attentions side by side on the key axis (T5Gemma 2);
-    each container name may be a tuple of paths (the ones a model has are renamed);
-    ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
-    for the model has no entry for the embeddings: entry i is block i's output, the
-    last the final norm's (Mamba, RWKV), which the sweep's oracles must know;
-    ``oracles_from_last_calls`` says those outputs (and ``output_attentions``) hold
-    an entry per call of the layer class, other calls first (a second stack of the
-    same class, earlier cycles), so the oracles are the last entries, each a layer's
-    output (none is a layer's input: something may run between two layers);
-    ``oracle_module`` names the submodule (a path) whose own output holds the language
-    model's hidden states and attentions, where the wrapper's output drops them
-    (BLIP's text_decoder) or nests them (BLIP-2's language_model): the oracles read
-    that module's output in the same forward;
-    ``attn_head_config_key`` names the config attribute holding the layers' head
-    count where nnterp's defaults miss it (an encoder-decoder's decoder_attention_heads);
-    ``hidden_size_config_key`` the one holding the stream's width where they miss it
-    (Kosmos-2's embed_dim);
-    ``head_size_config_key`` the attribute under which the family's attention module
-    and config state the head size where it is not head_dim (CPM-Ant's dim_head,
-    Reformer's attention_head_size): the head geometry reads it before hidden / heads;
-    ``auto_class`` names the transformers auto class that loads the checkpoint where
-    it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
-    model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
-    default class; ``tiny:`` builds with it too);
-    ``model_class`` names the concrete transformers class that loads (and ``tiny:``
-    builds) the checkpoint where no auto class loads its config (the auto tables map
-    the config class to a model type no model table lists); it stands in for
-    ``auto_class``;
-    ``key_mapping`` gives checkpoint key renamings (pattern, replacement) the loader
-    hands to ``from_pretrained`` where the class that loads a checkpoint would leave
-    weights missing (a checkpoint written by another class, a classifier around the
-    language model);
-    ``text_config_name`` names the config attribute holding the decoder stack's own
-    config where the model's config nests it under another name than text_config
-    (an encoder-decoder config with encoder and decoder sub-configs): the text config,
-    its widths and head counts are read from it;
+    ``embed_name`` beside them; each may be a tuple of paths (the ones a model has are
+    renamed). ``attn_head_config_key`` names the config attribute holding the layers'
+    head count where nnterp's defaults miss it (an encoder-decoder's
+    decoder_attention_heads); ``hidden_size_config_key`` the one holding the stream's
+    width where they miss it (Kosmos-2's embed_dim); ``head_size_config_key`` the
+    attribute under which the family's attention module and config state the head
+    size where it is not head_dim (CPM-Ant's dim_head, Reformer's
+    attention_head_size): the head geometry reads it before hidden / heads.
+    ``ignore_mlp`` / ``ignore_attn`` say a layer has no MLP / attention container of
+    its own; ``ignore_ln_final`` says the model has no final norm (the last block's
+    output goes straight to the unembedding), which nnterp's load-time checks cannot
+    accept; ``mixed_layers`` says the layers are not all of one class (hybrid
+    attention / state-space stacks), which nnterp refuses unless told;
     ``unbound_defaults`` lists keys of nnterp's built-in rename table that stay
     unbound on the family (each is bound to its own name, which binds nothing): an
     alias it would make hides a child or another alias the family relies on, which
-    nnsight 0.8 refuses at load and 0.6/0.7 resolved silently;
-    ``meta_build_unavailable`` says why the model class cannot be built on the meta
-    device (its construction reads a tensor's value): it is loaded with its weights at
-    construction, and ``remote=True`` (which never loads them here) is refused with it;
-    ``traced_module`` names the submodule (a path) of the model the checkpoint loads as
-    that is traced and addressed as the model (its forward, config, layers), where the
-    class has no forward of its own that runs the text decoder (a speech-and-text
-    model's "thinker"), and ``traced_config`` the attribute of the checkpoint's config
-    that is the submodule's config: the checkpoint is loaded whole with its own class,
-    the rows are those of the families the submodule matches (``runtime/traced.py``);
-    ``addresses`` replaces where an existing accessor reads
-    or adds a new one. Later configs win, the user's last.
-    """
+    nnsight 0.8 refuses at load and 0.6/0.7 resolved silently."""
 
     model_name: Names | None = None
     layers_name: Names | None = None
@@ -426,43 +381,152 @@ class RenameConfig:
     ignore_mlp: bool | None = None
     ignore_attn: bool | None = None
     ignore_ln_final: bool | None = None
-    skip_nnterp_checks: bool | None = None
-    merged_cross_attention: str | None = None
-    hidden_states_are_block_outputs: bool | None = None
-    oracles_from_last_calls: bool | None = None
-    oracle_module: str | None = None
     mixed_layers: bool | None = None
+    unbound_defaults: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Loading:
+    """How a family's checkpoint is loaded and its model constructed.
+
+    ``auto_class`` names the transformers auto class that loads the checkpoint where
+    it is not ``AutoModelForCausalLM`` (``AutoModelForImageTextToText``: a language
+    model inside a multimodal wrapper, which nnsight's LanguageModel refuses under its
+    default class; ``tiny:`` builds with it too); ``model_class`` names the concrete
+    transformers class that loads (and ``tiny:`` builds) the checkpoint where no auto
+    class loads its config (the auto tables map the config class to a model type no
+    model table lists); it stands in for ``auto_class``; ``key_mapping`` gives
+    checkpoint key renamings (pattern, replacement) the loader hands to
+    ``from_pretrained`` where the class that loads a checkpoint would leave weights
+    missing (a checkpoint written by another class, a classifier around the language
+    model); ``text_config_name`` names the config attribute holding the decoder
+    stack's own config where the model's config nests it under another name than
+    text_config (an encoder-decoder config with encoder and decoder sub-configs): the
+    text config, its widths and head counts are read from it; ``traced_module`` names
+    the submodule (a path) of the model the checkpoint loads as that is traced and
+    addressed as the model (its forward, config, layers), where the class has no
+    forward of its own that runs the text decoder (a speech-and-text model's
+    "thinker"), and ``traced_config`` the attribute of the checkpoint's config that is
+    the submodule's config: the checkpoint is loaded whole with its own class, the rows
+    are those of the families the submodule matches (``runtime/traced.py``);
+    ``meta_build_unavailable`` says why the model class cannot be built on the meta
+    device (its construction reads a tensor's value): it is loaded with its weights at
+    construction, and ``remote=True`` (which never loads them here) is refused with it;
+    ``skip_nnterp_checks`` skips nnterp's load-time checks where they read a tensor
+    nnterp cannot reach (a layer with a child module named ``output``, whose own output
+    nnsight mounts at ``nns_output``); the identities and oracles still certify every
+    row."""
+
     auto_class: str | None = None
     model_class: str | None = None
     key_mapping: tuple[tuple[str, str], ...] | None = None
     text_config_name: str | None = None
-    unbound_defaults: tuple[str, ...] | None = None
-    meta_build_unavailable: str | None = None
     traced_module: str | None = None
     traced_config: str | None = None
-    # facts of the family's forward that positions depend on (each a reason): tokens
-    # attend to later tokens (a write at one token reaches earlier ones), and the
-    # forward reads more of the input than the stream carries (the interchange
-    # identities do not hold there)
-    attends_ahead: str | None = None
-    interchange_unavailable: str | None = None
-    # why a row padded on that side is not computed as the row alone (the sweep's
-    # ragged-batch check measures it): the runtime pads on the other side, or refuses
+    meta_build_unavailable: str | None = None
+    skip_nnterp_checks: bool | None = None
+
+
+@dataclass(frozen=True)
+class ForwardFacts:
+    """Facts of a family's forward that the runtime acts on.
+
+    ``left_padding_unavailable`` / ``right_padding_unavailable`` say why a row padded
+    on that side is not computed as the row alone (the sweep's ragged-batch check
+    measures it): the runtime pads on the other side, or refuses;
+    ``decoder_start_config`` is, for an encoder-decoder whose config has no
+    decoder_start_token_id, the config attribute (dotted) its own right shift starts
+    the decoder from."""
+
     left_padding_unavailable: str | None = None
     right_padding_unavailable: str | None = None
-    # an encoder-decoder whose config has no decoder_start_token_id: the config
-    # attribute (dotted) its own right shift starts the decoder from
     decoder_start_config: str | None = None
-    # where audio enters the stream (an audio-language wrapper): the config attribute(s)
-    # holding the audio placeholder token's id, the first set one the model's
+
+
+@dataclass(frozen=True)
+class CheckFacts:
+    """Facts of a family's forward that only the sweep's checks and oracles read.
+
+    ``hidden_states_are_block_outputs`` says transformers' ``output_hidden_states``
+    for the model has no entry for the embeddings: entry i is block i's output, the
+    last the final norm's (Mamba, RWKV); ``oracles_from_last_calls`` says those outputs
+    (and ``output_attentions``) hold an entry per call of the layer class, other calls
+    first (a second stack of the same class, earlier cycles), so the oracles are the
+    last entries, each a layer's output (none is a layer's input: something may run
+    between two layers); ``oracle_module`` names the submodule (a path) whose own
+    output holds the language model's hidden states and attentions, where the
+    wrapper's output drops them (BLIP's text_decoder) or nests them (BLIP-2's
+    language_model): the oracles read that module's output in the same forward;
+    ``merged_cross_attention`` (a reason) says the decoder's attention is self- and
+    cross-attention in one softmax, so its probabilities' oracle is transformers'
+    decoder_attentions and cross_attentions side by side on the key axis (T5Gemma 2);
+    ``attends_ahead`` (a reason) says tokens attend to later tokens (a write at one
+    token reaches earlier ones); ``interchange_unavailable`` (a reason) says the
+    forward reads more of the input than the stream carries (the interchange
+    identities do not hold there)."""
+
+    hidden_states_are_block_outputs: bool | None = None
+    oracles_from_last_calls: bool | None = None
+    oracle_module: str | None = None
+    merged_cross_attention: str | None = None
+    attends_ahead: str | None = None
+    interchange_unavailable: str | None = None
+
+
+# the parts of a family's facts, by the name each hangs under (``family.containers``,
+# ``resolution.loading``, ``RenameConfig.checks``, ...); a family file's ``rename:``
+# section says them flat, each key in the one part that has it
+PARTS: Mapping[str, type] = {
+    "containers": Containers,
+    "loading": Loading,
+    "forward": ForwardFacts,
+    "checks": CheckFacts,
+}
+
+
+def part_of(key: str) -> str:
+    """The part (``PARTS``' name) a flat ``rename:`` key belongs to."""
+    for part, kind in PARTS.items():
+        if any(f.name == key for f in fields(kind)):
+            return part
+    raise TypeError(
+        f"{key!r} is not a key of a family's rename section; the keys are those of "
+        + ", ".join(f"{kind.__name__} ({part})" for part, kind in PARTS.items())
+    )
+
+
+@dataclass(frozen=True)
+class RenameConfig:
+    """What a caller (or a family) says of a model, in its parts: ``containers``,
+    ``loading``, ``forward`` facts, ``checks`` facts, plus ``addresses``: rows that
+    replace where an existing accessor reads or add new ones. Later configs win, the
+    user's last (field by field: a field left None says nothing).
+    ``RenameConfig.of(**flat)`` takes the fields flat, as a family file's ``rename:``
+    section writes them."""
+
+    containers: Containers = field(default_factory=Containers)
+    loading: Loading = field(default_factory=Loading)
+    forward: ForwardFacts = field(default_factory=ForwardFacts)
+    checks: CheckFacts = field(default_factory=CheckFacts)
     addresses: Mapping[str, Address] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, addresses: Mapping[str, Address] | None = None, **flat: Any) -> RenameConfig:
+        """A config from flat fields (``RenameConfig.of(hidden_states_are_block_outputs=
+        True)``), each put in its part; TypeError names a key no part has."""
+        grouped: dict[str, dict[str, Any]] = {part: {} for part in PARTS}
+        for key, value in flat.items():
+            grouped[part_of(key)][key] = value
+        parts = {part: PARTS[part](**values) for part, values in grouped.items()}
+        return cls(**parts, addresses=dict(addresses or {}))
 
 
 @dataclass(frozen=True)
 class Family:
     """One family file of the registry as the runtime uses it: which models it
-    ``match``es, where its containers are and the facts its ``rename`` states, its
-    ``addresses`` (rows replacing or adding to the defaults), and what it says of its
+    ``match``es, where its ``containers`` are, how it is ``loading``, the facts of its
+    ``forward`` the runtime acts on and those its ``checks`` read (each a part of its
+    file's ``rename:`` section), its ``addresses`` (rows replacing or adding to the defaults), and what it says of its
     attention's interiors (why there are none: ``interiors_unavailable``; its own
     forward's ``interiors``; where it keeps the ``operands``), of its block structure
     (why none applies: ``structure_unknown``), of its ``lens`` (the steps from the last
@@ -472,7 +536,10 @@ class Family:
 
     name: str
     match: FamilyMatch
-    rename: RenameConfig
+    containers: Containers = field(default_factory=Containers)
+    loading: Loading = field(default_factory=Loading)
+    forward: ForwardFacts = field(default_factory=ForwardFacts)
+    checks: CheckFacts = field(default_factory=CheckFacts)
     addresses: Mapping[str, Address] = field(default_factory=dict)
     interiors_unavailable: str | None = None
     interiors: Mapping[str, Interior] = field(default_factory=dict)

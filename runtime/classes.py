@@ -15,10 +15,10 @@ def auto_class_for(class_names: tuple[str, ...], model_type: str | None, config:
     matching family's ``model_class`` (a concrete class, where no auto class loads the
     config) or ``auto_class`` (registry/families/*.yaml, ``rename``), else its group's,
     else ``AutoModelForCausalLM``."""
-    from .family import families_for, merged_rename
+    from .family import families_for, merged
 
-    merged = merged_rename(families_for(class_names, model_type, config), None)
-    found = merged.model_class or merged.auto_class
+    loading = merged(families_for(class_names, model_type, config), None).loading
+    found = loading.model_class or loading.auto_class
     if found is None or found == DEFAULT_AUTO_CLASS:
         return group_auto_class(model_type) or DEFAULT_AUTO_CLASS
     return str(found)
@@ -72,10 +72,10 @@ def traced_module_for(model_type: str | None) -> str | None:
     """The submodule a model of ``model_type`` is traced as (its families'
     ``traced_module``, registry/families/*.yaml), or None: what ``tiny:`` runs its
     smoke forward on."""
-    from .family import families_for, merged_rename
+    from .family import families_for, merged
 
     families = families_for(mapped_classes(model_type), model_type, None)
-    path: str | None = merged_rename(families, None).traced_module
+    path: str | None = merged(families, None).loading.traced_module
     return path
 
 
@@ -91,9 +91,9 @@ def key_mapping_for(
     """The matching families' ``key_mapping`` (registry/families/*.yaml, ``rename``): the
     checkpoint key renamings ``from_pretrained`` is given (pattern -> replacement), or
     None where they give none."""
-    from .family import families_for, merged_rename
+    from .family import families_for, merged
 
-    found = merged_rename(families_for(class_names, model_type, config), None).key_mapping
+    found = merged(families_for(class_names, model_type, config), None).loading.key_mapping
     return dict(found) if found else None
 
 

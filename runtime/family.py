@@ -1,5 +1,5 @@
 """What the registry makes of one model: the families that match its classes, model
-type and config, their container names merged (then the user's), every row that
+type and config, their facts merged (then the user's), every row that
 applies (the defaults, the rows of its block structure, each matching family's, then
 the user's), and its block structure. ``resolve`` is the one place this is decided;
 ``StandardizedTransformer`` asks it before the load (from the checkpoint's config, for
@@ -10,20 +10,24 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from causalab_mini.address import Address, Family, RenameConfig
+from causalab_mini.address import (
+    PARTS,
+    Address,
+    CheckFacts,
+    Containers,
+    Family,
+    ForwardFacts,
+    Loading,
+    RenameConfig,
+)
 from causalab_mini.generated import (
     BLOCK_STRUCTURE_RULES,
     DEFAULT_ADDRESSES,
     FAMILIES,
     STRUCTURE_ADDRESSES,
-)
-
-# every field of RenameConfig but the rows: what a later config overrides when it says
-CONTAINERS: tuple[str, ...] = tuple(
-    f.name for f in dataclasses.fields(RenameConfig) if f.name != "addresses"
 )
 
 # every row some structure declares: a family row that replaces one applies only on a
@@ -36,11 +40,15 @@ class Resolution:
     """The registry's answer for one model (see the module's text)."""
 
     families: tuple[str, ...]
-    rename: RenameConfig
     rows: Mapping[str, Address]
     structure: str | None
     # the matching families themselves, in registry order (``families`` their names)
     matched: tuple[Family, ...] = ()
+    # their facts merged, later families winning, then the user's (``merged``)
+    containers: Containers = field(default_factory=Containers)
+    loading: Loading = field(default_factory=Loading)
+    forward: ForwardFacts = field(default_factory=ForwardFacts)
+    checks: CheckFacts = field(default_factory=CheckFacts)
 
 
 def families_of(model: Any) -> tuple[Family, ...]:
@@ -68,15 +76,24 @@ def families_for(class_names: tuple[str, ...], model_type: str | None, config: A
     ]
 
 
-def merged_rename(families: list[str], user: RenameConfig | None) -> RenameConfig:
-    """The families' container names, later ones winning, then the user's."""
-    values: dict[str, Any] = {}
-    for config in [*(FAMILIES[f].rename for f in families), *([user] if user else [])]:
-        for key in CONTAINERS:
-            value = getattr(config, key)
-            if value is not None:
-                values[key] = value
-    return RenameConfig(**values)
+def merged(families: list[str], user: RenameConfig | None) -> RenameConfig:
+    """The families' facts (each part field by field), later ones winning, then the
+    user's; no rows (``addresses`` empty)."""
+    configs: list[RenameConfig | Family] = [
+        *(FAMILIES[f] for f in families),
+        *([user] if user else []),
+    ]
+    parts: dict[str, Any] = {}
+    for part, kind in PARTS.items():
+        values: dict[str, Any] = {}
+        for config in configs:
+            given = getattr(config, part)
+            for f in dataclasses.fields(given):
+                value = getattr(given, f.name)
+                if value is not None:
+                    values[f.name] = value
+        parts[part] = kind(**values)
+    return RenameConfig(**parts)
 
 
 def resolve(
@@ -100,16 +117,20 @@ def resolve(
         )
     if user is not None:
         rows.update(user.addresses)
+    facts = merged(families, user)
     return Resolution(
         tuple(families),
-        merged_rename(families, user),
         rows,
         structure,
         tuple(FAMILIES[name] for name in families),
+        facts.containers,
+        facts.loading,
+        facts.forward,
+        facts.checks,
     )
 
 
-# the RenameConfig fields that say how a checkpoint is loaded: of the model that holds a
+# the Loading fields that say which class loads a checkpoint: of the model that holds a
 # traced submodule, never of the submodule's families
 _LOADING = ("auto_class", "model_class", "key_mapping")
 
@@ -134,26 +155,25 @@ def resolve_traced(
     # the checkpoint loads with the class of the model that holds the submodule (its
     # families', else its group's auto class) and their key renamings, never with
     # those the submodule's families name
-    loads = merged_rename(list(outer.families), user)
-    rename = dataclasses.replace(
-        merged_rename(list(families), user),
-        **{key: getattr(loads, key) for key in _LOADING},
-    )
+    loads = merged(list(outer.families), user).loading
+    facts = merged(list(families), user)
     return Resolution(
         families,
-        rename,
         rows,
         inner.structure,
         tuple(FAMILIES[name] for name in families),
+        facts.containers,
+        dataclasses.replace(facts.loading, **{key: getattr(loads, key) for key in _LOADING}),
+        facts.forward,
+        facts.checks,
     )
 
 
 __all__ = [
-    "CONTAINERS",
     "Resolution",
     "families_for",
     "families_of",
-    "merged_rename",
+    "merged",
     "resolve",
     "resolve_traced",
     "structure_for",

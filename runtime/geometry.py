@@ -111,8 +111,8 @@ def _generic_keys(model: Any) -> tuple[str, ...]:
     """The generic head-size keys, with the one the model's families state first
     (``rename: head_size_config_key``: CPM-Ant's dim_head, Reformer's
     attention_head_size)."""
-    rename = getattr(getattr(model, "resolution", None), "rename", None)
-    own = getattr(rename, "head_size_config_key", None)
+    containers = getattr(getattr(model, "resolution", None), "containers", None)
+    own = getattr(containers, "head_size_config_key", None)
     return (own, *_GENERIC_KEYS) if isinstance(own, str) else _GENERIC_KEYS
 
 

@@ -14,13 +14,13 @@ import nnterp  # noqa: E402
 from nnterp.rename_utils import AttnProbFunction  # noqa: E402
 from nnterp.rename_utils import RenameConfig as NnterpRenameConfig  # noqa: E402
 
-from causalab_mini.address import Address, FamilyMatch, IOType, RenameConfig  # noqa: E402
-from causalab_mini.address import names as container_paths  # noqa: E402
+from causalab_mini.address import Address, FamilyMatch, RenameConfig  # noqa: E402
 
 from . import remote as _remote  # noqa: E402
-from .classes import auto_class_maps, group_auto_class  # noqa: E402
 from .family import Resolution, families_for, resolve, resolve_traced  # noqa: E402
 from .internals import Internals, Place, RenameError, has_attr  # noqa: E402
+from .load_plan import LoadPlan, Seen, plan_load  # noqa: E402
+from .load_plan import check_arguments as check_load_arguments  # noqa: E402
 from .loading import LoadRefused, LoadReport  # noqa: E402
 from .loading import check as check_load  # noqa: E402
 from .loading import recorded as recorded_loads  # noqa: E402
@@ -43,22 +43,6 @@ def _text_config(config: Any, name: str | None = None) -> Any:
     if getattr(config, "is_encoder_decoder", False) and hasattr(decoder, "model_type"):
         return decoder
     return config
-
-
-def _versions_hold(row: Address) -> bool:
-    from .internals import outside_versions
-
-    return outside_versions(row.versions) is None
-
-
-def _refused_by_config(row: Address, config: Any) -> bool:
-    """Whether the row is refused on every layer of a model with this config before it
-    is loaded: an ``always`` reason, or a config reason that holds."""
-    for item in row.unavailable:
-        kind = item.when.kind
-        if kind == "always" or (kind == "config" and item.when.holds_for_config(config)):
-            return True
-    return False
 
 
 def _class_names_before_load(
@@ -206,118 +190,48 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
         enable_attention_probs: bool,
         kwargs: dict[str, Any],
     ) -> None:
-        """Construction in four steps: what is loaded and how (``_load_arguments``),
-        what the registry makes of it before the load (``resolve``, from its config),
-        what nnterp is told (``_nnterp_arguments``), nnterp's own construction
-        (``_construct``), and the rows resolved on the loaded model (``_settle``)."""
-        model = self._load_arguments(model, enable_attention_probs, kwargs)
-        # remote=True keeps the checkpoint off this machine whatever else is asked: a
-        # load-time check that needs a forward is deferred to the server, with why
-        deferred = _remote.defer_checks(kwargs, enable_attention_probs)
+        """Construction in four steps: what is loaded (the spec prepared, its config
+        read, the registry's answer for it before the load: ``resolve``), what is
+        decided of the load (``plan_load``, a pure function of those), nnterp's own
+        construction as planned (``_construct``), and the rows resolved on the loaded
+        model (``_settle``)."""
+        if isinstance(model, str):
+            model, extra = prepare_model_spec(model, kwargs)
+            kwargs = {**kwargs, **extra}
+        check_load_arguments(kwargs, enable_attention_probs)  # before the config is read
         class_names, model_type, config, architectures = _class_names_before_load(model, kwargs)
         self._causalab.architectures = tuple(architectures or ())
         before = resolve(class_names, model_type, config, rename_config)
-        if before.rename.traced_module:  # the family traces a submodule of the model
+        if before.loading.traced_module:  # the family traces a submodule of the model
             self._causalab.traced_from = before
             model, class_names, config, before = _traced_before_load(
                 model, before, class_names, rename_config, kwargs
             )
-        nnterp_config, nnterp_probs = self._nnterp_arguments(
-            model,
-            before,
-            (class_names, model_type, config, architectures),
-            enable_attention_probs,
-            kwargs,
-        )
-        self._construct(model, nnterp_config, nnterp_probs, _renames(before.rename, kwargs), kwargs)
-        self._settle(before.rename, rename_config, deferred, enable_attention_probs, kwargs)
+        seen = Seen(class_names, model_type, config, architectures)
+        plan = plan_load(model, kwargs, before, seen, enable_attention_probs=enable_attention_probs)
+        self._construct(model, plan)
+        self._settle(plan, rename_config, enable_attention_probs)
 
-    @staticmethod
-    def _load_arguments(model: Any, enable_attention_probs: bool, kwargs: dict[str, Any]) -> Any:
-        """``model`` as ``from_pretrained`` takes it (a spec built or checked), with the
-        keyword arguments it adds, and the attention implementation the probabilities
-        imply."""
-        if isinstance(model, str):
-            model, extra = prepare_model_spec(model, kwargs)
-            kwargs.update(extra)
-        if enable_attention_probs and "attn_implementation" in kwargs:
-            # nnterp 1.3.0 checks this value and then passes it to nnsight a second
-            # time beside its own "eager" (a TypeError); the probabilities imply eager
-            implementation = kwargs.pop("attn_implementation")
-            if implementation != "eager":
-                raise ValueError(
-                    f"enable_attention_probs=True needs eager attention, and "
-                    f"attn_implementation={implementation!r} was given: drop "
-                    "attn_implementation (the probabilities imply 'eager') or pass "
-                    "enable_attention_probs=False"
-                )
-        kwargs.setdefault("device_map", "cpu")
-        return model
-
-    @staticmethod
-    def _nnterp_arguments(
-        model: Any,
-        before: Resolution,
-        seen: tuple[tuple[str, ...], str | None, Any, tuple[str, ...]],
-        enable_attention_probs: bool,
-        kwargs: dict[str, Any],
-    ) -> tuple[Any, bool]:
-        """nnterp's RenameConfig and whether nnterp checks the probabilities, from the
-        families' containers and our probabilities row (``seen``: the class names, model
-        type, config and architectures of what is loaded); the loading keyword arguments
-        they imply (auto class, eager attention, skipped checks) go into ``kwargs``."""
-        class_names, model_type, config, architectures = seen
-        merged = before.rename
-        nnterp_config = NnterpRenameConfig(
-            **{k: _mounted(getattr(merged, k)) for k in _NNTERP_CONTAINERS},
-        )
-        probs = _vouched_probabilities(before.rows.get("attention_probabilities"), config)
-        if probs is None and enable_attention_probs:
-            kwargs["attn_implementation"] = "eager"
-        if probs is not None and probs.source:
-            model_class = class_names[0] if class_names else "model"
-            nnterp_config.attn_prob_source = _RowAttnProbs(probs, model_class)
-        if merged.mixed_layers:
-            kwargs.setdefault("allow_multimodal", True)
-        _auto_class_arguments(model, merged, model_type, architectures, kwargs)
-        _dispatch_arguments(merged, class_names, kwargs)
-        # nnterp checks attention probabilities on layer 0; where attention is not on
-        # every layer (ignore_attn) our own row serves them, under eager attention
-        nnterp_probs = enable_attention_probs and probs is not None and not merged.ignore_attn
-        if merged.ignore_ln_final or merged.skip_nnterp_checks:
-            # nnterp 1.3.0's load-time checks require a final norm and cannot be told a
-            # model has none, and read .output where nnsight mounts it elsewhere; the
-            # family says so, and they are skipped (with its probability check). Every
-            # place is still certified by our identities and transformers' oracles.
-            kwargs["check_renaming"] = False
-            nnterp_probs = False
-        if enable_attention_probs and not nnterp_probs:
-            kwargs["attn_implementation"] = "eager"
-        return nnterp_config, bool(nnterp_probs)
-
-    def _construct(
-        self,
-        model: Any,
-        nnterp_config: Any,
-        nnterp_probs: bool,
-        rename: dict[str, str],
-        kwargs: dict[str, Any],
-    ) -> None:
-        """nnterp's construction, quiet, and never loading a remote model's weights."""
+    def _construct(self, model: Any, plan: LoadPlan) -> None:
+        """nnterp's construction as the plan says, quiet, and never loading a remote
+        model's weights."""
+        nnterp_config = NnterpRenameConfig(**plan.containers)
+        if plan.probabilities is not None:
+            nnterp_config.attn_prob_source = _RowAttnProbs(plan.probabilities, plan.model_class)
         # (torch's fake-tensor log during nnterp's scan() is silenced by quiet(), even
         # when verbose: the fallback to a trace is nnterp's to make, the log is noise)
         fake_log = logging.getLogger("torch._subclasses.fake_tensor")
         level = fake_log.level
         fake_log.setLevel(logging.CRITICAL)
         # nothing during construction may load the weights of a remote model
-        self._causalab.no_dispatch = _remote.NO_DISPATCH if kwargs.get("remote") else None
+        self._causalab.no_dispatch = plan.no_dispatch
         try:
             super().__init__(
                 model,
                 rename_config=nnterp_config,
-                enable_attention_probs=nnterp_probs,
-                rename=rename or None,
-                **kwargs,
+                enable_attention_probs=plan.nnterp_probs,
+                rename=dict(plan.rename) or None,
+                **plan.kwargs,
             )
         finally:
             fake_log.setLevel(level)
@@ -325,26 +239,24 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
 
     def _settle(
         self,
-        merged: RenameConfig,
+        plan: LoadPlan,
         rename_config: RenameConfig | None,
-        deferred: dict[str, str],
         enable_attention_probs: bool,
-        kwargs: dict[str, Any],
     ) -> None:
         """The model's own attributes, and its rows resolved again on the loaded class
         (``model.resolution``), attached as ``model.internals``."""
-        self.deferred_checks: dict[str, str] = deferred
+        self.deferred_checks: dict[str, str] = dict(plan.deferred)
         self._attention_probs_enabled = bool(enable_attention_probs)
         # transformers' output_hidden_states lists the blocks' outputs, not their inputs
-        self.hidden_states_are_block_outputs = bool(merged.hidden_states_are_block_outputs)
+        self.hidden_states_are_block_outputs = plan.hidden_states_are_block_outputs
         # ... and where they (and output_attentions) count every call of the layer
         # class, the layers' own calls last
-        self.oracles_from_last_calls = bool(merged.oracles_from_last_calls)
+        self.oracles_from_last_calls = plan.oracles_from_last_calls
         # ... and where the wrapper drops or nests its language model's own output
-        self.oracle_module: str | None = merged.oracle_module
+        self.oracle_module: str | None = plan.oracle_module
         self.model_type: str | None = getattr(self._model.config, "model_type", None)
-        self._causalab.text_config_name = merged.text_config_name
-        if merged.text_config_name:
+        self._causalab.text_config_name = plan.text_config_name
+        if plan.text_config_name:
             self._widths_from_text_config()
         names = tuple(c.__name__ for c in type(self._model).__mro__)
         outer = self._causalab.traced_from
@@ -354,14 +266,14 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             else resolve(names, self.model_type, self.text_config, rename_config)
         )
         # the submodule of the checkpoint's model traced as this model (its family's)
-        self.traced_module: str | None = merged.traced_module
+        self.traced_module: str | None = plan.traced_module
         self.families: tuple[str, ...] = self.resolution.families
         self.block_structure: str | None = self.resolution.structure
         self.internals = Internals(self, dict(self.resolution.rows))
         self._causalab.attached = True
         self._attach(self.internals)
         self._pad_exactly()
-        if not kwargs.get("remote"):
+        if plan.install_sources:
             self.internals.install_sources()
 
     def _pad_exactly(self) -> None:
@@ -577,69 +489,6 @@ def assignment_guidance(
     return None
 
 
-# the RenameConfig fields nnterp's own RenameConfig takes
-_NNTERP_CONTAINERS = (
-    "model_name",
-    "layers_name",
-    "attn_name",
-    "mlp_name",
-    "ln_final_name",
-    "lm_head_name",
-    "attn_head_config_key",
-    "hidden_size_config_key",
-    "ignore_mlp",
-    "ignore_attn",
-)
-
-
-def _vouched_probabilities(probs: Address | None, config: Any) -> Address | None:
-    """Our attention-probabilities row where nnterp's load-time check may read it: it
-    holds for the installed versions, is not refused on this model, and holds the
-    probabilities as an operation's output of (batch, heads, queries, keys), which is
-    what nnterp's check reads. None otherwise: nnterp is not asked to check a path we
-    do not vouch for."""
-    if probs is None or (
-        not _versions_hold(probs)
-        or _refused_by_config(probs, config)
-        or probs.io is not IOType.OUTPUT
-        or probs.merged_heads
-        or probs.flat_tokens
-    ):
-        return None
-    return probs
-
-
-def _auto_class_arguments(
-    model: Any,
-    merged: RenameConfig,
-    model_type: str | None,
-    architectures: tuple[str, ...],
-    kwargs: dict[str, Any],
-) -> None:
-    """The family's transformers class (its model_class, else its auto_class: a
-    language model inside a multimodal wrapper), else its group's auto class, said the
-    way the installed nnsight takes it; not for a checkpoint its config says the
-    causal-LM class saved, nor where the caller chose. The family's key_mapping goes to
-    from_pretrained with any class. Where the family traces a submodule
-    (traced_module), the class loads the whole model and returns the submodule."""
-    if merged.key_mapping and isinstance(model, str):
-        kwargs.setdefault("key_mapping", dict(merged.key_mapping))
-    auto_class = (
-        merged.model_class or merged.auto_class or group_auto_class(model_type, architectures)
-    )
-    traced = merged.traced_module
-    if traced and not auto_class:  # a submodule of a causal LM's checkpoint
-        from .classes import DEFAULT_AUTO_CLASS
-
-        auto_class = DEFAULT_AUTO_CLASS
-    if not auto_class or not isinstance(model, str) or "automodel" in kwargs:
-        return
-    if not auto_class_maps(auto_class, architectures):
-        return
-    for key, value in compat.auto_class_kwargs(auto_class, traced).items():
-        kwargs.setdefault(key, value)
-
-
 def _traced_before_load(
     model: Any,
     outer: Resolution,
@@ -654,7 +503,7 @@ def _traced_before_load(
     would run the whole class)."""
     from .traced import refuse_remote, sub_config, submodule
 
-    path = str(outer.rename.traced_module)
+    path = str(outer.loading.traced_module)
     model_class = class_names[0] if class_names else "this model"
     if kwargs.get("remote"):
         refuse_remote(model_class, path)
@@ -668,7 +517,7 @@ def _traced_before_load(
             trust_remote_code=kwargs.get("trust_remote_code", False),
             local_files_only=kwargs.get("local_files_only", False),
         )
-        config = sub_config(whole, str(outer.rename.traced_config), path)
+        config = sub_config(whole, str(outer.loading.traced_config), path)
         names = mapped_classes(config.model_type)
     else:
         model = submodule(model, path)
@@ -677,47 +526,6 @@ def _traced_before_load(
     text = _text_config(config)
     model_type = getattr(config, "model_type", None)
     return model, names, text, resolve_traced(outer, names, model_type, text, user)
-
-
-def _dispatch_arguments(
-    merged: RenameConfig, class_names: tuple[str, ...], kwargs: dict[str, Any]
-) -> None:
-    """Where the family says its class cannot be built on the meta device (its
-    construction reads a tensor's value), the weights are loaded at construction
-    (nnsight's ``dispatch=True``) instead of at the first trace; ``remote=True``, which
-    builds on meta and never loads them here, is refused with the family's reason."""
-    why = merged.meta_build_unavailable
-    if not why:
-        return
-    model_class = class_names[0] if class_names else "this model"
-    if kwargs.get("remote"):
-        raise ValueError(
-            f"{model_class} cannot be built on the meta device, which remote=True needs "
-            f"(the weights stay on the server): {why}"
-        )
-    kwargs.setdefault("dispatch", True)
-
-
-def _renames(merged: RenameConfig, kwargs: dict[str, Any]) -> dict[str, str]:
-    """nnterp's ``rename`` table: the caller's, the family's embedding path bound to
-    ``embed_tokens``, and the keys of nnterp's own table the family leaves unbound (each
-    bound to its own name: no alias, nnterp's table updated with this one)."""
-    rename = dict(kwargs.pop("rename", None) or {})
-    for embed in container_paths(merged.embed_name):
-        rename.setdefault(compat.container_path(embed), "embed_tokens")
-    for key in merged.unbound_defaults or ():
-        rename.setdefault(key, key)
-    return rename
-
-
-def _mounted(value: Any) -> Any:
-    """Container names as the installed nnsight mounts their modules (a module named
-    after an nnsight attribute, such as a root child ``output``, differs on 0.8)."""
-    if isinstance(value, str):
-        return compat.container_path(value)
-    if isinstance(value, (tuple, list)):
-        return [compat.container_path(v) if isinstance(v, str) else v for v in value]
-    return value
 
 
 def _in_trace_body() -> bool:

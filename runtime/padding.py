@@ -26,15 +26,15 @@ class PaddingRefused(CausalabError, ValueError):
 
 def unavailable_sides(model: Any) -> dict[str, str]:
     """Side -> why a row padded there is not computed as the row alone, from the
-    model's families (their ``rename`` facts); empty for a model without a resolution
+    model's families (their ``forward`` facts); empty for a model without a resolution
     (a bare tokenizer)."""
     resolution = getattr(model, "resolution", None)
     if resolution is None:
         return {}
-    rename = resolution.rename
+    facts = resolution.forward
     found = {
-        "left": getattr(rename, "left_padding_unavailable", None),
-        "right": getattr(rename, "right_padding_unavailable", None),
+        "left": getattr(facts, "left_padding_unavailable", None),
+        "right": getattr(facts, "right_padding_unavailable", None),
     }
     return {side: why for side, why in found.items() if why}
 

@@ -51,25 +51,6 @@ PROBS_DEFERRED = (
 )
 
 
-def defer_checks(kwargs: dict[str, Any], enable_attention_probs: bool) -> dict[str, str]:
-    """For ``remote=True``: turn the load-time checks that need a forward into scans
-    (in ``kwargs``, nnterp's constructor arguments) and say which, and why. Refuses
-    ``dispatch=True`` with remote, which asks for the weights here."""
-    if not kwargs.get("remote"):
-        return {}
-    if kwargs.get("dispatch"):
-        raise ValueError(
-            "remote=True keeps the weights off this machine and dispatch=True loads them "
-            "here: drop one (a remote model runs on the server; load without remote=True to "
-            "run locally)"
-        )
-    deferred: dict[str, str] = {}
-    if enable_attention_probs:
-        kwargs["check_attn_probs_with_trace"] = False
-        deferred["attention_probabilities"] = PROBS_DEFERRED
-    return deferred
-
-
 # ---------------------------------------------------------------------- what travels
 
 # the key under which a pickled causalab_mini model carries what the server must run

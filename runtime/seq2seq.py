@@ -55,7 +55,7 @@ def decoder_start(model: Any) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     resolution = getattr(model, "resolution", None)
-    path = getattr(getattr(resolution, "rename", None), "decoder_start_config", None)
+    path = getattr(getattr(resolution, "forward", None), "decoder_start_config", None)
     if path:  # the family file: where its own right shift finds the start token
         value = getattr(module, "config", None)
         for part in path.split("."):

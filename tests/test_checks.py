@@ -29,9 +29,9 @@ def _context(model: StandardizedTransformer) -> k.Context:
             except ComponentError:
                 pass
     unordered: dict[Any, str] = {}
-    read = sweep._read_all(model, inputs, addresses, {}, {}, unordered)
+    read = sweep.read_all(model, inputs, addresses, {}, {}, unordered)
     v = {key: read[a] for key, a in addresses.items()}
-    return sweep._context(model, inputs, addresses, v, unordered)
+    return sweep.check_context(model, inputs, addresses, v, unordered)
 
 
 @pytest.fixture(scope="module")
@@ -170,11 +170,11 @@ def test_the_gradient_check_holds_and_fails_on_a_wrong_gradient(
     ctx = k.Context(model, c.sample_inputs(model), addresses, {})
     clean = list(gradients.gradients(ctx))
     assert clean and all(o.ok for o in clean), clean
-    held = {o.components[0] for o in clean if o.name == gradients.ORACLE}
+    held = {o.components[0] for o in clean if o.description == gradients.ORACLE}
     assert held == {"block_output", *more}, held
     cut = attribution._cut
     monkeypatch.setattr(attribution, "_cut", lambda a, whole, index: 2 * cut(a, whole, index))
-    tampered = [o for o in gradients.gradients(ctx) if o.name == gradients.ORACLE]
+    tampered = [o for o in gradients.gradients(ctx) if o.description == gradients.ORACLE]
     assert tampered and not any(o.ok for o in tampered)
 
 

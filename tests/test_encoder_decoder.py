@@ -148,7 +148,7 @@ def test_the_sweep_check_of_ragged_pairs_holds(spec: str, tiny_model: Load) -> N
         addresses={("block_output", model.num_layers - 1): object()},
         v={("block_input", 1): held},
     )
-    found = {o.name: (o.ok, o.detail) for o in ragged_pairs.ragged_pairs(ctx)}
+    found = {o.description: (o.ok, o.detail) for o in ragged_pairs.ragged_pairs(ctx)}
     names = {ragged_pairs.DECODER, ragged_pairs.ENCODER, ragged_pairs.SWAPPED}
     if compat.is_08():
         names.add(ragged_pairs.WRITE)

@@ -245,7 +245,10 @@ def test_generated_tables_match_the_rows() -> None:
     # one Family per file, and the tables by kind read from them
     assert all(name == f.name for name, f in g.FAMILIES.items())
     assert g.FAMILY_ADDRESSES == tuple((f.match, f.addresses) for f in g.FAMILIES.values())
-    assert dict(g.FAMILY_RENAME) == {n: f.rename for n, f in g.FAMILIES.items()}
+    assert dict(g.FAMILY_CONTAINERS) == {n: f.containers for n, f in g.FAMILIES.items()}
+    assert dict(g.FAMILY_LOADING) == {n: f.loading for n, f in g.FAMILIES.items()}
+    assert dict(g.FAMILY_FORWARD) == {n: f.forward for n, f in g.FAMILIES.items()}
+    assert dict(g.FAMILY_CHECKS) == {n: f.checks for n, f in g.FAMILIES.items()}
     assert gemma["attentions_output"].module == "post_attention_layernorm"
     assert gemma["attentions_output"].order == g.DEFAULT_ADDRESSES["attentions_output"].order
     assert gemma["attentions_output"].select is None

@@ -308,7 +308,7 @@ def test_the_sweep_check_holds_and_notices_a_hooks_engine_that_differs(
     covered = {c for o in clean for c in o.components}
     assert {"block_input", "attention_z", "block_mid", "block_output", "logits"} <= covered
     assert {engines.READS, engines.WRITES, engines.HEAD, engines.POSITIONS} <= {
-        o.name for o in clean
+        o.description for o in clean
     }
     assert ctx.notes["attention_scores"]["engines"] == "nnsight"
     assert "softmax" in ctx.notes["attention_scores"]["hooks_refused"]
@@ -323,7 +323,7 @@ def test_the_sweep_check_holds_and_notices_a_hooks_engine_that_differs(
 
     monkeypatch.setattr(hooks, "_apply", off)
     tampered = list(engines.hooks_engine(Context(model, ctx.inputs, addresses, {})))
-    assert any(not o.ok for o in tampered if o.name == engines.READS)
+    assert any(not o.ok for o in tampered if o.description == engines.READS)
 
 
 def test_a_batch_run_again_is_batched_again_where_it_changed(tiny_model: Load) -> None:

@@ -193,7 +193,7 @@ def test_the_sweep_check_notices_a_place_that_is_not_the_stream() -> None:
         inputs = certify.sample_inputs(model)
         addresses = {("block_input", 0): locate(model, "block_input", 0)}
         ctx = Context(model, inputs, addresses, {})
-        return {o.name: o.ok for o in checks.interchange_identities(ctx)}
+        return {o.description: o.ok for o in checks.interchange_identities(ctx)}
 
     good = outcomes(StandardizedTransformer("tiny:llama"))
     assert good[checks.ALL_TOKENS] and good[checks.LAST_TOKEN]

@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from causalab_mini import Address, FirstIfTuple, Index, IOType, RenameConfig
-from causalab_mini.generated import DEFAULT_ADDRESSES, FAMILY_ADDRESSES, FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated import (
+    BLOCK_STRUCTURES,
+    DEFAULT_ADDRESSES,
+    FAMILY_ADDRESSES,
+    FAMILY_LOADING,
+    FAMILY_MATCH,
+)
 from causalab_mini.internals import PlaceUnavailable, RenameError
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
@@ -65,7 +71,7 @@ def _replaced(model: StandardizedTransformer) -> set[str]:
 
 def _skips_nnterp_checks(model: StandardizedTransformer) -> str | None:
     for family in model.families:
-        if FAMILY_RENAME[family].skip_nnterp_checks:
+        if FAMILY_LOADING[family].skip_nnterp_checks:
             return f"family {family} skips nnterp's checks: nnterp's accessors do not apply"
     return None
 
@@ -87,7 +93,7 @@ def _identities_and_oracles(model: StandardizedTransformer, structure: str | Non
     checks = c.identities(model, values)
     expected_identities = sum(
         _available(model, c.identity_rows(text), layer)
-        for text in c.BLOCK_STRUCTURES[model.block_structure].identities
+        for text in BLOCK_STRUCTURES[model.block_structure].identities
         for layer in range(model.internals.num_layers)
     )
     assert expected_identities > 0 or model.internals.status()["layers_mid"] is not None

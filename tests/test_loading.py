@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 import torch
 
-from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated import FAMILY_LOADING, FAMILY_MATCH
 
 # the model types of the families that load with an auto class of their own
 WRAPPERS = sorted(
     t
     for name, match in FAMILY_MATCH.items()
-    if FAMILY_RENAME[name].auto_class
+    if FAMILY_LOADING[name].auto_class
     for t in match.model_types
 )
 FIRST = "mllama"  # the README tier's representative (text class beside the wrapper's)
@@ -162,7 +162,7 @@ def test_a_class_that_cannot_be_built_on_meta_loads_its_weights_at_construction(
     from causalab_mini import RenameConfig, StandardizedTransformer
 
     why = "its constructor reads the values of a tensor, which no meta tensor has"
-    told = RenameConfig(meta_build_unavailable=why)
+    told = RenameConfig.of(meta_build_unavailable=why)
     lazy = StandardizedTransformer("tiny:llama")
     assert not lazy.dispatched and not lazy.load_reports
     model = StandardizedTransformer("tiny:llama", rename_config=told)
@@ -180,9 +180,9 @@ def test_a_class_that_cannot_be_built_on_meta_loads_its_weights_at_construction(
 # the families that name a concrete class (no auto class loads their config), and the
 # model types registry/tiny.yaml saved_by says another class writes
 MODEL_CLASSES = sorted(
-    (t, str(FAMILY_RENAME[name].model_class))
+    (t, str(FAMILY_LOADING[name].model_class))
     for name, match in FAMILY_MATCH.items()
-    if FAMILY_RENAME[name].model_class
+    if FAMILY_LOADING[name].model_class
     for t in match.model_types
 )
 
@@ -263,7 +263,7 @@ def test_a_checkpoint_saved_by_another_class_loads_every_weight(model_type: str)
     path = tiny.resolve_model_spec(f"tiny:{model_type}")
     assert json.loads((Path(path) / "config.json").read_text())["architectures"] == [saver]
     auto = getattr(transformers, tiny.build_class(model_type))
-    mapping = tiny._load_kwargs(model_type)
+    mapping = tiny.build._load_kwargs(model_type)
     assert mapping, f"{model_type}: its family gives no key_mapping"
     _, bare = auto.from_pretrained(path, output_loading_info=True)
     assert bare["missing_keys"], "the checkpoint loads without the key mapping"
@@ -284,7 +284,7 @@ def _loads_every_weight(model_type: str, checkpoints: list[str], expected: Any) 
     from causalab_mini.tools import tiny
 
     auto = getattr(transformers, tiny.build_class(model_type))
-    mapping = tiny._load_kwargs(model_type)
+    mapping = tiny.build._load_kwargs(model_type)
     ids = torch.tensor([[5, 9, 17, 33, 2]])
     for checkpoint in checkpoints:
         loaded, info = auto.from_pretrained(checkpoint, output_loading_info=True, **mapping)

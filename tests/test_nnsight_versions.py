@@ -430,13 +430,13 @@ def test_a_root_child_named_output_is_renamed_where_nnsight_mounts_it() -> None:
 
 
 def _unbound_cases() -> list[Any]:
-    from causalab_mini.generated import FAMILY_RENAME
+    from causalab_mini.generated import FAMILY_CONTAINERS
     from tests.registry_cases import family_cases
 
     return [
-        case.param(case, FAMILY_RENAME[family].unbound_defaults, id=f"{family}-{case.id}")
+        case.param(case, FAMILY_CONTAINERS[family].unbound_defaults, id=f"{family}-{case.id}")
         for family, case in family_cases()
-        if FAMILY_RENAME[family].unbound_defaults
+        if FAMILY_CONTAINERS[family].unbound_defaults
     ]
 
 
@@ -448,13 +448,13 @@ def test_unbound_defaults_bind_nothing_and_the_embedding_is_the_familys(
     # release (0.8 would refuse the load; 0.6/0.7 let a child or a later alias win),
     # and embed_tokens is the module the family names
     from causalab_mini.address import names as container_paths
-    from causalab_mini.generated import FAMILY_RENAME
+    from causalab_mini.generated import FAMILY_CONTAINERS
     from causalab_mini.internals import child
 
     model = load(case.spec)
     aliases = compat.aliases_of(model)
     for key in keys:
         assert set(aliases.get(key, [])) <= {key}, (key, aliases.get(key))
-    family = next(f for f in model.families if FAMILY_RENAME[f].unbound_defaults == keys)
-    (embed,) = container_paths(FAMILY_RENAME[family].embed_name)
+    family = next(f for f in model.families if FAMILY_CONTAINERS[f].unbound_defaults == keys)
+    (embed,) = container_paths(FAMILY_CONTAINERS[family].embed_name)
     assert model.embed_tokens._module is child(model, compat.container_path(embed))._module

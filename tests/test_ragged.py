@@ -90,7 +90,7 @@ def _outcomes(model: Any) -> dict[str, tuple[bool, str]]:
         v={("block_input", 1): held},
     )
     found = list(ragged.ragged_batches(ctx)) + list(ragged.ragged_interchange(ctx))
-    return {o.name: (o.ok, o.detail) for o in found}
+    return {o.description: (o.ok, o.detail) for o in found}
 
 
 def test_the_sweep_check_measures_the_refusal_and_fails_without_it(
@@ -133,6 +133,6 @@ def test_the_docs_list_every_family_refused_on_a_side() -> None:
         (name, side)
         for name, family in FAMILIES.items()
         for side in ("left", "right")
-        if getattr(family.rename, f"{side}_padding_unavailable", None)
+        if getattr(family.forward, f"{side}_padding_unavailable", None)
     }
     assert rows == want

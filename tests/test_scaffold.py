@@ -67,7 +67,7 @@ def _structure(registry_root: Path, model_type: str) -> str:
 def _prove(spec: str, registry_root: Path, family: str, model_type: str) -> list[c.Check]:
     """Load the model with the written rows and run certify over them."""
     rows, rename = _typed_rows(registry_root, family)
-    config = RenameConfig(**rename, addresses={**DEFAULT_ADDRESSES, **rows})
+    config = RenameConfig.of(**rename, addresses={**DEFAULT_ADDRESSES, **rows})
     model = StandardizedTransformer(spec, rename_config=config, enable_attention_probs=True)
     s.force_structure(model, _structure(registry_root, model_type))
     inputs = c.sample_inputs(model)

@@ -385,7 +385,7 @@ def test_an_encoder_decoders_text_config_is_its_decoders() -> None:
     family names the decoder's as the places' text config (text_config_name): its head
     count and width, which nnterp does not find at the top; a family may load a model whose
     constructor cannot run on the meta device with its weights (meta_build_unavailable)."""
-    from causalab_mini.generated.families import FAMILY_RENAME
+    from causalab_mini.generated.families import FAMILY_CHECKS, FAMILY_LOADING
     from causalab_mini.model import _text_config
     from causalab_mini.tools.tiny import tiny_config
 
@@ -395,9 +395,9 @@ def test_an_encoder_decoders_text_config_is_its_decoders() -> None:
         ("t5gemma2", "t5gemma2"),
     ):
         config = tiny_config(model_type)
-        name = FAMILY_RENAME[family].text_config_name
+        name = FAMILY_LOADING[family].text_config_name
         assert _text_config(config, name) is config.decoder
     t5 = tiny_config("t5")
     assert _text_config(t5) is t5
-    assert FAMILY_RENAME["florence2"].meta_build_unavailable
-    assert FAMILY_RENAME["t5gemma2"].merged_cross_attention
+    assert FAMILY_LOADING["florence2"].meta_build_unavailable
+    assert FAMILY_CHECKS["t5gemma2"].merged_cross_attention

@@ -195,14 +195,14 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     )
     # without the declaration the inputs' convention does not hold on Mamba ...
     undeclared = StandardizedTransformer(
-        "tiny:mamba", rename_config=RenameConfig(hidden_states_are_block_outputs=False)
+        "tiny:mamba", rename_config=RenameConfig.of(hidden_states_are_block_outputs=False)
     )
     result = certify(undeclared, c.sample_inputs(undeclared))
     assert result["block_input"]["state"] == "broken"
     assert result["block_output"]["state"] == "broken"
     # ... and a wrong declaration on Llama is broken, not taken on trust
     wrong = StandardizedTransformer(
-        "tiny:llama", rename_config=RenameConfig(hidden_states_are_block_outputs=True)
+        "tiny:llama", rename_config=RenameConfig.of(hidden_states_are_block_outputs=True)
     )
     result = certify(wrong, c.sample_inputs(wrong))
     assert result["block_input"]["state"] == "broken"
@@ -223,7 +223,7 @@ def test_oracles_that_count_every_layer_call_are_read_from_the_end(
     assert "output_attentions == attention_probs" in components["attention_probs"]["checks"]
     # without the declaration the first entries (the L stack's calls) are compared
     undeclared = StandardizedTransformer(
-        spec, rename_config=RenameConfig(oracles_from_last_calls=False)
+        spec, rename_config=RenameConfig.of(oracles_from_last_calls=False)
     )
     result = certify(undeclared, c.sample_inputs(undeclared))
     assert result["block_input"]["state"] == "broken"

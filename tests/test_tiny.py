@@ -24,6 +24,8 @@ from causalab_mini.tools.tiny import (
     tiny_config,
     tiny_tokenizer,
 )
+from causalab_mini.tools.tiny import build as tiny_build
+from causalab_mini.tools.tiny import config as tiny_cfg
 
 from .registry_cases import language_config, model_types
 
@@ -174,7 +176,7 @@ def _generic_keys_checked(text: Any, model_type: str, config: Any, own: bool = T
     from causalab_mini.generated.tiny import TINY_GENERIC, TINY_KEEP_OFF, TINY_OVERRIDES
 
     config_cls = type(text)
-    defaults = tiny._field_defaults(config_cls)
+    defaults = tiny_cfg._field_defaults(config_cls)
     # overridden: by the model type's row, by the row of its text config's own type
     # (a wrapper's gemma4_text), or under the text config's name in the type's row
     row = dict(TINY_OVERRIDES.get(model_type, {}))
@@ -193,11 +195,11 @@ def _generic_keys_checked(text: Any, model_type: str, config: Any, own: bool = T
                 assert getattr(text, key) == defaults[key], key
             continue
         try:  # a class that derives the field itself (Qwen2's sliding_window) is skipped
-            kept = getattr(config_cls(**{key: tiny._thaw(value)}), key) == tiny._thaw(value)
+            kept = getattr(config_cls(**{key: tiny.thaw(value)}), key) == tiny.thaw(value)
         except Exception:
             kept = False
         if kept:
-            assert getattr(text, key) == tiny._thaw(value), key
+            assert getattr(text, key) == tiny.thaw(value), key
             checked += 1
     return checked
 
@@ -247,10 +249,10 @@ def _tables_from(registry: Path, tmp_path: Path) -> ModuleType:
 
 def _use(tables: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     """Point the builder at other generated tables (as a rebuilt package would)."""
-    monkeypatch.setattr(tiny, "TINY_OVERRIDES", tables.TINY_OVERRIDES)
-    monkeypatch.setattr(tiny, "_GENERIC", tiny._thaw(tables.TINY_GENERIC))
-    monkeypatch.setattr(tiny, "_KEEP_OFF", frozenset(tables.TINY_KEEP_OFF))
-    monkeypatch.setattr(tiny, "_NOT_BUILDABLE", tables.TINY_NOT_BUILDABLE)
+    monkeypatch.setattr(tiny_cfg, "TINY_OVERRIDES", tables.TINY_OVERRIDES)
+    monkeypatch.setattr(tiny_cfg, "_GENERIC", tiny.thaw(tables.TINY_GENERIC))
+    monkeypatch.setattr(tiny_cfg, "_KEEP_OFF", frozenset(tables.TINY_KEEP_OFF))
+    monkeypatch.setattr(tiny_cfg, "_NOT_BUILDABLE", tables.TINY_NOT_BUILDABLE)
 
 
 def test_an_override_in_the_registry_reaches_the_built_config(
@@ -342,7 +344,7 @@ def test_build_load_and_forward(model_type: str, tiny_cache: Path) -> None:
     _load_class(str(path), {})
     auto = getattr(transformers, tiny.build_class(model_type))
     # with the key renamings the loader gives (a checkpoint another class saved)
-    model = auto.from_pretrained(path, **tiny._load_kwargs(model_type)).eval()
+    model = auto.from_pretrained(path, **tiny_build._load_kwargs(model_type)).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert model.dtype == torch.float32
     # where the family traces a submodule (traced_module: a class with no forward of
@@ -420,7 +422,7 @@ def test_cache_is_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     def no_rebuild(*args: object, **kwargs: object) -> None:
         raise AssertionError("rebuilt a cached checkpoint")
 
-    monkeypatch.setattr(tiny, "_materialize", no_rebuild)
+    monkeypatch.setattr(tiny_build, "_materialize", no_rebuild)
     assert build_tiny("gpt2", cache_dir=tmp_path) == path
     assert (path / tiny.MANIFEST).stat().st_mtime_ns == stamp
     leftovers = [p.name for p in (tmp_path / "tiny").iterdir() if p.name.endswith(".tmp")]
@@ -433,13 +435,13 @@ def test_a_types_side_inputs_are_part_of_its_checkpoints_name(
     # a checkpoint is verified with the side inputs its forward is fed: another side
     # input row is another checkpoint (not one built and verified under the old row),
     # and a type's side inputs leave every other type's name alone
-    fed = next(iter(tiny._SIDE_INPUTS))
-    before = {t: tiny._checkpoint_name(t, 0) for t in (fed, "gpt2")}
-    changed = dict(tiny._SIDE_INPUTS)
-    changed[fed] = {**tiny._thaw(changed[fed]), "extra_input": {"why": "x", "shape": ["batch"]}}
-    monkeypatch.setattr(tiny, "_SIDE_INPUTS", changed)
-    assert tiny._checkpoint_name(fed, 0) != before[fed]
-    assert tiny._checkpoint_name("gpt2", 0) == before["gpt2"]
+    fed = next(iter(tiny.SIDE_INPUTS))
+    before = {t: tiny_build._checkpoint_name(t, 0) for t in (fed, "gpt2")}
+    changed = dict(tiny.SIDE_INPUTS)
+    changed[fed] = {**tiny.thaw(changed[fed]), "extra_input": {"why": "x", "shape": ["batch"]}}
+    monkeypatch.setattr(tiny_cfg, "SIDE_INPUTS", changed)
+    assert tiny_build._checkpoint_name(fed, 0) != before[fed]
+    assert tiny_build._checkpoint_name("gpt2", 0) == before["gpt2"]
 
 
 @pytest.mark.slow
@@ -526,11 +528,11 @@ def test_an_override_of_a_declared_type_is_taken_whatever_the_default() -> None:
     """LagunaConfig.gating is typed bool | str: a string is taken though the default is
     a bool; an integer field still refuses a string."""
     text = tiny_config("laguna").get_text_config()
-    tiny._set_override("laguna", text, "gating", "per-element")
+    tiny_cfg._set_override("laguna", text, "gating", "per-element")
     assert text.gating == "per-element"
     llama = tiny_config("llama").get_text_config()
     with pytest.raises(TinyBuildError, match="hidden_size takes an integer"):
-        tiny._set_override("llama", llama, "hidden_size", "abc")
+        tiny_cfg._set_override("llama", llama, "hidden_size", "abc")
 
 
 @pytest.mark.slow
@@ -545,5 +547,5 @@ def test_a_checkpoint_file_is_written_beside_the_weights(model_type: str, tiny_c
 
     path = build_tiny(model_type)
     for name, content in tiny.TINY_CHECKPOINT_FILES[model_type].items():
-        assert torch.load(path / name, weights_only=True) == tiny._thaw(content)
-    assert "checkpoint_files" in tiny._recipe(model_type)
+        assert torch.load(path / name, weights_only=True) == tiny.thaw(content)
+    assert "checkpoint_files" in tiny.recipe_of(model_type)

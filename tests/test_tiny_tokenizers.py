@@ -14,6 +14,7 @@ import pytest
 from causalab_mini.generated.tiny import TINY_TOKENIZERS
 from causalab_mini.tools import tiny
 from causalab_mini.tools.tiny import TinyBuildError, build_tiny, tiny_tokenizer, tokenizer_row
+from causalab_mini.tools.tiny import config as tiny_cfg
 
 pytestmark = pytest.mark.slow
 
@@ -206,8 +207,10 @@ def test_every_listed_tokenizer_builds_and_passes_its_own_checks(model_type: str
 def test_a_template_that_cannot_serve_refuses_the_build(
     template: str, reason: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tiny, "TINY_TOKENIZERS", {"toy": {"adds": "none", "chat_template": "t"}})
-    monkeypatch.setattr(tiny, "TINY_CHAT_TEMPLATES", {"t": template})
+    monkeypatch.setattr(
+        tiny_cfg, "TINY_TOKENIZERS", {"toy": {"adds": "none", "chat_template": "t"}}
+    )
+    monkeypatch.setattr(tiny_cfg, "TINY_CHAT_TEMPLATES", {"t": template})
     with pytest.raises(TinyBuildError, match=reason) as refused:
         tiny_tokenizer("toy")
     assert "tiny 'toy'" in str(refused.value) and "registry/tiny.yaml" in str(refused.value)

@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from causalab_mini.generated import FAMILIES, FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated import FAMILIES, FAMILY_LOADING, FAMILY_MATCH
 
 pytestmark = pytest.mark.slow
 
 # (model type, family, traced submodule, its config's attribute) of every family that
 # traces a submodule: read from the generated tables, never listed here
 TRACED = sorted(
-    (model_type, family, str(rename.traced_module), str(rename.traced_config))
-    for family, rename in FAMILY_RENAME.items()
-    if rename.traced_module
+    (model_type, family, str(loading.traced_module), str(loading.traced_config))
+    for family, loading in FAMILY_LOADING.items()
+    if loading.traced_module
     for model_type in FAMILY_MATCH[family].model_types
 )
 IDS = [case[0] for case in TRACED]
@@ -40,7 +40,7 @@ def _whole(model_type: str, family: str) -> Any:
 
     from causalab_mini.tools.tiny import resolve_model_spec
 
-    auto = getattr(transformers, str(FAMILY_RENAME[family].auto_class))
+    auto = getattr(transformers, str(FAMILY_LOADING[family].auto_class))
     return auto.from_pretrained(resolve_model_spec(f"tiny:{model_type}")).eval()
 
 
@@ -131,11 +131,11 @@ def test_a_submodule_the_model_lacks_is_refused_by_name() -> None:
     from causalab_mini.traced import TracedModuleMissing
 
     model_type, _, path, config_name = TRACED[0]
-    wrong = RenameConfig(traced_module="narrator", traced_config=config_name)
+    wrong = RenameConfig.of(traced_module="narrator", traced_config=config_name)
     with pytest.raises(TracedModuleMissing, match="has no child 'narrator'") as refused:
         StandardizedTransformer(f"tiny:{model_type}", rename_config=wrong)
     assert f"its children: {path}" in str(refused.value) or f", {path}" in str(refused.value)
-    wrong = RenameConfig(traced_module=path, traced_config="narrator_config")
+    wrong = RenameConfig.of(traced_module=path, traced_config="narrator_config")
     with pytest.raises(TracedModuleMissing, match="narrator_config") as refused:
         StandardizedTransformer(f"tiny:{model_type}", rename_config=wrong)
     assert config_name in str(refused.value)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from causalab_mini.generated import FAMILY_MATCH, FAMILY_RENAME
+from causalab_mini.generated import FAMILY_LOADING, FAMILY_MATCH
 from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 
@@ -343,8 +343,8 @@ def test_kosmos2_reads_an_empty_image_on_text() -> None:
 
 _META_BUILD_UNAVAILABLE = sorted(
     model_type
-    for family, rename in FAMILY_RENAME.items()
-    if rename.meta_build_unavailable
+    for family, loading in FAMILY_LOADING.items()
+    if loading.meta_build_unavailable
     for model_type in FAMILY_MATCH[family].model_types
 )
 

@@ -1,4 +1,4 @@
-"""The sweep over both tiny builds (runtime/tools/tiny.py ``BUILDS``): the default
+"""The sweep over both tiny builds (runtime/tools/tiny/build.py ``BUILDS``): the default
 build and the moved one (``tiny:<model_type>?build=moved``: scales, caps, clips, head
 and expert sizes and epsilons moved, norms drawn away from identity). A constant
 factor, a width mix-up or a norm applied twice passes every identity when the factor

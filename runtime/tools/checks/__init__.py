@@ -2,10 +2,11 @@
 model, what was read, the model's own outputs) that yields what it compared, and
 ``CHECKS`` is the list one loop runs (``sweep.certify``).
 
-A check yields ``Outcome``s: the components it covers, its name (the same on every
-model, so the coverage table can list it), whether it held, and a detail (the worst
-error, the layer). A check that does not apply to a model yields nothing; a
-component that no check covers is reported broken by the sweep, never ok.
+A check yields ``CheckResult``s (``checks.base``): the components it covers, its
+description (the same on every model, so the coverage table can list it), its status
+(ok, broken, or refused by the library with the reason, which breaks nothing) and a
+detail (the worst error, the layer). A check that does not apply to a model yields
+nothing; a component that no check covers is reported broken by the sweep, never ok.
 
 The comparison is ``certify.close``, the one comparator of the project's checks.
 """
@@ -21,11 +22,18 @@ from causalab_mini.tools.checks import engines, gradients, interventions, recomp
 from causalab_mini.tools.checks import positions as position_checks
 from causalab_mini.tools.checks import ragged as ragged_checks
 from causalab_mini.tools.checks import ragged_pairs as ragged_pair_checks
-from causalab_mini.tools.checks.base import Check, Context, Outcome, handed, row_components
+from causalab_mini.tools.checks.base import (
+    Check,
+    CheckResult,
+    Context,
+    Outcome,
+    handed,
+    row_components,
+)
 from causalab_mini.tools.verdicts import ComponentState
 
 
-def read_alone(ctx: Context) -> Iterator[Outcome]:
+def read_alone(ctx: Context) -> Iterator[CheckResult]:
     """A whole-model place does not depend on what else the trace reads: where its
     module runs more than once (Dory's norm), nnsight 0.6/0.7 hand on the call after the
     last place read before it, and 0.8 refuses to read it after them."""
@@ -42,15 +50,15 @@ def read_alone(ctx: Context) -> Iterator[Outcome]:
             ok, d = close(alone[address], ctx.v[key])
         else:
             ok, d = True, ""
-        yield Outcome((key[0],), "read alone == read with the layers' places", ok, d)
+        yield CheckResult.of((key[0],), "read alone == read with the layers' places", ok, d)
 
 
-def identities(ctx: Context) -> Iterator[Outcome]:
+def identities(ctx: Context) -> Iterator[CheckResult]:
     """The block structure's identities (block_structures.yaml), on every layer."""
     row_of = row_components()
     for check in cert.identities(ctx.model, ctx.places):
         left, right = cert.parse_identity(check.name)
-        yield Outcome(
+        yield CheckResult.of(
             tuple(row_of[r] for r in (left, *right) if r in row_of),
             check.name,
             check.ok,
@@ -58,7 +66,7 @@ def identities(ctx: Context) -> Iterator[Outcome]:
         )
 
 
-def hidden_states(ctx: Context) -> Iterator[Outcome]:
+def hidden_states(ctx: Context) -> Iterator[CheckResult]:
     """transformers' output_hidden_states: entry i is block i's input (or, where the
     family says so, its output), entry i+1 block i's output. The entries are the
     blocks the model runs: a layer it skips on a text-only input (a cross-attention
@@ -72,14 +80,14 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
                 ok, d = close(
                     v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[entry - 1])
                 )
-                yield Outcome(
+                yield CheckResult.of(
                     ("block_input",), "output_hidden_states[i-1] == block_input[i]", ok, d
                 )
             if ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
                 ok, d = close(
                     v[("block_output", layer)], handed(ctx, "block_output", layer, hidden[entry])
                 )
-                yield Outcome(
+                yield CheckResult.of(
                     ("block_output",), "output_hidden_states[i] == block_output[i]", ok, d
                 )
         else:
@@ -90,18 +98,20 @@ def hidden_states(ctx: Context) -> Iterator[Outcome]:
                 ok, d = close(
                     v[("block_input", layer)], handed(ctx, "block_input", layer, hidden[entry])
                 )
-                yield Outcome(("block_input",), "output_hidden_states[i] == block_input[i]", ok, d)
+                yield CheckResult.of(
+                    ("block_input",), "output_hidden_states[i] == block_input[i]", ok, d
+                )
             if entry < n - 1 and ctx.have("block_output", layer=layer) and len(hidden) == n + 1:
                 ok, d = close(
                     v[("block_output", layer)],
                     handed(ctx, "block_output", layer, hidden[entry + 1]),
                 )
-                yield Outcome(
+                yield CheckResult.of(
                     ("block_output",), "output_hidden_states[i+1] == block_output[i]", ok, d
                 )
 
 
-def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
+def attention_probabilities(ctx: Context) -> Iterator[CheckResult]:
     """transformers' output_attentions (eager) == attention_probs, per layer; hybrid
     stacks return attentions only for their attention layers."""
     merged, name = cert.merged_oracle(ctx.model, ctx.hf)
@@ -114,10 +124,10 @@ def attention_probabilities(ctx: Context) -> Iterator[Outcome]:
         index = layer if len(attentions) == ctx.n else layers.index(layer)
         if index < len(attentions) and attentions[index] is not None:
             ok, d = close(ctx.v[("attention_probs", layer)], attentions[index])
-            yield Outcome(("attention_probs",), label, ok, d)
+            yield CheckResult.of(("attention_probs",), label, ok, d)
 
 
-def attention_input_norm(ctx: Context) -> Iterator[Outcome]:
+def attention_input_norm(ctx: Context) -> Iterator[CheckResult]:
     """attention_input_norm is what the attention module reads."""
     for layer in range(ctx.n):
         if ctx.have("attention_input_norm", layer=layer) and (
@@ -127,12 +137,12 @@ def attention_input_norm(ctx: Context) -> Iterator[Outcome]:
                 ctx.v[("attention_input_norm", layer)],
                 ctx.attn_inputs[("attentions_input", layer)],
             )
-            yield Outcome(
+            yield CheckResult.of(
                 ("attention_input_norm",), "attention_input_norm == attention's input", ok, d
             )
 
 
-def final_norm(ctx: Context) -> Iterator[Outcome]:
+def final_norm(ctx: Context) -> Iterator[CheckResult]:
     """ln_final == output_hidden_states[-1]; where hidden states are counted per layer
     call (Dory runs some layers more than once), the base model's last_hidden_state."""
 
@@ -141,31 +151,35 @@ def final_norm(ctx: Context) -> Iterator[Outcome]:
     n, hidden = len(ctx.model.internals.layers_run_on_text()), ctx.hidden
     if len(hidden) == n + 1 and not ctx.stream_ends_at_block:
         ok, d = close(ctx.v[("ln_final", None)], hidden[n])
-        yield Outcome(("ln_final",), "output_hidden_states[-1] == ln_final", ok, d)
+        yield CheckResult.of(("ln_final",), "output_hidden_states[-1] == ln_final", ok, d)
     elif len(hidden) != n + 1:
         last = recompute.final_hidden_state(ctx.model, ctx.inputs)
         if last is not None:
             ok, d = close(ctx.v[("ln_final", None)], last)
-            yield Outcome(("ln_final",), "the base model's last_hidden_state == ln_final", ok, d)
+            yield CheckResult.of(
+                ("ln_final",), "the base model's last_hidden_state == ln_final", ok, d
+            )
 
 
-def model_outputs(ctx: Context) -> Iterator[Outcome]:
+def model_outputs(ctx: Context) -> Iterator[CheckResult]:
     """logits == the model's own logits; input_ids == the ids given; embeddings ==
     get_input_embeddings()(input_ids) (the decoder's on an encoder-decoder)."""
     import torch
 
     if ctx.have("logits"):
         ok, d = close(ctx.v[("logits", None)], ctx.hf.logits)
-        yield Outcome(("logits",), "the model's logits == logits", ok, d)
+        yield CheckResult.of(("logits",), "the model's logits == logits", ok, d)
     if ctx.have("input_ids"):
         ok = bool(torch.equal(ctx.v[("input_ids", None)], ctx.inputs["input_ids"]))
-        yield Outcome(("input_ids",), "input_ids == the ids given", ok)
+        yield CheckResult.of(("input_ids",), "input_ids == the ids given", ok)
     if ctx.have("embeddings"):
         table = _single(input_embeddings(ctx.model._model), ctx, "embeddings")
         with torch.no_grad():
             embedded = table(ctx.inputs["input_ids"])
         ok, d = close(ctx.v[("embeddings", None)], embedded)
-        yield Outcome(("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d)
+        yield CheckResult.of(
+            ("embeddings",), "embeddings == get_input_embeddings()(input_ids)", ok, d
+        )
 
 
 def input_embeddings(hf_model: Any) -> Any:
@@ -202,7 +216,7 @@ def _single(module: Any, ctx: Context, component: str) -> Any:
     return child(ctx.model, address.module)._module
 
 
-def unembedding(ctx: Context) -> Iterator[Outcome]:
+def unembedding(ctx: Context) -> Iterator[CheckResult]:
     """lm_head is get_output_embeddings() of what it reads: the final norm's output
     (held to output_hidden_states[-1] by final_norm), the input of an unembedding
     inside a head that transforms ln_final first (pre-LN RoBERTa kin), the last
@@ -236,7 +250,7 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
             and close(given, v[("ln_final", None)])[0]
         ):
             ok, d = close(v[("lm_head", None)], head(inner))
-            yield Outcome(
+            yield CheckResult.of(
                 ("lm_head",),
                 "lm_head == get_output_embeddings()(its input inside lm_head), "
                 "lm_head reading ln_final",
@@ -247,15 +261,15 @@ def unembedding(ctx: Context) -> Iterator[Outcome]:
             via_norm[0] or given is None or close(given, v[("ln_final", None)])[0]
         ):
             covered = ("lm_head", "ln_final") if ends_at_block else ("lm_head",)
-            yield Outcome(covered, "lm_head == get_output_embeddings()(ln_final)", *via_norm)
+            yield CheckResult.of(covered, "lm_head == get_output_embeddings()(ln_final)", *via_norm)
         elif via_norm is None and ctx.have("block_output", layer=ctx.n - 1):
             ok, d = close(v[("lm_head", None)], head(v[("block_output", ctx.n - 1)]))
-            yield Outcome(
+            yield CheckResult.of(
                 ("lm_head",), "lm_head == get_output_embeddings()(block_output[-1])", ok, d
             )
         elif given is not None:
             ok, d = close(v[("lm_head", None)], head(given))
-            yield Outcome(
+            yield CheckResult.of(
                 ("lm_head",), "lm_head == get_output_embeddings()(the unembedding's input)", ok, d
             )
 
@@ -264,7 +278,7 @@ LENS_IDENTITY = "lens(layers_output[last]) == logits"
 LENS_ATOL = 1e-6
 
 
-def lens_identity(ctx: Context) -> Iterator[Outcome]:
+def lens_identity(ctx: Context) -> Iterator[CheckResult]:
     """The model's own head (``model.lens``: the family's lens rows) applied to the
     last block's output gives the model's logits; where the family refuses the lens,
     its reason is noted (nothing is certified by it)."""
@@ -281,19 +295,19 @@ def lens_identity(ctx: Context) -> Iterator[Outcome]:
         return
     except Exception as exc:  # a lens row that does not fit the model: broken, said
         note["lens"] = f"{ComponentState.BROKEN}: {type(exc).__name__}: {exc}"
-        yield Outcome(("logits",), LENS_IDENTITY, False, note["lens"])
+        yield CheckResult.of(("logits",), LENS_IDENTITY, False, note["lens"])
         return
     # the same modules on the same tensor: exact up to float rounding, far below the
     # identities' tolerance (a tiny model's soft-capping moves its logits by 1e-4)
     ok, d = close(got, ctx.v[("logits", None)], atol=LENS_ATOL)
     note["lens"] = f"{ComponentState.OK if ok else ComponentState.BROKEN}: {d}"
-    yield Outcome(("logits",), LENS_IDENTITY, ok, d)
+    yield CheckResult.of(("logits",), LENS_IDENTITY, ok, d)
 
 
 # ---------------------------------------------------------------- per layer
 
 
-def module_consistency(ctx: Context) -> Iterator[Outcome]:
+def module_consistency(ctx: Context) -> Iterator[CheckResult]:
     """A place that is a module's input, fed to that module, gives the module's output;
     attention_premix through the output projection is attention's output or its
     contribution; layers_mid, where no contribution row is read (MiniCPM3), through the
@@ -302,7 +316,7 @@ def module_consistency(ctx: Context) -> Iterator[Outcome]:
         yield from recompute.consistency_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
-def interiors(ctx: Context) -> Iterator[Outcome]:
+def interiors(ctx: Context) -> Iterator[CheckResult]:
     """softmax(scores) == probs, z == probs · V, z == premix (or z x the attention's
     output gate), scores == q·kᵀ·scaling + mask (or log probs, up to a constant per
     query) (checks.recompute)."""
@@ -310,14 +324,14 @@ def interiors(ctx: Context) -> Iterator[Outcome]:
         yield from recompute.interior_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
-def mlp_interiors(ctx: Context) -> Iterator[Outcome]:
+def mlp_interiors(ctx: Context) -> Iterator[CheckResult]:
     """The down projection of mlp_neuron_output is the MLP's output; the neurons are
     the activation, or the activation times a gate (checks.recompute)."""
     for layer in range(ctx.n):
         yield from recompute.mlp_checks(ctx.model, ctx.v, ctx.raw, layer)
 
 
-def mlp_projections(ctx: Context) -> Iterator[Outcome]:
+def mlp_projections(ctx: Context) -> Iterator[CheckResult]:
     """act(mlp_gate) * mlp_up == mlp_neuron_output on a gated MLP, act(mlp_pre) ==
     mlp_activation on a non-gated one, and each half its linear of mlp_input
     (checks.recompute)."""
@@ -328,16 +342,16 @@ def mlp_projections(ctx: Context) -> Iterator[Outcome]:
 # ---------------------------------------------------------------- writes
 
 
-def write_reaches_stream(ctx: Context) -> Iterator[Outcome]:
+def write_reaches_stream(ctx: Context) -> Iterator[CheckResult]:
     """A write between the sublayers reaches the stream the block carries on
     (certify.write_reaches_stream)."""
     write = cert.write_reaches_stream(ctx.model, ctx.inputs, layer=min(1, ctx.n - 1))
     if write is not None:
         component = "block_mid" if "written layers_mid" in write.name else "attention_output"
-        yield Outcome((component,), write.name, write.ok, f"max error {write.max_error:.3g}")
+        yield CheckResult.of((component,), write.name, write.ok, f"max error {write.max_error:.3g}")
 
 
-def write_keeps_earlier_reads(ctx: Context) -> Iterator[Outcome]:
+def write_keeps_earlier_reads(ctx: Context) -> Iterator[CheckResult]:
     """Where a write overwrites the tensor the block carries (in_place) or the forward
     modifies it later (snapshot), every place read before the write keeps its clean
     value, the place reads back the written value and the stream after it changes."""
@@ -355,7 +369,7 @@ def _at_each_place(
     run: Callable[[Any, dict[str, Any], str, int | None], list[Any]],
     name: str,
     if_read: bool = False,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """``run`` (a certify write check) at every place a component reads that ``wanted``
     keeps, on the probe layer (1, or 0 on a one-layer model); one outcome each."""
     row_of = row_components()
@@ -371,10 +385,10 @@ def _at_each_place(
         if checks:
             failed = [c for c in checks if not c.ok]
             detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
-            yield Outcome((component,), name, not failed, detail)
+            yield CheckResult.of((component,), name, not failed, detail)
 
 
-def in_place_edits(ctx: Context) -> Iterator[Outcome]:
+def in_place_edits(ctx: Context) -> Iterator[CheckResult]:
     """At every writable place a component reads, an in-place edit of a read
     (``x[:, 2] += 0.5``) is the write of the place: the logits equal those of the same
     write by assignment, the read saved before keeps its value, the read after shows
@@ -388,12 +402,12 @@ def in_place_edits(ctx: Context) -> Iterator[Outcome]:
     )
 
 
-def attention_write_shifts_mid(ctx: Context) -> Iterator[Outcome]:
+def attention_write_shifts_mid(ctx: Context) -> Iterator[CheckResult]:
     """Where no identity names attentions_output (Falcon-H1's mixers side by side), a
     write to it shifts layers_mid by exactly the delta."""
     shift = cert.attention_write_shifts_mid(ctx.model, ctx.inputs)
     if shift is not None:
-        yield Outcome(
+        yield CheckResult.of(
             ("attention_output",), shift.name, shift.ok, f"max error {shift.max_error:.3g}"
         )
 
@@ -428,4 +442,12 @@ CHECKS: tuple[Check, ...] = (
     gradients.gradients,
 )
 
-__all__ = ["CHECKS", "LENS_IDENTITY", "Check", "Context", "Outcome", "row_components"]
+__all__ = [
+    "CHECKS",
+    "LENS_IDENTITY",
+    "Check",
+    "CheckResult",
+    "Context",
+    "Outcome",
+    "row_components",
+]

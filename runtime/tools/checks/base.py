@@ -1,4 +1,4 @@
-"""What every check of the sweep is made of: an ``Outcome`` (what one comparison found),
+"""What every check of the sweep is made of: a ``CheckResult`` (what one check found),
 the ``Context`` a check reads, and the two helpers most checks share. The checks
 (``causalab_mini.tools.checks``) and the recomputations they call
 (``checks.recompute``, ``checks.positions``) import this module; it imports none of
@@ -13,20 +13,43 @@ from typing import Any
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
+from causalab_mini.tools.verdicts import ComponentState
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """One comparison: the components it covers, its name, whether it held, detail."""
+class CheckResult:
+    """What one check found, in one shape for every check: the ``components`` it
+    covers, its ``description`` (the same on every model, so the coverage table can
+    list it), its ``status`` (ok: it held; broken: it failed; refused: the library
+    refused what the check runs, with the reason in ``detail``, which breaks nothing)
+    and a ``detail`` (the worst error, the layer)."""
 
     components: tuple[str, ...]
-    name: str
-    ok: bool
+    description: str
+    status: ComponentState
     detail: str = ""
 
+    @property
+    def ok(self) -> bool:
+        """Whether the check breaks none of its components (it held, or was refused)."""
+        return self.status is not ComponentState.BROKEN
+
     @classmethod
-    def of(cls, components: Iterable[str], name: str, ok: bool, detail: str = "") -> Outcome:
-        return cls(tuple(components), name, ok, detail)
+    def of(
+        cls, components: Iterable[str], description: str, ok: bool, detail: str = ""
+    ) -> CheckResult:
+        """A comparison's result: ok where it held, else broken."""
+        status = ComponentState.OK if ok else ComponentState.BROKEN
+        return cls(tuple(components), description, status, detail)
+
+    @classmethod
+    def refused(cls, components: Iterable[str], description: str, detail: str) -> CheckResult:
+        """A check the library refused to run here, with the reason (``detail``)."""
+        return cls(tuple(components), description, ComponentState.REFUSED, detail)
+
+
+# the name the checks' results had before they had one type (code on other branches)
+Outcome = CheckResult
 
 
 @dataclass
@@ -76,7 +99,7 @@ class Context:
         )
 
 
-Check = Callable[[Context], Iterator[Outcome]]
+Check = Callable[[Context], Iterator[CheckResult]]
 
 
 def handed(ctx: Context, component: str, layer: int | None, held: Any) -> Any:
@@ -100,4 +123,4 @@ def row_components() -> dict[str, str]:
 # ---------------------------------------------------------------- whole model
 
 
-__all__ = ["Check", "Context", "Outcome", "handed", "row_components"]
+__all__ = ["Check", "CheckResult", "Context", "Outcome", "handed", "row_components"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from causalab_mini.errors import CausalabError
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 from causalab_mini.tools.checks.positions import SENTENCES, text_fed
 
 READS = "engine='hooks' reads == engine='nnsight' reads (torch.equal)"
@@ -71,7 +71,7 @@ def _value(read: Any) -> Any:
     return read * 0.5 + 1
 
 
-def _outcome(ctx: Any, component: str, name: str, run: Any) -> Iterator[Outcome]:
+def _outcome(ctx: Any, component: str, name: str, run: Any) -> Iterator[CheckResult]:
     """``run()`` -> (ok, detail); a write the hooks engine refuses (with its reason) is
     noted, the component then served for reads only; anything else it raises is a
     failure, said."""
@@ -88,7 +88,7 @@ def _outcome(ctx: Any, component: str, name: str, run: Any) -> Iterator[Outcome]
         return
     except Exception as exc:  # the hooks engine broke where the nnsight engine ran
         ok, detail = False, f"{type(exc).__name__}: {str(exc)[:200]}"
-    yield Outcome((component,), name, ok, detail)
+    yield CheckResult.of((component,), name, ok, detail)
 
 
 def _probe_keys(ctx: Any, probe: int) -> list[tuple[str, int | None]]:
@@ -108,7 +108,7 @@ def _probe_keys(ctx: Any, probe: int) -> list[tuple[str, int | None]]:
     return keys
 
 
-def _together(model: Any, inputs: Any, served: dict[Any, Any]) -> Iterator[Outcome]:
+def _together(model: Any, inputs: Any, served: dict[Any, Any]) -> Iterator[CheckResult]:
     """Every served component read in one run, by both engines."""
     from causalab_mini.plan import Plan
 
@@ -120,10 +120,10 @@ def _together(model: Any, inputs: Any, served: dict[Any, Any]) -> Iterator[Outco
     got_all = together.run(model, inputs, engine="hooks")
     for key, address in served.items():
         ok = _equal(want_all[address], got_all[address])
-        yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs")
+        yield CheckResult.of((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs")
 
 
-def hooks_engine(ctx: Any) -> Iterator[Outcome]:
+def hooks_engine(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.hooks import HooksRefused
     from causalab_mini.plan import Plan
 
@@ -146,13 +146,15 @@ def hooks_engine(ctx: Any) -> Iterator[Outcome]:
         except Exception as exc:
             note["engines"] = "nnsight"
             detail = f"{type(exc).__name__}: {str(exc)[:200]}"
-            yield Outcome((key[0],), READS, False, detail)
+            yield CheckResult.of((key[0],), READS, False, detail)
             continue
         want = plan.run(model, inputs)[address]
         served[key] = address
         note["engines"] = BOTH
         ok = _equal(want, got)
-        yield Outcome((key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs alone")
+        yield CheckResult.of(
+            (key[0],), READS, ok, "" if ok else f"{key[0]}[{key[1]}] differs alone"
+        )
     if not served:
         return
     yield from _together(model, inputs, served)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 
 ORACLE = (
     "gradient at the place == autograd on the raw model w.r.t. the tensor a plain hook "
@@ -154,7 +154,7 @@ def _relative(a: Any, b: Any) -> float:
     return float((a - b).abs().max()) / scale
 
 
-def gradients(ctx: Any) -> Iterator[Outcome]:
+def gradients(ctx: Any) -> Iterator[CheckResult]:
     """The two gradient checks on the context's inputs (token ids, no media)."""
     from causalab_mini.errors import CausalabError
     from causalab_mini.hooks import dispatched
@@ -173,7 +173,7 @@ def gradients(ctx: Any) -> Iterator[Outcome]:
     yield from _traced_outcomes(ctx, encoded)
 
 
-def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[CheckResult]:
     """The gradient at block_output at every layer, and at every other whole place of
     the probe layer and of the whole model that is a raw module's output or input,
     against autograd on the raw module through a zero hooked there."""
@@ -218,7 +218,7 @@ def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
         try:
             got = grads_of(model, [address], encoded, _metric)[address]
         except CausalabError as exc:
-            yield Outcome((key[0],), ORACLE, False, f"[{key[1]}] {exc}")
+            yield CheckResult.of((key[0],), ORACLE, False, f"[{key[1]}] {exc}")
             continue
         # at the real tokens: a family may change padding positions in place after the
         # place, where the two sides then differ in what is left
@@ -237,10 +237,10 @@ def _oracle_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
                 ok = error <= RTOL
         if ok and (want.numel() == 0 or float(want.abs().max()) == 0):
             continue  # nothing reaches the metric from here (a layer after the last read)
-        yield Outcome((key[0],), ORACLE, ok, f"[{key[1]}] max relative error {error:.2g}")
+        yield CheckResult.of((key[0],), ORACLE, ok, f"[{key[1]}] max relative error {error:.2g}")
 
 
-def _engine_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+def _engine_outcomes(ctx: Any, encoded: Any) -> Iterator[CheckResult]:
     """The hooks engine's gradient against the nnsight engine's at every served
     boundary place of the probe layer and the whole model."""
     import torch
@@ -276,7 +276,9 @@ def _engine_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
             if ok and bool(finite.any()):
                 error = _relative(got[finite], want[finite])
                 ok = error <= ENGINES_RTOL
-        yield Outcome((address.component,), ENGINES, ok, "" if ok else f"{address}: {error:.2g}")
+        yield CheckResult.of(
+            (address.component,), ENGINES, ok, "" if ok else f"{address}: {error:.2g}"
+        )
 
 
 def _traced_reads(model: Any, served: list[Any], inputs: Any, last: Any) -> list[Any]:
@@ -298,7 +300,7 @@ def _traced_reads(model: Any, served: list[Any], inputs: Any, last: Any) -> list
     return reads
 
 
-def _traced_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+def _traced_outcomes(ctx: Any, encoded: Any) -> Iterator[CheckResult]:
     """Every served boundary place of the probe layer, read in a trace of one's own,
     against ``gradients`` at the component that reads the whole place (where the read
     and the component hand the tensor on alike)."""
@@ -332,18 +334,20 @@ def _traced_outcomes(ctx: Any, encoded: Any) -> Iterator[Outcome]:
     try:
         reads = _traced_reads(model, served, trace_inputs(model, encoded), last)
     except CausalabError as exc:
-        yield Outcome(tuple(a.component for a in served), TRACED, False, str(exc)[:300])
+        yield CheckResult.of(tuple(a.component for a in served), TRACED, False, str(exc)[:300])
         return
     for address, x in zip(served, reads, strict=True):
         got, expected = x.grad, want[address]
         if got is None:
-            yield Outcome((address.component,), TRACED, False, f"{address}: x.grad is None")
+            yield CheckResult.of((address.component,), TRACED, False, f"{address}: x.grad is None")
             continue
         if got.shape != expected.shape:
             continue  # the place holds the tensor otherwise than the component hands it on
         error = _relative(got, expected)
         ok = error <= RTOL
-        yield Outcome((address.component,), TRACED, ok, "" if ok else f"{address}: {error:.2g}")
+        yield CheckResult.of(
+            (address.component,), TRACED, ok, "" if ok else f"{address}: {error:.2g}"
+        )
 
 
 __all__ = ["ENGINES", "ORACLE", "TRACED", "gradients"]

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from causalab_mini.interchange import NEXT
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 from causalab_mini.tools.checks.positions import SENTENCES, equal_length_pairs, text_fed
 
 IDENTITIES = "Add(0), Scale(1), Lerp(v, 0) leave the logits torch.equal to a clean run"
@@ -79,7 +79,7 @@ def _rel(a: Any, b: Any) -> float:
     return float((a.detach() - b.detach()).abs().max()) / scale
 
 
-def mechanism_identities(ctx: Any) -> Iterator[Outcome]:
+def mechanism_identities(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.plan import Plan
 
     probe = min(1, ctx.n - 1)
@@ -103,13 +103,15 @@ def mechanism_identities(ctx: Any) -> Iterator[Outcome]:
         kept = [
             m for m in (_add0(x), _scale1(), _lerp0(v)) if not _equal(run(m)[logits], clean[logits])
         ]
-        yield Outcome(("block_output",), f"{IDENTITIES} ({engine})", not kept, str(kept)[:200])
+        yield CheckResult.of(
+            ("block_output",), f"{IDENTITIES} ({engine})", not kept, str(kept)[:200]
+        )
         ok = (
             _equal(run(_lerp1(v))[logits], run(v.expand(x.shape).clone())[logits])
             and _equal(run(_zero())[logits], run(x.new_zeros(x.shape))[logits])
             and _equal(run(_mean(x[0]))[logits], run(x[0].expand(x.shape).clone())[logits])
         )
-        yield Outcome(("block_output",), f"{SETS} ({engine})", ok)
+        yield CheckResult.of(("block_output",), f"{SETS} ({engine})", ok)
         bad, outs = [], []
         for mechanism in mechanisms_of(x):
             out = run(mechanism)
@@ -120,11 +122,11 @@ def mechanism_identities(ctx: Any) -> Iterator[Outcome]:
                 and not bool((out[logits] == clean[logits]).all())
             ):
                 bad.append(type(mechanism).__name__)
-        yield Outcome(("block_output",), f"{CONTRACT} ({engine})", not bad, ", ".join(bad))
+        yield CheckResult.of(("block_output",), f"{CONTRACT} ({engine})", not bad, ", ".join(bad))
         runs[engine] = outs
     if len(runs) == 2:
         differ = [i for i, (a, b) in enumerate(zip(*runs.values(), strict=True)) if not _same(a, b)]
-        yield Outcome(
+        yield CheckResult.of(
             ("block_output",), ENGINES, not differ, f"differ at {differ}" if differ else ""
         )
     yield from _splice(ctx, at, logits)
@@ -207,7 +209,7 @@ def random_sae(width: int, seed: int = 0) -> Any:
     ).requires_grad_(False)
 
 
-def _splice(ctx: Any, at: Any, logits: Any) -> Iterator[Outcome]:
+def _splice(ctx: Any, at: Any, logits: Any) -> Iterator[CheckResult]:
     import torch
 
     from causalab_mini.components import locate
@@ -222,7 +224,7 @@ def _splice(ctx: Any, at: Any, logits: Any) -> Iterator[Outcome]:
     clean = Plan.of([logits]).run(model, inputs)[logits]
     out = Plan.of([logits], [(spliced, Scale(1.0))]).run(model, inputs)[logits]
     error = _rel(out, clean)
-    yield Outcome(("block_output",), SPLICE, error < 1e-6, f"relative error {error:.3g}")
+    yield CheckResult.of(("block_output",), SPLICE, error < 1e-6, f"relative error {error:.3g}")
 
 
 def _dtype(model: Any) -> Any:
@@ -257,7 +259,7 @@ def _unpatched(model: Any, bases: list[str], sources: list[str], engine: str) ->
     return out[last][: len(bases), 0]
 
 
-def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
+def featurizer_interchange(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.featurizers import Identity, Subspace
     from causalab_mini.interchange import interchange
@@ -265,7 +267,7 @@ def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
     if not text_fed(ctx) or ("block_input", 0) not in ctx.addresses:
         return
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return  # the family file says why (docs/families.md)
     probe = min(1, ctx.n - 1)
     pairs = equal_length_pairs(model)
@@ -289,20 +291,20 @@ def featurizer_interchange(ctx: Any) -> Iterator[Outcome]:
         plain = interchange(model, [plain_patch], bases, sources, engine=engine).logits
         same = interchange(model, [patch(Identity())], bases, sources, engine=engine).logits
         ok = _equal(same, plain)
-        yield Outcome(("block_input",), f"{IDENTITY_SWAP} ({engine})", ok)
+        yield CheckResult.of(("block_input",), f"{IDENTITY_SWAP} ({engine})", ok)
         full = Subspace(width, matrix=_orthogonal(width)).requires_grad_(False)
         out = interchange(model, [patch(full)], bases, sources, engine=engine).logits
         error = _rel(out, plain)
-        yield Outcome(
+        yield CheckResult.of(
             ("block_input",), f"{FULL_RANK} ({engine})", error < 1e-5, f"relative {error:.3g}"
         )
         results[engine] = out
         clean = _unpatched(model, bases, sources, engine)
         none = interchange(model, [patch(Subspace(0))], bases, sources, engine=engine).logits
-        yield Outcome(("block_input",), f"{NOTHING} ({engine})", _equal(none, clean))
+        yield CheckResult.of(("block_input",), f"{NOTHING} ({engine})", _equal(none, clean))
     if len(results) == 2:
         ok = _equal(results["nnsight"], results["hooks"])
-        yield Outcome(("block_input",), FEATURIZED_ENGINES, ok)
+        yield CheckResult.of(("block_input",), FEATURIZED_ENGINES, ok)
 
 
 __all__ = ["featurizer_interchange", "mechanism_identities", "mechanisms_of", "random_sae"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from causalab_mini import compat
 from causalab_mini.tools.certify import ATOL, close
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 
 # sentences of the tiny tokenizer's corpus; pairs of as many tokens are found per model
 SENTENCES = (
@@ -68,7 +68,7 @@ def equal_length_pairs(
     return list(bases), list(sources)
 
 
-def position_reads_and_writes(ctx: Any) -> Iterator[Outcome]:
+def position_reads_and_writes(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode, put, resolve, stacked, take
@@ -89,7 +89,7 @@ def position_reads_and_writes(ctx: Any) -> Iterator[Outcome]:
     clean = Plan.of([earlier, place, whole, last]).run(model, texts)
     index = stacked(resolve(model, texts, last.position), last.position)
     ok, err = close(clean[last], take(clean[whole], index, 1))
-    yield Outcome.of(("block_output",), READ, ok, err)
+    yield CheckResult.of(("block_output",), READ, ok, err)
     if not compat.is_08():
         return  # writes at positions are refused below nnsight 0.8 (plan.write says why)
     value = clean[place].new_ones((len(texts), 1, clean[place].shape[-1]))
@@ -106,23 +106,23 @@ def position_reads_and_writes(ctx: Any) -> Iterator[Outcome]:
         for r in range(len(texts))
     )
     there = min(float(moved[r, int(where[r, 0])]) for r in range(len(texts)))
-    ahead = model.resolution.rename.attends_ahead
+    ahead = model.resolution.checks.attends_ahead
     # a real token before the written one keeps its value (to the checks' tolerance: a
     # mixture of experts groups tokens by expert, and another value at one token
     # regroups the others' products at rounding level); the written one moves
     ok = kept and back and there > ATOL and (ahead is not None or before <= ATOL)
     detail = f"kept={kept} read back={back} before={before:.3g} at={there:.3g}"
-    yield Outcome.of(("block_input",), WRITE if ahead is None else WRITE_AHEAD, ok, detail)
+    yield CheckResult.of(("block_input",), WRITE if ahead is None else WRITE_AHEAD, ok, detail)
 
 
-def interchange_identities(ctx: Any) -> Iterator[Outcome]:
+def interchange_identities(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.interchange import interchange
 
     if not text_fed(ctx) or ("block_input", 0) not in ctx.addresses:
         return
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return  # the family file says why (docs/families.md)
     try:
         first = locate(model, "block_input", 0, position="all")
@@ -135,12 +135,12 @@ def interchange_identities(ctx: Any) -> Iterator[Outcome]:
     if pairs is not None:
         result = interchange(model, [first], *pairs, return_sources=True)
         ok, err = close(result.logits, result.sources[0].logits)
-        yield Outcome.of(("block_input",), ALL_TOKENS, ok, err)
+        yield CheckResult.of(("block_input",), ALL_TOKENS, ok, err)
     result = interchange(
         model, [last], list(SENTENCES[:3]), list(SENTENCES[3:6]), return_sources=True
     )
     ok, err = close(result.logits, result.sources[0].logits)
-    yield Outcome.of(("block_output",), LAST_TOKEN, ok, err)
+    yield CheckResult.of(("block_output",), LAST_TOKEN, ok, err)
 
 
 __all__ = ["interchange_identities", "position_reads_and_writes", "text_fed"]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 from causalab_mini.tools.checks.positions import SENTENCES, text_fed
 
 RTOL = 1e-5  # relative to the largest value of the row alone
@@ -124,7 +124,7 @@ def _whole(model: Any, address: Any, inputs: Any) -> Any:
     return Plan.of([address]).run(model, inputs)[address]
 
 
-def ragged_batches(ctx: Any) -> Iterator[Outcome]:
+def ragged_batches(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.padding import PaddingRefused, unavailable_sides
     from causalab_mini.positions import encode
@@ -159,15 +159,15 @@ def ragged_batches(ctx: Any) -> Iterator[Outcome]:
                 said = True
             ok = worst > RTOL and said
             name = REFUSED.format(side=side)
-            yield Outcome.of(("block_output",), name, ok, f"{detail}; refused={said}")
+            yield CheckResult.of(("block_output",), name, ok, f"{detail}; refused={said}")
             continue
-        yield Outcome.of(("block_output",), MEASURED.format(side=side), worst <= RTOL, detail)
+        yield CheckResult.of(("block_output",), MEASURED.format(side=side), worst <= RTOL, detail)
         yield from _at_positions(ctx, texts, side, reads, (written_at, after, layer))
 
 
 def _at_positions(
     ctx: Any, texts: list[str], side: str, reads: list[Any], write: tuple[Any, Any, int]
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """Reads at positions, and a write at one token, on the rows padded on ``side``
     (the runtime's own batch), each row against the row alone."""
     from causalab_mini import compat
@@ -182,7 +182,7 @@ def _at_positions(
         single = Plan.of(reads).run(model, encode(model, [text], padding_side=side))
         errs += [relative(batch[a][r : r + 1], single[a]) for a in reads]
     detail = f"max relative error {max(errs):.3g}"
-    yield Outcome.of(("block_output",), READS.format(side=side), max(errs) <= RTOL, detail)
+    yield CheckResult.of(("block_output",), READS.format(side=side), max(errs) <= RTOL, detail)
     written_at, after, layer = write
     if not compat.is_08() or not ctx.have("block_input", layer=layer):
         return  # writes at positions are refused below nnsight 0.8
@@ -195,10 +195,10 @@ def _at_positions(
         keep = encoded.inputs["attention_mask"][r].bool()
         werrs.append(relative(written[r][keep], single[0]))
     detail = f"max relative error {max(werrs):.3g}"
-    yield Outcome.of(("block_input",), WRITES.format(side=side), max(werrs) <= RTOL, detail)
+    yield CheckResult.of(("block_input",), WRITES.format(side=side), max(werrs) <= RTOL, detail)
 
 
-def ragged_interchange(ctx: Any) -> Iterator[Outcome]:
+def ragged_interchange(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.interchange import interchange
     from causalab_mini.padding import PaddingRefused
@@ -206,7 +206,7 @@ def ragged_interchange(ctx: Any) -> Iterator[Outcome]:
     if not text_fed(ctx) or ("block_output", ctx.n - 1) not in ctx.addresses:
         return
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return  # the family file says why (docs/families.md)
     if getattr(model, "tokenizer", None) is None:
         return
@@ -221,12 +221,12 @@ def ragged_interchange(ctx: Any) -> Iterator[Outcome]:
     try:
         result = interchange(model, [last], [short, long], [long, short], return_sources=True)
     except PaddingRefused as exc:  # neither side exact: the refusal is the outcome
-        yield Outcome.of(("block_output",), SWAPPED, True, f"refused: {exc}")
+        yield CheckResult.refused(("block_output",), SWAPPED, f"refused: {exc}")
         return
     from causalab_mini.tools.certify import close
 
     ok, err = close(result.logits, result.sources[0].logits)
-    yield Outcome.of(("block_output",), SWAPPED, ok, err)
+    yield CheckResult.of(("block_output",), SWAPPED, ok, err)
 
 
 __all__ = ["ragged_batches", "ragged_interchange", "ragged_texts", "relative"]

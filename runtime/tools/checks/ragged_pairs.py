@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 from causalab_mini.tools.checks.ragged import SPECS, relative, settled
 
 DECODER = (
@@ -39,17 +39,17 @@ def _alone(model: Any, pair: tuple[str, str], plan: Any) -> dict[Any, Any]:
     return dict(plan.run(model, encode(model, [pair])))
 
 
-def ragged_pairs(ctx: Any) -> Iterator[Outcome]:
+def ragged_pairs(ctx: Any) -> Iterator[CheckResult]:
     """The checks of this module; one that raises is a failed outcome naming the error
     (the family's other components keep their certificates), never a crashed sweep."""
     try:
         yield from _ragged_pairs(ctx)
     except Exception as exc:
         detail = f"could not run: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-        yield Outcome.of(("block_output",), DECODER, False, detail)
+        yield CheckResult.of(("block_output",), DECODER, False, detail)
 
 
-def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
+def _ragged_pairs(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.padding import SIDES, unavailable_sides
     from causalab_mini.plan import Plan
@@ -85,13 +85,13 @@ def _ragged_pairs(ctx: Any) -> Iterator[Outcome]:
         return float(max(errors))
 
     ok, detail = settled(model, measure)
-    yield Outcome.of(("block_output",), DECODER, ok, detail)
+    yield CheckResult.of(("block_output",), DECODER, ok, detail)
     yield from _encoder(ctx, encoded, resolve)
     yield from _write(ctx, encoded)
     yield from _swapped(ctx)
 
 
-def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[Outcome]:
+def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[CheckResult]:
     from causalab_mini.positions import encode, stacked, take, trace_inputs
 
     model = ctx.model
@@ -118,10 +118,10 @@ def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[Outcome]:
         return float(max(errors))
 
     ok, detail = settled(model, measure)
-    yield Outcome.of(("block_output",), ENCODER, ok, detail)
+    yield CheckResult.of(("block_output",), ENCODER, ok, detail)
 
 
-def _write(ctx: Any, encoded: Any) -> Iterator[Outcome]:
+def _write(ctx: Any, encoded: Any) -> Iterator[CheckResult]:
     from causalab_mini import compat
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.plan import Plan
@@ -152,16 +152,16 @@ def _write(ctx: Any, encoded: Any) -> Iterator[Outcome]:
         return float(max(errors))
 
     ok, detail = settled(model, measure)
-    yield Outcome.of(("block_input",), WRITE, ok, detail)
+    yield CheckResult.of(("block_input",), WRITE, ok, detail)
 
 
-def _swapped(ctx: Any) -> Iterator[Outcome]:
+def _swapped(ctx: Any) -> Iterator[CheckResult]:
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.interchange import interchange
     from causalab_mini.tools.certify import close
 
     model = ctx.model
-    if model.resolution.rename.interchange_unavailable is not None:
+    if model.resolution.checks.interchange_unavailable is not None:
         return
     try:
         last = locate(model, "block_output", ctx.n - 1, position={"anchor": "last"})
@@ -170,7 +170,7 @@ def _swapped(ctx: Any) -> Iterator[Outcome]:
     bases, sources = [PAIRS[0], PAIRS[1]], [PAIRS[1], PAIRS[0]]
     result = interchange(model, [last], bases, sources, return_sources=True)
     ok, err = close(result.logits, result.sources[0].logits)
-    yield Outcome.of(("block_output",), SWAPPED, ok, err)
+    yield CheckResult.of(("block_output",), SWAPPED, ok, err)
 
 
 __all__ = ["ragged_pairs"]

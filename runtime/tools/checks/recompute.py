@@ -12,7 +12,7 @@ from causalab_mini.generated import GATE_CALLS
 from causalab_mini.internals import boundary
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.checks.base import Outcome
+from causalab_mini.tools.checks.base import CheckResult
 
 
 def final_hidden_state(model: Any, inputs: dict[str, Any]) -> Any | None:
@@ -334,7 +334,7 @@ def consistency_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """A place that is a module's input, fed to that module, gives the module's output
     (the tensor read is what the module consumed); and the output projection of
     attention_premix is attention's output or its contribution. Where no contribution
@@ -353,7 +353,7 @@ def consistency_checks(
         if both and not any("mlps_norm_output" in i for i in cert.structure_identities(model)):
             found = _norm_of_mid(model, v, layer)
             if found is not None:
-                yield Outcome.of(
+                yield CheckResult.of(
                     ["mlp_input_norm"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
                 )
         # no contribution row read on the layer: no identity names layers_mid, which
@@ -361,7 +361,7 @@ def consistency_checks(
         if both and key("attention_output") not in v and key("mlp_output") not in v:
             found = _norm_of_mid(model, v, layer)
             if found is not None:
-                yield Outcome.of(
+                yield CheckResult.of(
                     ["block_mid"], "the MLP's norm(layers_mid) == mlps_norm_output", *found
                 )
         if key("attention_premix") in v:
@@ -376,7 +376,7 @@ def consistency_checks(
             covered = ["attention_premix"]
             if key("attention_output") in v and close(projected, v[key("attention_output")])[0]:
                 covered.append("attention_output")
-            yield Outcome.of(
+            yield CheckResult.of(
                 covered, "output projection(attention_premix) == attention's output", ok
             )
         yield from _mlp_refed(model, v, raw, layer)
@@ -406,7 +406,7 @@ def _mlp_refed(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """mlp_input, fed to the MLP module (with the other arguments it was given), gives
     the module's output."""
     key = ("mlp_input", layer)
@@ -426,7 +426,7 @@ def _mlp_refed(
             if args or kwargs:
                 name = "mlp(mlp_input, its other arguments) == the MLP's output"
             ok, d = close(out, raw[("mlps", layer)])
-            yield Outcome.of(["mlp_input"], name, ok, d)
+            yield CheckResult.of(["mlp_input"], name, ok, d)
 
 
 def interior_checks(
@@ -434,7 +434,7 @@ def interior_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     import torch
 
     def key(n: str) -> tuple[str, int]:
@@ -443,7 +443,7 @@ def interior_checks(
     if key("attention_scores") in v and key("attention_probs") in v:
         s, p = v[key("attention_scores")], v[key("attention_probs")]
         ok, d = close(torch.softmax(s.float(), -1).to(p.dtype), p, atol=1e-5)
-        yield Outcome.of(
+        yield CheckResult.of(
             ["attention_scores"], "softmax(attention_scores) == attention_probs", ok, d
         )
     if key("attention_z") in v and key("attention_probs") in v and ("value", layer) in raw:
@@ -453,10 +453,10 @@ def interior_checks(
         values = values.repeat_interleave(probs.shape[1] // values.shape[1], dim=1)
         mixed = (probs @ values.to(probs.dtype)).transpose(1, 2).flatten(2)
         ok, d = close(v[key("attention_z")], mixed.to(v[key("attention_z")].dtype))
-        yield Outcome.of(["attention_z"], "attention_z == attention_probs · V", ok, d)
+        yield CheckResult.of(["attention_z"], "attention_z == attention_probs · V", ok, d)
     if key("attention_value") in v and key("attention_probs") in v and key("attention_z") in v:
         ok, d = close(_mixed(model, v, layer), v[key("attention_z")])
-        yield Outcome.of(
+        yield CheckResult.of(
             ["attention_value"],
             "attention_probs @ repeat_kv(attention_value) == attention_z",
             ok,
@@ -467,12 +467,12 @@ def interior_checks(
         gate = raw.get(("gate", layer))
         ok, d = close(z, premix)
         if ok or gate is None:
-            yield Outcome.of(
+            yield CheckResult.of(
                 ["attention_z", "attention_premix"], "attention_z == attention_premix", ok, d
             )
         else:  # a gated attention multiplies z by its output gate before projecting
             ok, d = close(gated(z, gate), premix)
-            yield Outcome.of(
+            yield CheckResult.of(
                 ["attention_z", "attention_premix"],
                 f"attention_premix == attention_z x the attention's {raw[('gate_kind', layer)]} gate",
                 ok,
@@ -499,7 +499,7 @@ def _head_output_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """The heads' terms summed, plus the output projection's bias once, == the
     projection's output: attentions_output where the projection's output is the
     contribution, else the projection of attention_premix."""
@@ -519,7 +519,7 @@ def _head_output_checks(
         total = total + bias.to(total.dtype)
     output = v.get(("attention_output", layer))
     if output is not None and close(total, output)[0]:
-        yield Outcome.of(
+        yield CheckResult.of(
             ["attention_head_output"],
             "sum over heads of attention_head_output + the output bias == attention_output",
             True,
@@ -527,7 +527,7 @@ def _head_output_checks(
         return
     premix = v.get(("attention_premix", layer))
     if premix is None:
-        yield Outcome.of(
+        yield CheckResult.of(
             ["attention_head_output"],
             "sum over heads of attention_head_output + the output bias == attention_output",
             False,
@@ -537,7 +537,7 @@ def _head_output_checks(
     with torch.no_grad():
         projected = proj(premix)
     ok, d = close(total, projected[0] if isinstance(projected, tuple) else projected)
-    yield Outcome.of(
+    yield CheckResult.of(
         ["attention_head_output"],
         "sum over heads of attention_head_output + the output bias == "
         "output projection(attention_premix)",
@@ -551,7 +551,7 @@ def _score_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """The scores (or, where they are refused, the log probabilities) against
     q·kᵀ·scaling and the attention's mask, from the query and key read."""
     import torch
@@ -571,7 +571,7 @@ def _score_checks(
         diff = (s - product - additive)[visible]
         ok = bool(visible.any()) and bool(torch.allclose(diff, torch.zeros_like(diff), atol=1e-4))
         worst = float(diff.abs().max()) if diff.numel() else float("nan")
-        yield Outcome.of(
+        yield CheckResult.of(
             ["attention_query", "attention_key"],
             "attention_scores == q·kᵀ·scaling + the attention's mask (and bias)",
             ok,
@@ -588,7 +588,7 @@ def _score_checks(
         mean = diff.sum(-1, keepdim=True) / visible.sum(-1, keepdim=True).clamp_min(1)
         spread = float(torch.where(visible, diff - mean, 0.0).abs().max())
         ok = bool(visible.any()) and spread <= 1e-4 * max(1.0, float(product.abs().max()))
-        yield Outcome.of(
+        yield CheckResult.of(
             ["attention_query", "attention_key"],
             "log attention_probs == q·kᵀ·scaling + mask + a constant per query",
             ok,
@@ -704,7 +704,7 @@ def mlp_checks(
     v: dict[tuple[str, int | None], Any],
     raw: dict[tuple[str, int], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     import torch
 
     def key(n: str) -> tuple[str, int]:
@@ -720,7 +720,7 @@ def mlp_checks(
     targets = [t for t in (v.get(key("mlp_output")), raw.get(("mlps", layer))) if t is not None]
     if targets:
         ok = any(close(projected, t)[0] for t in targets)
-        yield Outcome.of(
+        yield CheckResult.of(
             ["mlp_neuron_output"], "down projection(mlp_neuron_output) == the MLP's output", ok
         )
     if key("mlp_activation") in v and key("mlp_input") in v:
@@ -748,7 +748,7 @@ def mlp_checks(
         # a language adapter, so mlps_output is refused), the neurons are held to the
         # activation they read
         covered = ["mlp_activation"] if targets else ["mlp_activation", "mlp_neuron_output"]
-        yield Outcome.of(covered, "mlp_neuron_output == mlp_activation (x a gate)", ok)
+        yield CheckResult.of(covered, "mlp_neuron_output == mlp_activation (x a gate)", ok)
 
 
 # ---------------------------------------------------------------------- one architecture
@@ -818,7 +818,7 @@ def mlp_projection_checks(
     model: Any,
     v: dict[tuple[str, int | None], Any],
     layer: int,
-) -> Iterator[Outcome]:
+) -> Iterator[CheckResult]:
     """A gated MLP's halves: act(mlp_gate) == mlp_activation, act(mlp_gate) * mlp_up
     == mlp_neuron_output (mlp_activation * mlp_up where act is not known); a non-gated
     MLP's input projection: act(mlp_pre) == mlp_activation (``_activation_function``).
@@ -840,20 +840,22 @@ def mlp_projection_checks(
         if gate is not None and act is not None:
             activated = act(gate)
             ok, d = close(activated, activation)
-            yield Outcome.of(
+            yield CheckResult.of(
                 ["mlp_gate"], "act(mlp_gate) == mlp_activation", ok, f"{act_name}: {d}"
             )
             if up is not None and neurons is not None:
                 ok, d = close(activated * up, neurons)
-                yield Outcome.of(
+                yield CheckResult.of(
                     ["mlp_gate", "mlp_up"], "act(mlp_gate) * mlp_up == mlp_neuron_output", ok, d
                 )
         elif gate is not None and up is not None and activation is not None and neurons is not None:
             ok, d = close(activation * up, neurons)
-            yield Outcome.of(["mlp_up"], "mlp_activation * mlp_up == mlp_neuron_output", ok, d)
+            yield CheckResult.of(["mlp_up"], "mlp_activation * mlp_up == mlp_neuron_output", ok, d)
         if pre is not None and act is not None:
             ok, d = close(act(pre), activation)
-            yield Outcome.of(["mlp_pre"], "act(mlp_pre) == mlp_activation", ok, f"{act_name}: {d}")
+            yield CheckResult.of(
+                ["mlp_pre"], "act(mlp_pre) == mlp_activation", ok, f"{act_name}: {d}"
+            )
         read = _mlp_linears_input(model, v, layer)
         width = width_of(model, "intermediate_size", layer)
         rows = {"mlp_gate": "mlps_gate", "mlp_up": "mlps_up", "mlp_pre": "mlps_pre"}
@@ -866,6 +868,6 @@ def mlp_projection_checks(
             wide = int(v[key(name)].shape[-1])
             if width is not None and wide != width:
                 ok, d = False, f"{wide} wide, and the MLP's intermediate width is {width}"
-            yield Outcome.of(
+            yield CheckResult.of(
                 [name], f"its projection(mlp_input) == {name}, intermediate_size wide", ok, d
             )

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any, cast
 
-from causalab_mini.address import Address, RenameConfig
+from causalab_mini.address import Address, Containers, RenameConfig
 from causalab_mini.tools.scaffold.data import ScaffoldError
 
 
@@ -216,9 +216,9 @@ def load(
 ) -> Any:
     from causalab_mini.model import StandardizedTransformer
 
-    # detect_containers's keys are RenameConfig's container fields, each with its
-    # field's type (str names, bool flags), which one value type for the dict cannot say
-    config = RenameConfig(**cast(dict[str, Any], containers), addresses=rows)
+    # detect_containers's keys are Containers' fields, each with its field's type (str
+    # names, bool flags), which one value type for the dict cannot say
+    config = RenameConfig(containers=Containers(**cast(dict[str, Any], containers)), addresses=rows)
     model = StandardizedTransformer(
         spec, rename_config=config, enable_attention_probs=probs, **kwargs
     )
