@@ -599,6 +599,8 @@ Width = Literal[
     "z_width",
     "value_width",
     "heads_hidden",
+    "num_experts",
+    "experts_per_token",
     "vocab_size",
 ]
 
