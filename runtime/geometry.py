@@ -260,8 +260,9 @@ _CONFIG_KEYS = {
 def _router_width(model: Any, name: str, layer: int | None) -> int | None:
     """A mixture's routed experts (``num_experts``) or the experts each token is sent
     to (``experts_per_token``), measured on the layer's router (the module the
-    routers_logits row reads): its own attribute, else (for the experts) its weight's
-    rows, else the config's."""
+    routers_logits row reads): its own attribute, else the block's that holds it, else
+    the experts module's beside it, else (for the experts) its weight's rows, else the
+    config's."""
     at = 0 if layer is None else layer
     place = model.internals["routers_logits"]
     if place.unavailable_on(at) is None:
@@ -269,10 +270,16 @@ def _router_width(model: Any, name: str, layer: int | None) -> int | None:
         base = model.internals.row_base(row, at)
         envoy = None if base is None else child(base, row.module)
         module = None if envoy is None else envoy._module
-        for key in _ROUTER_KEYS[name]:
-            value = getattr(module, key, None)
-            if isinstance(value, int):
-                return value
+        # the router, then the block holding it, then the experts beside it (DBRX keeps
+        # top_k on its block and the count on its experts)
+        parent = row.module.rpartition(".")[0]
+        block = child(base, parent) if base is not None and parent else None
+        experts = child(base, f"{parent}.experts") if base is not None and parent else None
+        for holder in (module, *(e._module for e in (block, experts) if e is not None)):
+            for key in _ROUTER_KEYS[name]:
+                value = getattr(holder, key, None)
+                if isinstance(value, int):
+                    return value
         weight = getattr(module, "weight", None)
         if name == "num_experts" and weight is not None and weight.dim() == 2:
             return int(weight.shape[0])

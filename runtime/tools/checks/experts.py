@@ -11,8 +11,9 @@ selection bias, which only chooses), a softmax over every expert otherwise; the
 chosen scores are renormalized to sum to one where the router or the config says
 norm_topk_prob, always where neither states it (Mixtral's softmax of the chosen
 logits); and multiplied by routed_scaling_factor where the router or the config has
-one. A family whose router computes its weights otherwise fails here, and its family
-file refuses router_weights with the reason.
+one. A family file states what differs (``routing`` on its routers_weights row:
+Jamba's softmax is not renormalized); a family whose router computes its weights
+otherwise (PhiMoE's sparsemixer) refuses router_weights with the reason.
 """
 
 from __future__ import annotations
@@ -53,16 +54,19 @@ def _stated(model: Any, layer: int, router: Any, key: str) -> Any:
 
 def routing_rule(model: Any, layer: int) -> tuple[str, bool, float]:
     """(score: "softmax" | "sigmoid", renormalized over the chosen experts, the
-    routed scaling factor), as the router and the config state them."""
+    routed scaling factor), as the router and the config state them, each part the
+    family's routers_weights row states (``routing``) replacing the default."""
     router = _router(model, layer)
     scoring = _stated(model, layer, router, "scoring_func")
     sigmoid = scoring == "sigmoid" or hasattr(router, "e_score_correction_bias")
     norm = _stated(model, layer, router, "norm_topk_prob")
     scale = _stated(model, layer, router, "routed_scaling_factor")
+    # what the family's routers_weights row states replaces the default, part by part
+    stated = dict(model.internals["routers_weights"].address_at(layer).routing)
     return (
-        "sigmoid" if sigmoid else "softmax",
-        True if norm is None else bool(norm),
-        1.0 if not isinstance(scale, (int, float)) else float(scale),
+        str(stated.get("score", "sigmoid" if sigmoid else "softmax")),
+        bool(stated.get("renormalize", True if norm is None else bool(norm))),
+        float(stated.get("scale", 1.0 if not isinstance(scale, (int, float)) else scale)),
     )
 
 
@@ -94,7 +98,7 @@ def mixture(model: Any, layer: int, x: Any, indices: Any, weights: Any, shared: 
     """The MLP's output as the experts module computes it from the MLP's input ``x``
     (batch, seq, hidden), the chosen experts and their weights (batch, seq, top_k),
     plus the shared expert's output (None where there is none) times sigmoid of the
-    MLP's shared_expert_gate where it has one."""
+    MLP's shared_expert_gate where it has one; times the mlps_output row's scale."""
     import torch
 
     experts = _experts(model, layer)
@@ -112,6 +116,11 @@ def mixture(model: Any, layer: int, x: Any, indices: Any, weights: Any, shared: 
             if gate is not None:
                 shared = torch.sigmoid(gate._module(x)) * shared
             out = out + shared
+    # the MLP's output as its row means it: times the row's scale where the block
+    # scales the module's output (Granite's residual_multiplier)
+    row = model.internals["mlps_output"].address_at(layer)
+    if row.scale is not None:
+        out = out * model.internals.scale(row.scale)
     return out
 
 
@@ -120,7 +129,8 @@ def _key(name: str, layer: int) -> tuple[str, int]:
 
 
 def router_checks(ctx: Context) -> Iterator[Outcome]:
-    """On every mixture-of-experts layer read: router_weights == the family's
+    """On every mixture-of-experts layer read: router_logits == the router fed
+    mlp_input (flattened, as the block feeds it); router_weights == the family's
     normalization of router_logits at router_indices; router_indices integers in
     range; the experts module fed mlp_input, router_indices and router_weights (+ the
     shared expert's term) == mlp_output."""
@@ -133,6 +143,21 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
         logits, weights, indices = (
             v.get(_key(n, layer)) for n in ("router_logits", "router_weights", "router_indices")
         )
+        x = v.get(_key("mlp_input", layer))
+        if logits is not None and x is not None:
+            with torch.no_grad():
+                own = _router(ctx.model, layer)(x.reshape(-1, x.shape[-1]))
+            own = own[0] if isinstance(own, tuple) else own
+            ok, d = close(logits, own.reshape(*x.shape[:-1], -1))
+            width = width_of(ctx.model, "num_experts", layer)
+            if ok and width != int(logits.shape[-1]):
+                ok, d = False, f"{int(logits.shape[-1])} wide, and num_experts is {width}"
+            yield Outcome.of(
+                ["router_logits"],
+                "router_logits == the router's logits of mlp_input, num_experts wide",
+                ok,
+                f"layer {layer}: {d}",
+            )
         if logits is not None and indices is not None:
             experts = width_of(ctx.model, "num_experts", layer)
             ok = not indices.dtype.is_floating_point and bool(
@@ -155,7 +180,7 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
                 ok,
                 f"layer {layer}, {_describe(rule)}: {d}",
             )
-        x, out = v.get(_key("mlp_input", layer)), v.get(_key("mlp_output", layer))
+        out = v.get(_key("mlp_output", layer))
         if weights is None or indices is None or x is None or out is None:
             continue
         shared_place = ctx.model.internals["mlps_shared_expert"].unavailable_on(layer) is None
