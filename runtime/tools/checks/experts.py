@@ -66,8 +66,15 @@ def routing_rule(model: Any, layer: int) -> tuple[str, bool, float]:
     return (
         str(stated.get("score", "sigmoid" if sigmoid else "softmax")),
         bool(stated.get("renormalize", True if norm is None else bool(norm))),
-        float(stated.get("scale", 1.0 if not isinstance(scale, (int, float)) else scale)),
+        _scale(model, layer, router, stated.get("scale", scale)),
     )
+
+
+def _scale(model: Any, layer: int, router: Any, scale: Any) -> float:
+    """A routing scale as a number: a config or router attribute where it names one."""
+    if isinstance(scale, str):
+        scale = _stated(model, layer, router, scale)
+    return 1.0 if not isinstance(scale, (int, float)) else float(scale)
 
 
 def normalized(logits: Any, indices: Any, rule: tuple[str, bool, float]) -> Any:
@@ -94,85 +101,139 @@ def _describe(rule: tuple[str, bool, float]) -> str:
     return text
 
 
-def mixture(model: Any, layer: int, x: Any, indices: Any, weights: Any, shared: Any) -> Any:
-    """The MLP's output as the experts module computes it from the MLP's input ``x``
-    (batch, seq, hidden), the chosen experts and their weights (batch, seq, top_k),
-    plus the shared expert's output (None where there is none) times sigmoid of the
-    MLP's shared_expert_gate where it has one; times the mlps_output row's scale."""
+def _given(model: Any, inputs: Any, layers: list[int], written: Any = None) -> dict[Any, Any]:
+    """One trace, in forward order: each layer's router's arguments and the experts
+    module's arguments and output, saved; with ``written`` (layer, value), that value
+    written at routers_weights first."""
+    from causalab_mini.internals import boundary, child
+    from causalab_mini.tools.checks.recompute import _kept, _unkept
+
+    internals = model.internals
+    saved: dict[Any, Any] = {}
+    with model.trace(inputs):
+        for layer in layers:
+            row = internals["routers_logits"].address_at(layer)
+            base = internals.row_base(row, layer)
+            router = child(base, row.module)
+            experts = child(base, f"{row.module.rpartition('.')[0]}.experts")
+            saved[("router", layer)] = _kept(router.inputs)
+            if written is not None and written[0] == layer:
+                internals["routers_weights"].set(layer, written[1])
+            saved[("experts", layer)] = _kept(experts.inputs)
+            out = getattr(experts, boundary("output", experts))
+            saved[("experts_out", layer)] = _kept(out)
+    return {k: _unkept(v) for k, v in saved.items()}
+
+
+def _first(value: Any) -> Any:
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
+def _rerun(module: Any, call: tuple[Any, Any], **replace: Any) -> Any:
+    """``module`` called again on a saved call's (args, kwargs), positional arguments
+    replaced by index (``replace={"2": weights}``)."""
     import torch
 
-    experts = _experts(model, layer)
-    assert experts is not None
-    flat = x.reshape(-1, x.shape[-1])
+    args, kwargs = call
+    args = list(args)
+    for index, value in replace.items():
+        args[int(index)] = value
     with torch.no_grad():
-        out = experts(flat, indices.reshape(-1, indices.shape[-1]), weights.reshape(-1, weights.shape[-1]))
-        out = (out[0] if isinstance(out, tuple) else out).reshape(x.shape)
-        if shared is not None:
-            router_row = model.internals["routers_logits"].address_at(layer)
-            from causalab_mini.internals import child
-
-            parent = router_row.module.rpartition(".")[0]
-            gate = child(model.internals.row_base(router_row, layer), f"{parent}.shared_expert_gate")
-            if gate is not None:
-                shared = torch.sigmoid(gate._module(x)) * shared
-            out = out + shared
-    # the MLP's output as its row means it: times the row's scale where the block
-    # scales the module's output (Granite's residual_multiplier)
-    row = model.internals["mlps_output"].address_at(layer)
-    if row.scale is not None:
-        out = out * model.internals.scale(row.scale)
-    return out
+        return _first(module(*args, **kwargs))
 
 
 def _key(name: str, layer: int) -> tuple[str, int]:
     return name, layer
 
 
+def _moe_layers(ctx: Context) -> list[int]:
+    return [
+        i
+        for i in range(ctx.n)
+        if _key("router_logits", i) in ctx.v or _key("router_weights", i) in ctx.v
+    ]
+
+
 def router_checks(ctx: Context) -> Iterator[Outcome]:
-    """On every mixture-of-experts layer read: router_logits == the router fed
-    mlp_input (flattened, as the block feeds it); router_weights == the family's
-    normalization of router_logits at router_indices; router_indices integers in
-    range; the experts module fed mlp_input, router_indices and router_weights (+ the
-    shared expert's term) == mlp_output."""
+    """On every mixture-of-experts layer read: router_logits == the router called
+    again on its own arguments, num_experts wide; router_indices and router_weights ==
+    the chosen experts and weights the experts module was given (viewed (batch, seq,
+    top_k)); router_weights == the family's normalization of router_logits at
+    router_indices; the experts module's output plus shared_expert_output (times
+    sigmoid of shared_expert_gate where the block has one) == the MLP module's own
+    output, where the layer has a shared expert."""
     import torch
 
     from causalab_mini.geometry import width_of
 
-    v = ctx.v
-    for layer in range(ctx.n):
+    v, model = ctx.v, ctx.model
+    layers = _moe_layers(ctx)
+    if not layers:
+        return
+    given = _given(model, ctx.inputs, layers)
+    for layer in layers:
         logits, weights, indices = (
             v.get(_key(n, layer)) for n in ("router_logits", "router_weights", "router_indices")
         )
-        x = v.get(_key("mlp_input", layer))
-        if logits is not None and x is not None:
-            with torch.no_grad():
-                own = _router(ctx.model, layer)(x.reshape(-1, x.shape[-1]))
-            own = own[0] if isinstance(own, tuple) else own
-            ok, d = close(logits, own.reshape(*x.shape[:-1], -1))
-            width = width_of(ctx.model, "num_experts", layer)
+        call = given[("router", layer)]
+        if logits is not None:
+            own = _rerun(_router(model, layer), call)
+            ok, d = (
+                close(logits, own.reshape(logits.shape))
+                if own.numel() == logits.numel()
+                else (
+                    False,
+                    f"the router returns {tuple(own.shape)}, read {tuple(logits.shape)}",
+                )
+            )
+            width = width_of(model, "num_experts", layer)
             if ok and width != int(logits.shape[-1]):
                 ok, d = False, f"{int(logits.shape[-1])} wide, and num_experts is {width}"
             yield Outcome.of(
                 ["router_logits"],
-                "router_logits == the router's logits of mlp_input, num_experts wide",
+                "router_logits == the router called on its own arguments, num_experts wide",
+                ok,
+                f"layer {layer}: {d}",
+            )
+        args = given[("experts", layer)][0]
+        for name, at in (("router_indices", 1), ("router_weights", 2)):
+            value = v.get(_key(name, layer))
+            if value is None:
+                continue
+            fed = args[at] if len(args) > at else None
+            if fed is None or not hasattr(fed, "shape") or fed.numel() != value.numel():
+                ok, d = False, f"the experts module's argument {at} is not {tuple(value.shape)}"
+            else:
+                ok = torch.equal(value, fed.reshape(value.shape))
+                d = (
+                    ""
+                    if ok
+                    else f"max error {(value.float() - fed.reshape(value.shape).float()).abs().max():.3g}"
+                )
+            width = width_of(model, "experts_per_token", layer)
+            if ok and width != int(value.shape[-1]):
+                ok, d = False, f"{int(value.shape[-1])} wide, and experts_per_token is {width}"
+            yield Outcome.of(
+                [name],
+                f"{name} == the experts module's argument {at} (what it mixes with), "
+                "experts_per_token wide",
                 ok,
                 f"layer {layer}: {d}",
             )
         if logits is not None and indices is not None:
-            experts = width_of(ctx.model, "num_experts", layer)
+            experts = width_of(model, "num_experts", layer)
             ok = not indices.dtype.is_floating_point and bool(
                 ((indices >= 0) & (indices < int(logits.shape[-1]))).all()
             )
-            ok = ok and experts == int(logits.shape[-1])
             yield Outcome.of(
-                ["router_logits", "router_indices"],
-                "router_indices are integers naming experts of router_logits' width (num_experts)",
+                ["router_indices"],
+                "router_indices are integers naming experts of router_logits' width",
                 ok,
                 f"layer {layer}: {indices.dtype}, logits {tuple(logits.shape)}, "
                 f"num_experts {experts}",
             )
         if logits is not None and weights is not None and indices is not None:
-            rule = routing_rule(ctx.model, layer)
+            rule = routing_rule(model, layer)
             ok, d = close(weights.float(), normalized(logits, indices, rule))
             yield Outcome.of(
                 ["router_weights"],
@@ -180,41 +241,72 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
                 ok,
                 f"layer {layer}, {_describe(rule)}: {d}",
             )
-        out = v.get(_key("mlp_output", layer))
-        if weights is None or indices is None or x is None or out is None:
-            continue
-        shared_place = ctx.model.internals["mlps_shared_expert"].unavailable_on(layer) is None
         shared = v.get(_key("shared_expert_output", layer))
-        if _experts(ctx.model, layer) is None or (shared_place and shared is None):
-            yield Outcome.of(
-                ["router_weights", "router_indices"],
-                "experts(mlp_input, router_indices, router_weights) (+ shared) == mlp_output",
-                False,
-                f"layer {layer}: no experts module beside the router, or the shared "
-                "expert was not read",
-            )
+        whole = ctx.raw.get(("mlps", layer))
+        if shared is None or whole is None:
             continue
-        with torch.no_grad():
-            mixed = mixture(ctx.model, layer, x, indices, weights.to(x.dtype), shared)
-        ok, d = close(mixed, out)
-        components = ["router_weights", "router_indices"]
-        if shared is not None:
-            components.append("shared_expert_output")
+        routed = given[("experts_out", layer)]
+        term = _gated(model, layer, shared, v.get(_key("mlp_input", layer)))
+        if term is None:
+            ok, d = False, "the block gates its shared expert and mlp_input was not read"
+        else:
+            ok, d = close(_combined(model, layer, routed.reshape(whole.shape), term), whole)
         yield Outcome.of(
-            components,
-            "experts(mlp_input, router_indices, router_weights) (+ shared) == mlp_output",
+            ["shared_expert_output"],
+            "the experts module's output + (sigmoid(shared_expert_gate) x) "
+            "shared_expert_output (combined as the block states) == the MLP module's output",
             ok,
             f"layer {layer}: {d}",
         )
 
 
-def router_writes(ctx: Context) -> Iterator[Outcome]:
-    """On the probe layer: a write of router_weights keeps every place read before it,
-    reads back, and mlp_output becomes what the experts module makes of the written
-    weights (+ the shared expert's term), not its clean value; a write of the shared
-    expert's output reaches mlp_output the same way."""
-    from causalab_mini.components import Plan, locate
+def _gated(model: Any, layer: int, shared: Any, x: Any) -> Any:
+    """The shared expert's term of the MLP's output: its output, times sigmoid of the
+    block's shared_expert_gate of the MLP's input ``x`` where the block has one (None
+    where it has one and ``x`` was not read)."""
+    import torch
 
+    from causalab_mini.internals import child
+
+    row = model.internals["routers_logits"].address_at(layer)
+    base = model.internals.row_base(row, layer)
+    gate = child(base, f"{row.module.rpartition('.')[0]}.shared_expert_gate")
+    if gate is None:
+        return shared
+    if x is None:
+        return None
+    with torch.no_grad():
+        return torch.sigmoid(gate._module(x)) * shared
+
+
+def _combined(model: Any, layer: int, routed: Any, shared: Any) -> Any:
+    """The MLP's output from the routed sum and the shared expert's term, as the block
+    states it: their sum; their mean where the config's
+    shared_expert_combination_strategy says "average" (Cohere2-MoE); then the block's
+    post_mlp_layernorm where it has one (AXK1 normalizes inside the MLP)."""
+    import torch
+
+    from causalab_mini.internals import child, layer_config
+
+    total = routed + shared
+    config = layer_config(model.text_config, layer)
+    if getattr(config, "shared_expert_combination_strategy", None) == "average":
+        total = total / 2
+    row = model.internals["routers_logits"].address_at(layer)
+    base = model.internals.row_base(row, layer)
+    norm = child(base, f"{row.module.rpartition('.')[0]}.post_mlp_layernorm")
+    if norm is not None:
+        with torch.no_grad():
+            total = norm._module(total)
+    return total
+
+
+def router_writes(ctx: Context) -> Iterator[Outcome]:
+    """On the first mixture-of-experts layer from the probe layer on: a write of
+    router_weights keeps every place read before it, reads back and reaches the stream
+    (certify.write_keeps_earlier_reads); the experts module is given the written
+    weights and returns what it computes from them, not its clean output; the same
+    write certification for shared_expert_output."""
     model = ctx.model
     layer = next(
         (
@@ -240,38 +332,40 @@ def router_writes(ctx: Context) -> Iterator[Outcome]:
             bool(checks) and not failed,
             f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else "",
         )
-    names = ["mlp_input", "router_indices", "router_weights", "mlp_output"]
-    shared = model.internals["mlps_shared_expert"].unavailable_on(layer) is None
-    if shared:
-        names.append("shared_expert_output")
-    at = {n: locate(model, n, layer) for n in names}
-    clean = Plan.of(reads=at.values()).run(model, ctx.inputs)
-    weights = clean[at["router_weights"]]
+    clean = _given(model, ctx.inputs, [layer])
+    weights = clean[("experts", layer)][0][2]
     # a weight per chosen expert away from its own: the first chosen expert dropped,
-    # the others doubled
-    written = weights * 2.0
+    # the others doubled (written as the place reads: (batch, seq, top_k))
+    read = ctx.v.get(_key("router_weights", layer))
+    if read is None:
+        return
+    written = read * 2.0
     written[..., 0] = 0.0
-    out = Plan.of(reads=at.values(), writes=[(at["router_weights"], written)]).run(
-        model, ctx.inputs
+    after = _given(model, ctx.inputs, [layer], written=(layer, written))
+    fed = after[("experts", layer)][0][2]
+    ok = torch_equal(fed.reshape(written.shape).to(written.dtype), written)
+    expected = _rerun(
+        _experts(model, layer),
+        clean[("experts", layer)],
+        **{"2": written.reshape(weights.shape).to(weights.dtype)},
     )
-    x = clean[at["mlp_input"]]
-    expected = mixture(
-        model,
-        layer,
-        x,
-        clean[at["router_indices"]],
-        written.to(x.dtype),
-        clean[at["shared_expert_output"]] if shared else None,
-    )
-    ok, d = close(out[at["mlp_output"]], expected)
-    moved = not close(out[at["mlp_output"]], clean[at["mlp_output"]])[0]
+    got = after[("experts_out", layer)]
+    same, d = close(got, expected.reshape(got.shape))
+    moved = not close(got, clean[("experts_out", layer)])[0]
     yield Outcome.of(
         ["router_weights"],
-        "a write of router_weights gives mlp_output == experts(mlp_input, router_indices, "
-        "written weights) (+ shared), away from its clean value",
-        ok and moved,
-        f"layer {layer}: {d}" + ("" if moved else "; mlp_output did not change"),
+        "a write of router_weights is what the experts module is given, and its output is "
+        "what it computes from them, away from its clean output",
+        ok and same and moved,
+        f"layer {layer}: given {'==' if ok else '!='} written, {d}"
+        + ("" if moved else "; the experts' output did not change"),
     )
 
 
-__all__ = ["mixture", "normalized", "router_checks", "router_writes", "routing_rule"]
+def torch_equal(a: Any, b: Any) -> bool:
+    import torch
+
+    return bool(torch.equal(a, b))
+
+
+__all__ = ["normalized", "router_checks", "router_writes", "routing_rule"]
