@@ -161,3 +161,21 @@ def test_expert_output_and_dense_layers_refuse_with_the_reason(tiny_model: Load)
     phimoe = tiny_model("tiny:phimoe")
     with pytest.raises(ComponentError, match="sparsemixer"):
         locate(phimoe, "router_weights", 0)
+
+
+def test_the_router_ranks_between_the_mlp_input_and_its_output(tiny_model: Load) -> None:
+    """The router's places rank after mlp_input (40) and before mlp_output (50); the
+    shared expert after them where the block calls it after its router (DeepSeek-V3)
+    and before them where it calls it first (Qwen2-MoE)."""
+    model = tiny_model("tiny:mixtral")
+    ranks = {n: locate(model, n, 1).rank for n in ROUTER}
+    assert ranks == {
+        "mlp_input": (1, 40),
+        "router_logits": (1, 41.2),
+        "router_weights": (1, 41.4),
+        "router_indices": (1, 41.6),
+        "mlp_output": (1, 50),
+    }
+    assert locate(tiny_model("tiny:qwen2_moe"), "shared_expert_output", 1).rank == (1, 40.5)
+    deepseek = tiny_model("tiny:deepseek_v3")
+    assert locate(deepseek, "shared_expert_output", 1).rank == (1, 41.9)

@@ -5,9 +5,11 @@ term), gives the MLP's output; a write of the weights reaches the MLP's output a
 experts module computes it and keeps what was read before it.
 
 The normalization is stated from what the router and the config say, never found by
-trying rules until one matches: the score is a sigmoid where the config's
-scoring_func says so or the router keeps an e_score_correction_bias (DeepSeek-V3's
-selection bias, which only chooses), a softmax over every expert otherwise; the
+trying rules until one matches: the score is what the router's or the config's
+scoring_func names (a softmax over every expert, or transformers' activation of that
+name applied to each logit: sigmoid, DeepSeek-V4's sqrtsoftplus), else a sigmoid where
+the router keeps an e_score_correction_bias (DeepSeek-V3's selection bias, which only
+chooses), else a softmax over every expert; the
 chosen scores are renormalized to sum to one where the router or the config says
 norm_topk_prob, always where neither states it (Mixtral's softmax of the chosen
 logits); and multiplied by routed_scaling_factor where the router or the config has
@@ -53,18 +55,19 @@ def _stated(model: Any, layer: int, router: Any, key: str) -> Any:
 
 
 def routing_rule(model: Any, layer: int) -> tuple[str, bool, float]:
-    """(score: "softmax" | "sigmoid", renormalized over the chosen experts, the
+    """(score: "softmax" or an activation's name, renormalized over the chosen experts, the
     routed scaling factor), as the router and the config state them, each part the
     family's routers_weights row states (``routing``) replacing the default."""
     router = _router(model, layer)
     scoring = _stated(model, layer, router, "scoring_func")
-    sigmoid = scoring == "sigmoid" or hasattr(router, "e_score_correction_bias")
+    if not isinstance(scoring, str):
+        scoring = "sigmoid" if hasattr(router, "e_score_correction_bias") else "softmax"
     norm = _stated(model, layer, router, "norm_topk_prob")
     scale = _stated(model, layer, router, "routed_scaling_factor")
     # what the family's routers_weights row states replaces the default, part by part
     stated = dict(model.internals["routers_weights"].address_at(layer).routing)
     return (
-        str(stated.get("score", "sigmoid" if sigmoid else "softmax")),
+        str(stated.get("score", scoring)),
         bool(stated.get("renormalize", True if norm is None else bool(norm))),
         _scale(model, layer, router, stated.get("scale", scale)),
     )
@@ -77,14 +80,22 @@ def _scale(model: Any, layer: int, router: Any, scale: Any) -> float:
     return 1.0 if not isinstance(scale, (int, float)) else float(scale)
 
 
-def normalized(logits: Any, indices: Any, rule: tuple[str, bool, float]) -> Any:
+def normalized(logits: Any, indices: Any, rule: tuple[str, bool, float]) -> Any | None:
     """The weights ``rule`` gives: the score of every expert, gathered at
-    ``indices``, renormalized over them, scaled."""
+    ``indices``, renormalized over them, scaled (None where the score names no
+    function)."""
     import torch
 
     score, renorm, scale = rule
     logits = logits.float()
-    scores = logits.sigmoid() if score == "sigmoid" else torch.softmax(logits, dim=-1)
+    if score == "softmax":
+        scores = torch.softmax(logits, dim=-1)
+    else:  # an elementwise score: transformers' activation of that name (sigmoid, ...)
+        from transformers.activations import ACT2FN
+
+        if score not in ACT2FN:
+            return None
+        scores = ACT2FN[score](logits)
     chosen = scores.gather(-1, indices.long())
     if renorm:
         chosen = chosen / (chosen.sum(-1, keepdim=True) + 1e-20)
@@ -234,7 +245,12 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
             )
         if logits is not None and weights is not None and indices is not None:
             rule = routing_rule(model, layer)
-            ok, d = close(weights.float(), normalized(logits, indices, rule))
+            want = normalized(logits, indices, rule)
+            ok, d = (
+                (False, f"no score function {rule[0]!r}")
+                if want is None
+                else close(weights.float(), want)
+            )
             yield Outcome.of(
                 ["router_weights"],
                 "router_weights == the family's normalization of router_logits at router_indices",
@@ -335,11 +351,12 @@ def router_writes(ctx: Context) -> Iterator[Outcome]:
     clean = _given(model, ctx.inputs, [layer])
     weights = clean[("experts", layer)][0][2]
     # a weight per chosen expert away from its own: the first chosen expert dropped,
-    # the others doubled (written as the place reads: (batch, seq, top_k))
+    # the others tripled, so the sum moves even where both slots name one expert (a
+    # hash router's zero table: DeepSeek-V4) (written as the place reads it)
     read = ctx.v.get(_key("router_weights", layer))
     if read is None:
         return
-    written = read * 2.0
+    written = read * 3.0
     written[..., 0] = 0.0
     after = _given(model, ctx.inputs, [layer], written=(layer, written))
     fed = after[("experts", layer)][0][2]
