@@ -266,7 +266,7 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
         if term is None:
             ok, d = False, "the block gates its shared expert and mlp_input was not read"
         else:
-            ok, d = close(_combined(model, layer, routed.reshape(whole.shape), term), whole)
+            ok, d = close(_combined(model, layer, routed, term.reshape(whole.shape)), whole)
         yield Outcome.of(
             ["shared_expert_output"],
             "the experts module's output + (sigmoid(shared_expert_gate) x) "
@@ -297,15 +297,30 @@ def _gated(model: Any, layer: int, shared: Any, x: Any) -> Any:
 
 def _combined(model: Any, layer: int, routed: Any, shared: Any) -> Any:
     """The MLP's output from the routed sum and the shared expert's term, as the block
-    states it: their sum; their mean where the config's
+    states it: their sum (the routed sum first summed over experts where the experts
+    return a row per expert and token, and times the family's routing sum_scale where
+    it states one); their mean where the config's
     shared_expert_combination_strategy says "average" (Cohere2-MoE); then the block's
     post_mlp_layernorm where it has one (AXK1 normalizes inside the MLP)."""
     import torch
 
     from causalab_mini.internals import child, layer_config
 
-    total = routed + shared
     config = layer_config(model.text_config, layer)
+    if routed.numel() != shared.numel() and routed.numel() % shared.numel() == 0:
+        # a row per expert and token (Llama 4 runs every expert on every token, its
+        # input scaled by its score): the block sums them over the experts
+        routed = routed.reshape(-1, *shared.shape).sum(0)
+    routed = routed.reshape(shared.shape)
+    factor = dict(model.internals["routers_weights"].address_at(layer).routing).get("sum_scale")
+    if isinstance(factor, str):
+        row = model.internals["routers_logits"].address_at(layer)
+        block = child(model.internals.row_base(row, layer), row.module.rpartition(".")[0])
+        factor = getattr(block._module if block is not None else None, factor, None)
+        factor = getattr(config, str(factor), None) if factor is None else factor
+    if isinstance(factor, (int, float)):
+        routed = routed * factor
+    total = routed + shared
     if getattr(config, "shared_expert_combination_strategy", None) == "average":
         total = total / 2
     row = model.internals["routers_logits"].address_at(layer)
