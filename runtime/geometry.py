@@ -248,7 +248,8 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
 # where a router states how many experts it scores and how many it chooses, then the
 # config's spellings of the same (registry/tiny.yaml's aliases)
 _ROUTER_KEYS = {
-    "num_experts": ("num_experts", "n_routed_experts", "num_local_experts"),
+    # the classes the router scores: its experts, and Zaya's skip expert beside them
+    "num_experts": ("num_router_classes", "num_experts", "n_routed_experts", "num_local_experts"),
     "experts_per_token": ("top_k", "num_experts_per_tok", "topk", "moe_topk", "moe_k"),
 }
 _CONFIG_KEYS = {

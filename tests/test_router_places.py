@@ -179,3 +179,29 @@ def test_the_router_ranks_between_the_mlp_input_and_its_output(tiny_model: Load)
     assert locate(tiny_model("tiny:qwen2_moe"), "shared_expert_output", 1).rank == (1, 40.5)
     deepseek = tiny_model("tiny:deepseek_v3")
     assert locate(deepseek, "shared_expert_output", 1).rank == (1, 41.9)
+
+
+def test_switch_routes_one_expert_module_per_expert(tiny_model: Load) -> None:
+    """Switch Transformers holds a module per expert (experts.expert_<i>), each called
+    on the tokens routed to it alone: the logits and the chosen expert's probability
+    are read (unflattened, (batch, seq, ...)); the dispatch mask is not indices, and no
+    expert's output is a place."""
+    model = tiny_model("tiny:switch_transformers")
+    layer = next(
+        i
+        for i in range(model.num_layers)
+        if model.internals["routers_logits"].unavailable_on(i) is None
+    )
+    experts = _mlp(model, layer, "experts")
+    assert isinstance(experts, torch.nn.ModuleDict) and "expert_0" in experts
+    v = _reads(model, ["router_logits", "router_weights"], layer)
+    probs = torch.softmax(v["router_logits"].float(), dim=-1)
+    # one expert a token: its weight is its probability, not renormalized
+    assert v["router_weights"].shape[-1] == 1
+    assert torch.allclose(
+        v["router_weights"].float(), probs.max(-1, keepdim=True).values, atol=1e-6
+    )
+    with pytest.raises(ComponentError, match="one-hot"):
+        locate(model, "router_indices", layer)
+    with pytest.raises(ComponentError, match="a module per"):
+        locate(model, "expert_output", layer)

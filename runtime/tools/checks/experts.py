@@ -128,6 +128,9 @@ def _given(model: Any, inputs: Any, layers: list[int], written: Any = None) -> d
             router = child(base, row.module)
             experts = child(base, f"{row.module.rpartition('.')[0]}.experts")
             saved[("router", layer)] = _kept(router.inputs)
+            for name in ("routers_logits", "routers_weights", "routers_indices"):
+                if internals[name].unavailable_on(layer) is None:
+                    saved[(name, layer)] = internals[name].get(layer).clone().save()
             if written is not None and written[0] == layer:
                 internals["routers_weights"].set(layer, written[1])
             saved[("experts", layer)] = _kept(experts.inputs)
@@ -140,9 +143,10 @@ def _first(value: Any) -> Any:
     return value[0] if isinstance(value, (tuple, list)) else value
 
 
-def _rerun(module: Any, call: tuple[Any, Any], **replace: Any) -> Any:
+def _rerun(module: Any, call: tuple[Any, Any], whole: bool = False, **replace: Any) -> Any:
     """``module`` called again on a saved call's (args, kwargs), positional arguments
-    replaced by index (``replace={"2": weights}``)."""
+    replaced by index (``replace={"2": weights}``): its output's first element, or
+    (``whole``) all of it."""
     import torch
 
     args, kwargs = call
@@ -150,7 +154,19 @@ def _rerun(module: Any, call: tuple[Any, Any], **replace: Any) -> Any:
     for index, value in replace.items():
         args[int(index)] = value
     with torch.no_grad():
-        return _first(module(*args, **kwargs))
+        out = module(*args, **kwargs)
+    return out if whole else _first(out)
+
+
+def _selected(model: Any, layer: int, out: Any) -> Any:
+    """The router's output as the routers_logits row selects it (Switch's logits are
+    its third element)."""
+    from causalab_mini.address import Index
+
+    select = model.internals["routers_logits"].address_at(layer).select
+    if isinstance(select, Index) and isinstance(out, (tuple, list)):
+        return out[select.key]
+    return _first(out)
 
 
 def _key(name: str, layer: int) -> tuple[str, int]:
@@ -187,11 +203,15 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
             v.get(_key(n, layer)) for n in ("router_logits", "router_weights", "router_indices")
         )
         call = given[("router", layer)]
-        if logits is not None:
-            own = _rerun(_router(model, layer), call)
+        # what the places read in the trace that saved the calls (a seq2seq sweep reads
+        # ctx.v in a trace of its own): each held to those calls
+        same = {n: given.get((f"routers_{n}", layer)) for n in ("logits", "weights", "indices")}
+        here = same["logits"]
+        if logits is not None and here is not None:
+            own = _selected(model, layer, _rerun(_router(model, layer), call, whole=True))
             ok, d = (
-                close(logits, own.reshape(logits.shape))
-                if own.numel() == logits.numel()
+                close(here, own.reshape(here.shape))
+                if own.numel() == here.numel()
                 else (
                     False,
                     f"the router returns {tuple(own.shape)}, read {tuple(logits.shape)}",
@@ -208,8 +228,8 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
             )
         args = given[("experts", layer)][0]
         for name, at in (("router_indices", 1), ("router_weights", 2)):
-            value = v.get(_key(name, layer))
-            if value is None:
+            value = same[name.removeprefix("router_")]
+            if value is None or _key(name, layer) not in v:
                 continue
             fed = args[at] if len(args) > at else None
             if fed is None or not hasattr(fed, "shape") or fed.numel() != value.numel():
@@ -222,6 +242,8 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
                     else f"max error {(value.float() - fed.reshape(value.shape).float()).abs().max():.3g}"
                 )
             width = width_of(model, "experts_per_token", layer)
+            if width is None and value.shape[-1] == 1:
+                width = 1  # a router that states no top-k and hands on one expert (Switch)
             if ok and width != int(value.shape[-1]):
                 ok, d = False, f"{int(value.shape[-1])} wide, and experts_per_token is {width}"
             yield Outcome.of(
@@ -312,7 +334,8 @@ def _combined(model: Any, layer: int, routed: Any, shared: Any) -> Any:
         # input scaled by its score): the block sums them over the experts
         routed = routed.reshape(-1, *shared.shape).sum(0)
     routed = routed.reshape(shared.shape)
-    factor = dict(model.internals["routers_weights"].address_at(layer).routing).get("sum_scale")
+    # (the row as the family states it: refused weights (Llama 4) still state no scale)
+    factor = dict(model.internals["routers_weights"].row.routing).get("sum_scale")
     if isinstance(factor, str):
         row = model.internals["routers_logits"].address_at(layer)
         block = child(model.internals.row_base(row, layer), row.module.rpartition(".")[0])
