@@ -205,3 +205,46 @@ def test_switch_routes_one_expert_module_per_expert(tiny_model: Load) -> None:
         locate(model, "router_indices", layer)
     with pytest.raises(ComponentError, match="a module per"):
         locate(model, "expert_output", layer)
+
+
+@pytest.mark.parametrize(
+    ("spec", "tampered"),
+    [
+        ("tiny:mixtral", "router_weights"),
+        ("tiny:mixtral", "router_logits"),
+        ("tiny:qwen2_moe", "shared_expert_output"),
+    ],
+)
+def test_the_sweeps_router_checks_hold_and_notice_a_tampered_tensor(
+    spec: str, tampered: str
+) -> None:
+    import dataclasses
+
+    from causalab_mini.tools.checks import experts
+
+    from .test_checks import _context
+
+    ctx = _context(StandardizedTransformer(spec, enable_attention_probs=True))
+    clean = list(experts.router_checks(ctx))
+    assert clean and all(o.ok for o in clean), [o for o in clean if not o.ok]
+    assert any(tampered in o.components for o in clean)
+    values = dict(ctx.v)
+    values[(tampered, 1)] = values[(tampered, 1)] * 1.1 + 0.5
+    broken = list(experts.router_checks(dataclasses.replace(ctx, v=values)))
+    assert any(not o.ok and tampered in o.components for o in broken)
+
+
+def test_the_sweeps_write_check_notices_a_dropped_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    from causalab_mini.tools.checks import experts
+    from causalab_mini.tools.checks.base import Context
+
+    model = StandardizedTransformer("tiny:mixtral")
+    inputs = c.sample_inputs(model)
+    at = locate(model, "router_weights", 1)
+    v = {("router_weights", 1): Plan.of(reads=[at]).run(model, inputs)[at]}
+    ctx = Context(model, inputs, {}, v)
+    clean = list(experts.router_writes(ctx))
+    assert clean and all(o.ok for o in clean), clean
+    place = model.internals["routers_weights"]
+    monkeypatch.setattr(place, "set", lambda layer, value: None)  # the write dropped
+    assert any(not o.ok for o in experts.router_writes(ctx))
