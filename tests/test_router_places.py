@@ -248,3 +248,25 @@ def test_the_sweeps_write_check_notices_a_dropped_write(monkeypatch: pytest.Monk
     place = model.internals["routers_weights"]
     monkeypatch.setattr(place, "set", lambda layer, value: None)  # the write dropped
     assert any(not o.ok for o in experts.router_writes(ctx))
+
+
+def test_a_changed_copy_of_the_logits_reaches_nothing(tiny_model: Load) -> None:
+    """Why router_logits is read-only, measured: Mixtral's router returns its logits
+    beside the weights and experts it computed from them, and the block uses only the
+    latter, so the router's output with its logits replaced leaves the MLP's output as
+    it was (while the same change to its weights moves it)."""
+    model = tiny_model("tiny:mixtral")
+    inputs = c.sample_inputs(model)
+    gate = child(model.layers[1], "mlp.gate")
+    mlp = child(model.layers[1], "mlp")
+    with model.trace(inputs):
+        clean = mlp.output.save()
+    outputs = {}
+    for slot in (0, 1):
+        with model.trace(inputs):
+            parts = list(gate.output)
+            parts[slot] = parts[slot] * 0.0
+            gate.output = tuple(parts)
+            outputs[slot] = mlp.output.save()
+    assert torch.equal(outputs[0], clean)
+    assert not torch.allclose(outputs[1], clean)
