@@ -77,6 +77,9 @@ def _extras(row: Address) -> tuple[str, ...]:
             f"computed from `{row.heads_through}` at this module: each head's slice through "
             "its own columns of the module's weight, bias left out (read-only)"
         )
+    if row.routing:
+        stated = ", ".join(f"{k} {v}" for k, v in row.routing)
+        out.append(f"router weights made from the logits as stated: {stated}")
     if row.seq_first:
         out.append("held (seq, batch, ...) by the model: read and written as (batch, seq, ...)")
     if row.leading_positions is not None:

@@ -287,7 +287,7 @@ def address_fields(raw: dict[str, Any]) -> dict[str, Any]:
             out[key] = select(value)
         elif key == "unavailable":
             out[key] = tuple(Unavailable(condition(u["when"]), u["reason"].strip()) for u in value)
-        elif key == "versions":
+        elif key in ("versions", "routing"):
             out[key] = tuple(sorted(value.items()))
         elif key == "leading_positions":
             out[key] = LeadingPositions(value["config"], tuple(value.get("axes", (1,))))

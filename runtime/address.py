@@ -238,6 +238,9 @@ class Address:
     flat_tokens: bool = False
     merged_heads: bool = False
     heads_through: str | None = None
+    # a mixture of experts' router weights: how the family makes them from the logits,
+    # where the sweep's default does not give it (("renormalize", False), ...)
+    routing: tuple[tuple[str, Any], ...] = ()
     spelled: str | None = None
     replaces_accessor: bool = False
     unavailable: tuple[Unavailable, ...] = ()
@@ -666,6 +669,8 @@ Width = Literal[
     "z_width",
     "value_width",
     "heads_hidden",
+    "num_experts",
+    "experts_per_token",
     "vocab_size",
 ]
 

@@ -240,7 +240,56 @@ def width_of(model: Any, name: str | None, layer: int | None) -> int | None:
                 return measured
         value = getattr(_config(model, layer), "intermediate_size", None)
         return int(value) if isinstance(value, int) else None
+    if name in ("num_experts", "experts_per_token"):
+        return _router_width(model, name, layer)
     raise ComponentError(f"unknown width attribute {name!r}")
+
+
+# where a router states how many experts it scores and how many it chooses, then the
+# config's spellings of the same (registry/tiny.yaml's aliases)
+_ROUTER_KEYS = {
+    # the classes the router scores: its experts, and Zaya's skip expert beside them
+    "num_experts": ("num_router_classes", "num_experts", "n_routed_experts", "num_local_experts"),
+    "experts_per_token": ("top_k", "num_experts_per_tok", "topk", "moe_topk", "moe_k"),
+}
+_CONFIG_KEYS = {
+    "num_experts": ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"),
+    "experts_per_token": ("num_experts_per_tok", "moe_topk", "moe_k", "top_k_experts"),
+}
+
+
+def _router_width(model: Any, name: str, layer: int | None) -> int | None:
+    """A mixture's routed experts (``num_experts``) or the experts each token is sent
+    to (``experts_per_token``), measured on the layer's router (the module the
+    routers_logits row reads): its own attribute, else the block's that holds it, else
+    the experts module's beside it, else (for the experts) its weight's rows, else the
+    config's."""
+    at = 0 if layer is None else layer
+    place = model.internals["routers_logits"]
+    if place.unavailable_on(at) is None:
+        row = place.address_at(at)
+        base = model.internals.row_base(row, at)
+        envoy = None if base is None else child(base, row.module)
+        module = None if envoy is None else envoy._module
+        # the router, then the block holding it, then the experts beside it (DBRX keeps
+        # top_k on its block and the count on its experts)
+        parent = row.module.rpartition(".")[0]
+        block = child(base, parent) if base is not None and parent else None
+        experts = child(base, f"{parent}.experts") if base is not None and parent else None
+        for holder in (module, *(e._module for e in (block, experts) if e is not None)):
+            for key in _ROUTER_KEYS[name]:
+                value = getattr(holder, key, None)
+                if isinstance(value, int):
+                    return value
+        weight = getattr(module, "weight", None)
+        if name == "num_experts" and weight is not None and weight.dim() == 2:
+            return int(weight.shape[0])
+    config = _config(model, layer)
+    for key in _CONFIG_KEYS[name]:
+        value = getattr(config, key, None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def attn_implementation(model: Any) -> str:

@@ -454,6 +454,12 @@ class Internals(Mapping[str, Place]):
                     "in one input, a list)",
                 )
             )
+        if shape is not None and len(shape) > 2 and dims:
+            if dims[:2] == shape[:2] or shape[0] * shape[1] == dims[0]:
+                # a layer fed several residual streams, (batch, seq, streams, hidden),
+                # whose MLP reads one stream's tokens (DeepSeek-V4, HY-V4): its batch
+                # and sequence are the input's first two axes
+                shape = shape[:2]
         if shape is not None and len(dims) > len(shape) and dims[: len(shape)] == shape:
             return flat  # this layer holds it unflattened (a dense layer beside MoE ones)
         tokens = int(dims[0]) if dims else -1

@@ -43,6 +43,8 @@ def eager(tiny_model: Load) -> Eager:
 # the components one family has and another refuses by what its block is: a gated or
 # a non-gated MLP, a rotary embedding or absolute positions
 BY_BLOCK = {"attention_query_pre_rope", "attention_key_pre_rope", "mlp_gate", "mlp_up", "mlp_pre"}
+# a mixture of experts' places, refused on a dense MLP (and expert_output everywhere)
+MOE = {"router_logits", "router_weights", "router_indices", "expert_output", "shared_expert_output"}
 # a head's term of the output projection is refused where a norm follows it
 AFTER_A_NORM = "a norm is not linear"
 
@@ -54,7 +56,7 @@ def _all(model: StandardizedTransformer) -> list[comp.ComponentAddress]:
             try:
                 out.append(locate(model, name, layer))
             except ComponentError:
-                assert name in BY_BLOCK, name
+                assert name in BY_BLOCK | MOE, name
     return out
 
 
@@ -62,7 +64,7 @@ def test_one_address_serves_both_families(eager: Eager) -> None:
     llama, gpt2 = eager("llama"), eager("gpt2")
     assert llama.num_layers == gpt2.num_layers
     for name, spec in COMPONENTS.items():
-        if name in BY_BLOCK:  # Llama's MLP is gated and rotary, GPT-2's neither
+        if name in BY_BLOCK | MOE:  # Llama's MLP is gated and rotary, GPT-2's neither
             continue
         for layer in range(llama.num_layers) if spec.per_layer else [None]:
             a, b = locate(llama, name, layer), locate(gpt2, name, layer)
@@ -81,7 +83,9 @@ def test_spec_ranks(eager: Eager) -> None:
     ranks = {
         name: locate(model, name, 0 if spec.per_layer else None).rank
         for name, spec in COMPONENTS.items()
-        if name != "mlp_pre"  # Llama's MLP is gated; GPT-2's input projection below
+        # Llama's MLP is gated (GPT-2's input projection below) and dense (Mixtral's
+        # router in tests/test_router_places.py)
+        if name != "mlp_pre" and name not in MOE
     }
     n = model.num_layers
     assert locate(eager("gpt2"), "mlp_pre", 0).rank == (0, 43)
@@ -407,6 +411,8 @@ def test_every_component_reads_on_the_semantic_families(eager: Eager) -> None:
                 said = str(exc)
                 by_block = name in BY_BLOCK and ("gated" in said or "rotary" in said)
                 by_block = by_block or AFTER_A_NORM in said
+                moe_refusals = ("its MLP is dense", "routed experts only", "one expert's output")
+                by_block = by_block or (name in MOE and any(r in said for r in moe_refusals))
                 assert by_block or "mixture-of-experts" in said or "block is 'parallel'" in said, (
                     family,
                     name,

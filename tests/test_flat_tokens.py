@@ -29,7 +29,8 @@ def _marked(flag: str) -> list[Any]:
         for match, rows in FAMILY_ADDRESSES
         if match.model_types and case.model_type in match.model_types
         for row, address in rows.items()
-        if getattr(address, flag)
+        # a read-only row (the router's logits) takes no write, which these tests make
+        if getattr(address, flag) and not address.read_only
     ]
 
 

@@ -72,7 +72,7 @@ CASES: dict[str, tuple[list[tuple[str, str | None, str | bytes | None]], list[st
     "S001": (
         [("places.yaml", "  - name: layers_input\n", "  - name: layers_input\n    bogus: 1\n")],
         [
-            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: before_layers, doc, flat_tokens, heads_through, io, layer_list, leading_positions, merged_heads, module, name, order, per_layer, read_only, replaces_accessor, scale, select, seq_first, snapshot, source, spelled, streams, trailing_streams, unavailable, versions, write",
+            "places.yaml:52:5: S001 [layers_input] unknown key 'bogus' in the row; allowed here: before_layers, doc, flat_tokens, heads_through, io, layer_list, leading_positions, merged_heads, module, name, order, per_layer, read_only, replaces_accessor, routing, scale, select, seq_first, snapshot, source, spelled, streams, trailing_streams, unavailable, versions, write",
         ],
     ),
     "S002": (

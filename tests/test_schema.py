@@ -134,6 +134,6 @@ def test_an_unknown_key_in_a_family_row_names_the_fields_and_add(registry_copy: 
     assert diag.message == (
         "unknown key 'gate' in the row; allowed here: add, before_layers, doc, flat_tokens, heads_through, io, layer_list, "
         "leading_positions, merged_heads, module, order, per_layer, read_only, replaces_accessor, "
-        "scale, select, seq_first, snapshot, source, spelled, streams, trailing_streams, "
+        "routing, scale, select, seq_first, snapshot, source, spelled, streams, trailing_streams, "
         "unavailable, versions, write"
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.checks import engines, gradients, interventions, recompute
+from causalab_mini.tools.checks import engines, experts, gradients, interventions, recompute
 from causalab_mini.tools.checks import positions as position_checks
 from causalab_mini.tools.checks import ragged as ragged_checks
 from causalab_mini.tools.checks import ragged_pairs as ragged_pair_checks
@@ -423,6 +423,7 @@ CHECKS: tuple[Check, ...] = (
     interiors,
     mlp_interiors,
     mlp_projections,
+    experts.router_checks,
     final_norm,
     model_outputs,
     unembedding,
@@ -431,6 +432,7 @@ CHECKS: tuple[Check, ...] = (
     write_keeps_earlier_reads,
     in_place_edits,
     attention_write_shifts_mid,
+    experts.router_writes,
     position_checks.position_reads_and_writes,
     position_checks.interchange_identities,
     ragged_checks.ragged_batches,
