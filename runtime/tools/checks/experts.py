@@ -25,7 +25,7 @@ from typing import Any
 
 from causalab_mini.tools import certify as cert
 from causalab_mini.tools.certify import close
-from causalab_mini.tools.checks.base import Context, Outcome
+from causalab_mini.tools.checks.base import CheckResult, Context
 
 
 def _router(model: Any, layer: int) -> Any:
@@ -117,7 +117,7 @@ def _given(model: Any, inputs: Any, layers: list[int], written: Any = None) -> d
     module's arguments and output, saved; with ``written`` (layer, value), that value
     written at routers_weights first."""
     from causalab_mini.internals import boundary, child
-    from causalab_mini.tools.checks.recompute import _kept, _unkept
+    from causalab_mini.tools.checks.recompute import kept, unkept
 
     internals = model.internals
     saved: dict[Any, Any] = {}
@@ -127,13 +127,13 @@ def _given(model: Any, inputs: Any, layers: list[int], written: Any = None) -> d
             base = internals.row_base(row, layer)
             router = child(base, row.module)
             experts = child(base, f"{row.module.rpartition('.')[0]}.experts")
-            saved[("router", layer)] = _kept(router.inputs)
+            saved[("router", layer)] = kept(router.inputs)
             if written is not None and written[0] == layer:
                 internals["routers_weights"].set(layer, written[1])
-            saved[("experts", layer)] = _kept(experts.inputs)
+            saved[("experts", layer)] = kept(experts.inputs)
             out = getattr(experts, boundary("output", experts))
-            saved[("experts_out", layer)] = _kept(out)
-    return {k: _unkept(v) for k, v in saved.items()}
+            saved[("experts_out", layer)] = kept(out)
+    return {k: unkept(v) for k, v in saved.items()}
 
 
 def _first(value: Any) -> Any:
@@ -178,7 +178,7 @@ def _moe_layers(ctx: Context) -> list[int]:
     ]
 
 
-def router_checks(ctx: Context) -> Iterator[Outcome]:
+def router_checks(ctx: Context) -> Iterator[CheckResult]:
     """On every mixture-of-experts layer read: router_logits == the router called
     again on its own arguments, num_experts wide; router_indices and router_weights ==
     the chosen experts and weights the experts module was given (viewed (batch, seq,
@@ -186,10 +186,6 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
     router_indices; the experts module's output plus shared_expert_output (times
     sigmoid of shared_expert_gate where the block has one) == the MLP module's own
     output, where the layer has a shared expert."""
-    import torch
-
-    from causalab_mini.geometry import width_of
-
     v, model = ctx.v, ctx.model
     layers = _moe_layers(ctx)
     if not layers:
@@ -199,96 +195,119 @@ def router_checks(ctx: Context) -> Iterator[Outcome]:
         logits, weights, indices = (
             v.get(_key(n, layer)) for n in ("router_logits", "router_weights", "router_indices")
         )
-        call = given[("router", layer)]
         if logits is not None:
-            own = _selected(model, layer, _rerun(_router(model, layer), call, whole=True))
-            ok, d = (
-                close(logits, own.reshape(logits.shape))
-                if own.numel() == logits.numel()
-                else (
-                    False,
-                    f"the router returns {tuple(own.shape)}, read {tuple(logits.shape)}",
-                )
-            )
-            width = width_of(model, "num_experts", layer)
-            if ok and width != int(logits.shape[-1]):
-                ok, d = False, f"{int(logits.shape[-1])} wide, and num_experts is {width}"
-            yield Outcome.of(
-                ["router_logits"],
-                "router_logits == the router called on its own arguments, num_experts wide",
-                ok,
-                f"layer {layer}: {d}",
-            )
-        args = given[("experts", layer)][0]
-        for name, at in (("router_indices", 1), ("router_weights", 2)):
-            value = v.get(_key(name, layer))
-            if value is None:
-                continue
-            fed = args[at] if len(args) > at else None
-            if fed is None or not hasattr(fed, "shape") or fed.numel() != value.numel():
-                ok, d = False, f"the experts module's argument {at} is not {tuple(value.shape)}"
-            else:
-                ok = torch.equal(value, fed.reshape(value.shape))
-                d = (
-                    ""
-                    if ok
-                    else f"max error {(value.float() - fed.reshape(value.shape).float()).abs().max():.3g}"
-                )
-            width = width_of(model, "experts_per_token", layer)
-            if width is None and value.shape[-1] == 1:
-                width = 1  # a router that states no top-k and hands on one expert (Switch)
-            if ok and width != int(value.shape[-1]):
-                ok, d = False, f"{int(value.shape[-1])} wide, and experts_per_token is {width}"
-            yield Outcome.of(
-                [name],
-                f"{name} == the experts module's argument {at} (what it mixes with), "
-                "experts_per_token wide",
-                ok,
-                f"layer {layer}: {d}",
-            )
+            yield _logits_result(model, layer, logits, given[("router", layer)])
+        yield from _given_results(ctx, layer, given[("experts", layer)][0])
         if logits is not None and indices is not None:
-            experts = width_of(model, "num_experts", layer)
-            ok = not indices.dtype.is_floating_point and bool(
-                ((indices >= 0) & (indices < int(logits.shape[-1]))).all()
-            )
-            yield Outcome.of(
-                ["router_indices"],
-                "router_indices are integers naming experts of router_logits' width",
-                ok,
-                f"layer {layer}: {indices.dtype}, logits {tuple(logits.shape)}, "
-                f"num_experts {experts}",
-            )
+            yield _indices_result(model, layer, logits, indices)
         if logits is not None and weights is not None and indices is not None:
-            rule = routing_rule(model, layer)
-            want = normalized(logits, indices, rule)
-            ok, d = (
-                (False, f"no score function {rule[0]!r}")
-                if want is None
-                else close(weights.float(), want)
-            )
-            yield Outcome.of(
-                ["router_weights"],
-                "router_weights == the family's normalization of router_logits at router_indices",
-                ok,
-                f"layer {layer}, {_describe(rule)}: {d}",
-            )
+            yield _weights_result(model, layer, logits, weights, indices)
         shared = v.get(_key("shared_expert_output", layer))
         whole = ctx.raw.get(("mlps", layer))
-        if shared is None or whole is None:
+        if shared is not None and whole is not None:
+            yield _shared_result(ctx, layer, shared, whole, given[("experts_out", layer)])
+
+
+def _logits_result(model: Any, layer: int, logits: Any, call: Any) -> CheckResult:
+    """router_logits == the router called again on its own arguments, num_experts wide."""
+    from causalab_mini.geometry import width_of
+
+    own = _selected(model, layer, _rerun(_router(model, layer), call, whole=True))
+    if own.numel() == logits.numel():
+        ok, d = close(logits, own.reshape(logits.shape))
+    else:
+        ok, d = False, f"the router returns {tuple(own.shape)}, read {tuple(logits.shape)}"
+    width = width_of(model, "num_experts", layer)
+    if ok and width != int(logits.shape[-1]):
+        ok, d = False, f"{int(logits.shape[-1])} wide, and num_experts is {width}"
+    return CheckResult.of(
+        ["router_logits"],
+        "router_logits == the router called on its own arguments, num_experts wide",
+        ok,
+        f"layer {layer}: {d}",
+    )
+
+
+def _given_results(ctx: Context, layer: int, args: Any) -> Iterator[CheckResult]:
+    """router_indices and router_weights == the experts module's arguments 1 and 2,
+    experts_per_token wide."""
+    import torch
+
+    from causalab_mini.geometry import width_of
+
+    model = ctx.model
+    for name, at in (("router_indices", 1), ("router_weights", 2)):
+        value = ctx.v.get(_key(name, layer))
+        if value is None:
             continue
-        routed = given[("experts_out", layer)]
-        term = _gated(model, layer, shared, v.get(_key("mlp_input", layer)))
-        if term is None:
-            ok, d = False, "the block gates its shared expert and mlp_input was not read"
+        fed = args[at] if len(args) > at else None
+        if fed is None or not hasattr(fed, "shape") or fed.numel() != value.numel():
+            ok, d = False, f"the experts module's argument {at} is not {tuple(value.shape)}"
         else:
-            ok, d = close(_combined(model, layer, routed, term.reshape(whole.shape)), whole)
-        yield Outcome.of(
-            ["shared_expert_output"],
-            "the experts module's output + (sigmoid(shared_expert_gate) x) "
-            "shared_expert_output (combined as the block states) == the MLP module's output",
+            ok = torch.equal(value, fed.reshape(value.shape))
+            error = (value.float() - fed.reshape(value.shape).float()).abs().max()
+            d = "" if ok else f"max error {error:.3g}"
+        width = width_of(model, "experts_per_token", layer)
+        if width is None and value.shape[-1] == 1:
+            width = 1  # a router that states no top-k and hands on one expert (Switch)
+        if ok and width != int(value.shape[-1]):
+            ok, d = False, f"{int(value.shape[-1])} wide, and experts_per_token is {width}"
+        yield CheckResult.of(
+            [name],
+            f"{name} == the experts module's argument {at} (what it mixes with), "
+            "experts_per_token wide",
             ok,
             f"layer {layer}: {d}",
         )
+
+
+def _indices_result(model: Any, layer: int, logits: Any, indices: Any) -> CheckResult:
+    """router_indices are integers naming experts of router_logits' width."""
+    from causalab_mini.geometry import width_of
+
+    experts = width_of(model, "num_experts", layer)
+    ok = not indices.dtype.is_floating_point and bool(
+        ((indices >= 0) & (indices < int(logits.shape[-1]))).all()
+    )
+    return CheckResult.of(
+        ["router_indices"],
+        "router_indices are integers naming experts of router_logits' width",
+        ok,
+        f"layer {layer}: {indices.dtype}, logits {tuple(logits.shape)}, num_experts {experts}",
+    )
+
+
+def _weights_result(model: Any, layer: int, logits: Any, weights: Any, indices: Any) -> CheckResult:
+    """router_weights == the family's normalization of router_logits at the indices."""
+    rule = routing_rule(model, layer)
+    want = normalized(logits, indices, rule)
+    if want is None:
+        ok, d = False, f"no score function {rule[0]!r}"
+    else:
+        ok, d = close(weights.float(), want)
+    return CheckResult.of(
+        ["router_weights"],
+        "router_weights == the family's normalization of router_logits at router_indices",
+        ok,
+        f"layer {layer}, {_describe(rule)}: {d}",
+    )
+
+
+def _shared_result(ctx: Context, layer: int, shared: Any, whole: Any, routed: Any) -> CheckResult:
+    """The experts module's output + the shared expert's term == the MLP's output."""
+    model = ctx.model
+    term = _gated(model, layer, shared, ctx.v.get(_key("mlp_input", layer)))
+    if term is None:
+        ok, d = False, "the block gates its shared expert and mlp_input was not read"
+    else:
+        ok, d = close(_combined(model, layer, routed, term.reshape(whole.shape)), whole)
+    return CheckResult.of(
+        ["shared_expert_output"],
+        "the experts module's output + (sigmoid(shared_expert_gate) x) "
+        "shared_expert_output (combined as the block states) == the MLP module's output",
+        ok,
+        f"layer {layer}: {d}",
+    )
 
 
 def _gated(model: Any, layer: int, shared: Any, x: Any) -> Any:
@@ -348,7 +367,7 @@ def _combined(model: Any, layer: int, routed: Any, shared: Any) -> Any:
     return total
 
 
-def router_writes(ctx: Context) -> Iterator[Outcome]:
+def router_writes(ctx: Context) -> Iterator[CheckResult]:
     """On the first mixture-of-experts layer from the probe layer on: a write of
     router_weights keeps every place read before it, reads back and reaches the stream
     (certify.write_keeps_earlier_reads); the experts module is given the written
@@ -373,7 +392,7 @@ def router_writes(ctx: Context) -> Iterator[Outcome]:
             continue
         checks = cert.write_keeps_earlier_reads(model, ctx.inputs, row, layer)
         failed = [c for c in checks if not c.ok]
-        yield Outcome.of(
+        yield CheckResult.of(
             [component],
             "a write keeps every earlier read, reads back, and reaches the stream",
             bool(checks) and not failed,
@@ -400,7 +419,7 @@ def router_writes(ctx: Context) -> Iterator[Outcome]:
     got = after[("experts_out", layer)]
     same, d = close(got, expected.reshape(got.shape))
     moved = not close(got, clean[("experts_out", layer)])[0]
-    yield Outcome.of(
+    yield CheckResult.of(
         ["router_weights"],
         "a write of router_weights is what the experts module is given, and its output is "
         "what it computes from them, away from its clean output",

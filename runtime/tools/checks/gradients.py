@@ -63,6 +63,37 @@ def _oracle(
         return None
     call, args, kwargs = forward_inputs(model, inputs)
     seen: dict[str, Any] = {"calls": 0}
+    lift, hook, pre_hook = _oracle_hooks(seen, shared)
+    handles = [embed.register_forward_hook(lift)]
+    if io is IOType.INPUT:
+        handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+    else:
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with frozen(model), torch.enable_grad():
+            logits = call(*args, **kwargs).logits
+            tensor = seen.get("tensor")
+            if seen["calls"] != 1 or tensor is None or not tensor.requires_grad:
+                return None
+            if not torch.equal(tensor.detach(), seen["as_handed"]):
+                return None  # the forward edits the tensor in place later: no oracle
+            value = _metric(logits[torch.arange(logits.shape[0]), last]).sum()
+            try:
+                (grad,) = torch.autograd.grad(value, [tensor], allow_unused=True)
+            except RuntimeError:
+                return None  # autograd cannot differentiate through this forward
+    finally:
+        for handle in handles:
+            handle.remove()
+    return None if grad is None else (grad, seen["as_handed"])
+
+
+def _oracle_hooks(seen: dict[str, Any], shared: bool) -> tuple[Any, Any, Any]:
+    """The oracle's plain hooks: ``lift`` (the embeddings plus a zero that wants a
+    gradient), ``hook`` (keeps a module's output tensor in ``seen``) and ``pre_hook``
+    (keeps its first positional input, or hands the module that input plus a zero of
+    its own where the place is the module's own input: ``shared`` False)."""
+    import torch
 
     def lift(_m: Any, _args: Any, out: Any) -> Any:
         if not isinstance(out, torch.Tensor) or not out.is_floating_point():
@@ -91,28 +122,7 @@ def _oracle(
         capture(own)
         return ((own, *args[1:]), kwargs)
 
-    handles = [embed.register_forward_hook(lift)]
-    if io is IOType.INPUT:
-        handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-    else:
-        handles.append(module.register_forward_hook(hook))
-    try:
-        with frozen(model), torch.enable_grad():
-            logits = call(*args, **kwargs).logits
-            tensor = seen.get("tensor")
-            if seen["calls"] != 1 or tensor is None or not tensor.requires_grad:
-                return None
-            if not torch.equal(tensor.detach(), seen["as_handed"]):
-                return None  # the forward edits the tensor in place later: no oracle
-            value = _metric(logits[torch.arange(logits.shape[0]), last]).sum()
-            try:
-                (grad,) = torch.autograd.grad(value, [tensor], allow_unused=True)
-            except RuntimeError:
-                return None  # autograd cannot differentiate through this forward
-    finally:
-        for handle in handles:
-            handle.remove()
-    return None if grad is None else (grad, seen["as_handed"])
+    return lift, hook, pre_hook
 
 
 def _raw_module(model: Any, address: Any) -> tuple[Any, Any, bool] | None:

@@ -70,7 +70,7 @@ def raw_outputs_of(
     for layer, kind in gate_kinds.items():
         out[("gate_kind", layer)] = kind
     for key, (args, kwargs) in [(k, t) for k, t in out.items() if k[0] == "mlp_rest"]:
-        out[key] = ([_unkept(a) for a in args], {k: _unkept(a) for k, a in kwargs.items()})
+        out[key] = ([unkept(a) for a in args], {k: unkept(a) for k, a in kwargs.items()})
     return out
 
 
@@ -122,7 +122,7 @@ def _save_one(kind: str, layer: int, what: Any, saved: list[tuple[str, int, Any]
         envoy = what
         args, kwargs = envoy.inputs
         # the arguments besides the first (Zaya's router state, MPT's residual)
-        rest = ([_kept(a) for a in args[1:]], {k: _kept(a) for k, a in kwargs.items()})
+        rest = ([kept(a) for a in args[1:]], {k: kept(a) for k, a in kwargs.items()})
         saved.append(("mlp_rest", layer, rest))
         out = getattr(envoy, boundary("output", envoy))
         saved.append(
@@ -306,19 +306,19 @@ def _gate_calls(model: Any, layer: int, z_address: Any) -> list[tuple[str, Any]]
     return gates
 
 
-def _kept(value: Any) -> Any:
+def kept(value: Any) -> Any:
     """A module argument kept past the trace: a tensor copied and saved, a list or tuple
     of them copied element-wise (RWKV's state, which the model updates in place after
     the call), else itself."""
     if isinstance(value, (list, tuple)):
-        return _rebuilt(value, [_kept(item) for item in value])
+        return _rebuilt(value, [kept(item) for item in value])
     return value.clone().save() if hasattr(value, "clone") and hasattr(value, "save") else value
 
 
-def _unkept(value: Any) -> Any:
+def unkept(value: Any) -> Any:
     """The value a kept argument holds after the trace."""
     if isinstance(value, (list, tuple)):
-        return _rebuilt(value, [_unkept(item) for item in value])
+        return _rebuilt(value, [unkept(item) for item in value])
     return getattr(value, "value", value)
 
 
