@@ -17,6 +17,7 @@ from causalab_mini.generated import (
 )
 
 from .family import families_of
+from .flow import flow_refusal
 from .geometry import (
     HEAD_KINDS,
     ComponentError,
@@ -445,7 +446,33 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
             reason = interior.missing.replace("{place}", spec.name)
             raise refuse(spec.name, f"{reason} ({str(exc).splitlines()[0]})") from None
         raise refuse(spec.name, str(exc)) from None
+    if interior.reaches is not None and interior.arg is not None:
+        _check_reaches(model, spec, interior, envoy, at)
     return module, op
+
+
+def _check_reaches(model: Any, spec: Component, interior: Interior, envoy: Any, at: int) -> None:
+    """Refuse an interior whose call's result must reach another interior's call
+    (``reaches``: the pre-rotary query and attention_query) where the forward's source
+    says it does not on layer ``at`` (``flow.flow_refusal``): a call on a branch this
+    layer skips or that only the run decides, a call that does not hand the argument
+    back, or an assignment between the two calls."""
+    assert interior.reaches is not None and interior.arg is not None
+    later = interior_of(model, interior.reaches)
+    if later.arg is None:
+        return
+    found = flow_refusal(
+        envoy._module, interior.needles[0], interior.arg, later.needles[0], later.arg, at
+    )
+    if found is None:
+        return
+    family = model.internals.model_class
+    scope = f"on layer {at} of {family}" if found.per_layer else f"on {family}"
+    raise refuse(
+        spec.name,
+        f"{spec.name} is refused {scope}: {found.reason}; read {later.name} (after the "
+        "rotary) instead",
+    )
 
 
 def _interior(

@@ -325,6 +325,12 @@ def mlp_projections(ctx: Context) -> Iterator[Outcome]:
         yield from recompute.mlp_projection_checks(ctx.model, ctx.v, layer)
 
 
+def rotary(ctx: Context) -> Iterator[Outcome]:
+    """rotary(attention_query_pre_rope) == attention_query and the same for the keys,
+    with the family's own rotary function and arguments (checks.recompute)."""
+    yield from recompute.rotary_checks(ctx.model, ctx.inputs, ctx.addresses, ctx.v)
+
+
 # ---------------------------------------------------------------- writes
 
 
@@ -409,6 +415,7 @@ CHECKS: tuple[Check, ...] = (
     interiors,
     mlp_interiors,
     mlp_projections,
+    rotary,
     final_norm,
     model_outputs,
     unembedding,

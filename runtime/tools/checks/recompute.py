@@ -869,3 +869,84 @@ def mlp_projection_checks(
             yield Outcome.of(
                 [name], f"its projection(mlp_input) == {name}, intermediate_size wide", ok, d
             )
+
+
+def rotary_checks(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    v: dict[tuple[str, int | None], Any],
+) -> Iterator[Outcome]:
+    """rotary(attention_query_pre_rope, ...) == attention_query, and the same for the
+    keys: the family's own rotary function (the callee the interiors' needle names, in
+    the attention module's Python module) applied to the pre-rotary query and key read,
+    with the other arguments the forward gave it (cos, sin: partial, interleaved or
+    halved rotary is the function's own), gives the query and key the attention
+    function receives; and the rotary moves them (pre != post where positions differ)."""
+    import sys
+
+    import torch
+
+    from causalab_mini.ops import OperationNotFound, find_op
+
+    wanted: list[tuple[int, Any, Any]] = []  # (layer, the call's Envoy, the function)
+    for layer in range(model.internals.num_layers):
+        q = addresses.get(("attention_query_pre_rope", layer))
+        k = addresses.get(("attention_key_pre_rope", layer))
+        if q is None or k is None or ("attention_query", layer) not in v:
+            continue
+        envoy = _module(model, layer, q.module)
+        name = q.needles[-1].split("(")[0].split(".")[-1]
+        function = getattr(sys.modules.get(type(envoy._module).__module__), name, None)
+        if function is None or len(q.needles) != 1:
+            continue
+        where = {"row": q.component, "module": f"layers.{layer}.{q.module}"}
+        try:
+            op = find_op(
+                envoy.source, q.needles[0], **where, model_class=model.internals.model_class
+            )
+        except OperationNotFound:
+            continue
+        wanted.append((layer, op, function))
+    if not wanted:
+        return
+    saved: list[tuple[int, Any, Any]] = []
+    with model.trace(inputs):
+        for layer, op, _ in wanted:
+            args, kwargs = op.inputs
+            saved.append(
+                (layer, [_kept(a) for a in args], {k: _kept(a) for k, a in kwargs.items()})
+            )
+    for (layer, _, function), (_, args, kwargs) in zip(wanted, saved, strict=True):
+        args = [_unkept(a) for a in args]
+        kwargs = {k: _unkept(a) for k, a in kwargs.items()}
+        pre_q = v[("attention_query_pre_rope", layer)]
+        pre_k = v[("attention_key_pre_rope", layer)]
+        q_native, k_native = args[0], args[1]
+        # the reads, back as the call holds them (batch, heads, seq, head size)
+        q_held = pre_q.reshape(q_native.shape[0], q_native.shape[2], q_native.shape[1], -1)
+        k_held = pre_k.reshape(k_native.shape[0], k_native.shape[2], k_native.shape[1], -1)
+        with torch.no_grad():
+            out = function(q_held.transpose(1, 2), k_held.transpose(1, 2), *args[2:], **kwargs)
+        if not isinstance(out, (tuple, list)) or len(out) < 2:
+            yield Outcome.of(
+                ["attention_query_pre_rope", "attention_key_pre_rope"],
+                "rotary(attention_*_pre_rope) == attention_query, attention_key",
+                False,
+                f"layer {layer}: the rotary function returned {type(out).__name__}, not (q, k)",
+            )
+            continue
+        for pre, rotated, post in (
+            ("attention_query_pre_rope", out[0], "attention_query"),
+            ("attention_key_pre_rope", out[1], "attention_key"),
+        ):
+            if (post, layer) not in v:
+                continue
+            ok, d = close(rotated.transpose(1, 2).flatten(2), v[(post, layer)])
+            moved = not close(v[(pre, layer)], v[(post, layer)])[0]
+            yield Outcome.of(
+                [pre],
+                f"rotary({pre}) == {post}, and differs from it",
+                ok and moved,
+                f"layer {layer}: {d}" + ("" if moved else "; the rotary left it unchanged"),
+            )
