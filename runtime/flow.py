@@ -108,9 +108,7 @@ def _decide(test: ast.expr, module: Any) -> bool | None:
         return None
 
 
-def _branch(
-    test: ast.expr, side: bool, module: Any, needle: str, layer: int
-) -> FlowRefusal | None:
+def _branch(test: ast.expr, side: bool, module: Any, needle: str, layer: int) -> FlowRefusal | None:
     text = ast.unparse(test)
     said = f"`if {text}`" + ("" if side else " (its else branch)")
     value = _decide(test, module)

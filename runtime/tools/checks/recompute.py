@@ -882,28 +882,34 @@ def rotary_checks(
     the attention module's Python module) applied to the pre-rotary query and key read,
     with the other arguments the forward gave it (cos, sin: partial, interleaved or
     halved rotary is the function's own), gives the query and key the attention
-    function receives; and the rotary moves them (pre != post where positions differ)."""
+    function receives; and the rotary moves them (pre != post where positions differ).
+    Where one of the two is refused (JetMoE tiles its keys after the rotary), the
+    other is checked with the call's own tensor in the refused one's place. A read that
+    is zero everywhere (a tiny build whose norm weights start at zero) cannot be moved
+    by a rotation: the identity is checked and the detail says so, and the moved build
+    (norms drawn away from their start) is where it must move."""
     import sys
 
     import torch
 
     from causalab_mini.ops import OperationNotFound, find_op
 
+    names = ("attention_query_pre_rope", "attention_key_pre_rope")
     wanted: list[tuple[int, Any, Any]] = []  # (layer, the call's Envoy, the function)
     for layer in range(model.internals.num_layers):
-        q = addresses.get(("attention_query_pre_rope", layer))
-        k = addresses.get(("attention_key_pre_rope", layer))
-        if q is None or k is None or ("attention_query", layer) not in v:
+        found = [addresses.get((name, layer)) for name in names]
+        first = next((a for a in found if a is not None), None)
+        if first is None:
             continue
-        envoy = _module(model, layer, q.module)
-        name = q.needles[-1].split("(")[0].split(".")[-1]
+        envoy = _module(model, layer, first.module)
+        name = first.needles[-1].split("(")[0].split(".")[-1]
         function = getattr(sys.modules.get(type(envoy._module).__module__), name, None)
-        if function is None or len(q.needles) != 1:
+        if function is None or len(first.needles) != 1:
             continue
-        where = {"row": q.component, "module": f"layers.{layer}.{q.module}"}
+        where = {"row": first.component, "module": f"layers.{layer}.{first.module}"}
         try:
             op = find_op(
-                envoy.source, q.needles[0], **where, model_class=model.internals.model_class
+                envoy.source, first.needles[0], **where, model_class=model.internals.model_class
             )
         except OperationNotFound:
             continue
@@ -920,33 +926,40 @@ def rotary_checks(
     for (layer, _, function), (_, args, kwargs) in zip(wanted, saved, strict=True):
         args = [_unkept(a) for a in args]
         kwargs = {k: _unkept(a) for k, a in kwargs.items()}
-        pre_q = v[("attention_query_pre_rope", layer)]
-        pre_k = v[("attention_key_pre_rope", layer)]
-        q_native, k_native = args[0], args[1]
-        # the reads, back as the call holds them (batch, heads, seq, head size)
-        q_held = pre_q.reshape(q_native.shape[0], q_native.shape[2], q_native.shape[1], -1)
-        k_held = pre_k.reshape(k_native.shape[0], k_native.shape[2], k_native.shape[1], -1)
+        held = []
+        for i, pre in enumerate(names):
+            native = args[i]
+            read = v.get((pre, layer))
+            if read is None:  # refused here: the call's own tensor in its place
+                held.append(native)
+                continue
+            # the read, back as the call holds it (batch, heads, seq, head size)
+            back = read.reshape(native.shape[0], native.shape[2], native.shape[1], -1)
+            held.append(back.transpose(1, 2))
         with torch.no_grad():
-            out = function(q_held.transpose(1, 2), k_held.transpose(1, 2), *args[2:], **kwargs)
+            out = function(held[0], held[1], *args[2:], **kwargs)
         if not isinstance(out, (tuple, list)) or len(out) < 2:
             yield Outcome.of(
-                ["attention_query_pre_rope", "attention_key_pre_rope"],
+                [n for n in names if (n, layer) in v],
                 "rotary(attention_*_pre_rope) == attention_query, attention_key",
                 False,
                 f"layer {layer}: the rotary function returned {type(out).__name__}, not (q, k)",
             )
             continue
         for pre, rotated, post in (
-            ("attention_query_pre_rope", out[0], "attention_query"),
-            ("attention_key_pre_rope", out[1], "attention_key"),
+            (names[0], out[0], "attention_query"),
+            (names[1], out[1], "attention_key"),
         ):
-            if (post, layer) not in v:
+            if (post, layer) not in v or (pre, layer) not in v:
                 continue
             ok, d = close(rotated.transpose(1, 2).flatten(2), v[(post, layer)])
-            moved = not close(v[(pre, layer)], v[(post, layer)])[0]
+            zero = not bool(v[(pre, layer)].any())
+            moved = zero or not close(v[(pre, layer)], v[(post, layer)])[0]
+            detail = f"layer {layer}: {d}"
+            if zero:
+                detail += "; the read is zero on this build, which no rotation moves"
+            elif not moved:
+                detail += "; the rotary left it unchanged"
             yield Outcome.of(
-                [pre],
-                f"rotary({pre}) == {post}, and differs from it",
-                ok and moved,
-                f"layer {layer}: {d}" + ("" if moved else "; the rotary left it unchanged"),
+                [pre], f"rotary({pre}) == {post}, and differs from it", ok and moved, detail
             )
