@@ -66,13 +66,13 @@ def test_strict_exits_1_on_a_refusal_and_eager_enables_probabilities() -> None:
     code, out = run("model", "tiny:llama", "--strict")
     assert code == 1  # attention probabilities are refused without --eager
     assert (
-        "registry model --strict: 3 of 26 components refused on tiny:llama (every layer): "
+        "registry model --strict: 3 of 28 components refused on tiny:llama (every layer): "
         "attention_scores, attention_probs, mlp_pre"
     ) in out
     code, out = run("model", "tiny:llama", "--strict", "--eager")
     # a gated MLP has no single input projection: mlp_pre stays refused, with its reason
     assert code == 1, out
-    assert "1 of 26 components refused on tiny:llama (every layer): mlp_pre" in out
+    assert "1 of 28 components refused on tiny:llama (every layer): mlp_pre" in out
 
 
 def test_bad_layer_and_unknown_type() -> None:
