@@ -30,10 +30,11 @@ import ast
 import inspect
 import re
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FlowRefusal", "flow_refusal"]
+__all__ = ["FlowRefusal", "calls_by_layer", "flow_refusal"]
 
 
 @dataclass(frozen=True)
@@ -108,15 +109,36 @@ def _decide(test: ast.expr, module: Any) -> bool | None:
         return None
 
 
-def _branch(test: ast.expr, side: bool, module: Any, needle: str, layer: int) -> FlowRefusal | None:
+def _branch(
+    test: ast.expr,
+    side: bool,
+    module: Any,
+    needle: str,
+    layer: int,
+    ran: Callable[[], bool | None] | None,
+) -> FlowRefusal | None:
     text = ast.unparse(test)
     said = f"`if {text}`" + ("" if side else " (its else branch)")
     value = _decide(test, module)
-    if value is None:
+    measured = ran() if value is None and ran is not None else None
+    if measured is True:
+        return None  # the layer made the call on a forward (calls_by_layer)
+    if measured is False:
         return FlowRefusal(
-            f"its attention's forward makes the call {needle}...) only under {said}, which "
-            "names what the forward is given, so whether a layer makes it is decided only "
-            "while the layer runs, and a trace cannot wait on a call that may never come",
+            f"layer {layer}'s attention made no call {needle}...) on a forward of a short "
+            f"text: it is under {said}, which the forward decides per layer (a layer given "
+            "no position embeddings, such as a no-position or full-attention layer, "
+            "skips it)",
+            per_layer=True,
+        )
+    if value is None:
+        names = sorted({n.id for n in ast.walk(test) if isinstance(n, ast.Name)} - {"self"})
+        return FlowRefusal(
+            f"its attention's forward makes the call {needle}...) only under {said}, "
+            f"which depends on {', '.join(names) or 'a call'} (what the forward is given or "
+            "computes, not the attention module's own attributes), so whether a layer makes "
+            "the call is decided only while the layer runs (a layer given no position "
+            "embeddings skips it), and a trace cannot wait on a call that may never come",
             per_layer=False,
         )
     if value != side:
@@ -154,10 +176,14 @@ def flow_refusal(
     reaches_needle: str,
     reaches_arg: int,
     layer: int,
+    ran: Callable[[], bool | None] | None = None,
 ) -> FlowRefusal | None:
     """Why argument ``index`` of the call ``needle`` in ``module``'s forward is not,
     on ``layer``, the place whose call's result the call ``reaches_needle`` receives
-    as its argument ``reaches_arg``; None where it is (or the source cannot say)."""
+    as its argument ``reaches_arg``; None where it is (or the source cannot say).
+    ``ran()`` says whether this layer made the call on a forward (``calls_by_layer``),
+    asked only where a branch names what the forward is given; None where no forward
+    could say."""
     parsed = _forward_tree(module)
     if parsed is None:
         return None
@@ -168,7 +194,7 @@ def flow_refusal(
     call, receiving = calls[0], later[0]
     parents = _parents(fn)
     for test, side in _conditions(call, parents):
-        branch = _branch(test, side, module, needle, layer)
+        branch = _branch(test, side, module, needle, layer, ran)
         if branch is not None:
             return branch
     stmt = parents.get(call)
@@ -217,3 +243,48 @@ def flow_refusal(
             per_layer=False,
         )
     return None
+
+
+def calls_by_layer(root: Any, attentions: dict[int, Any], function: Any, inputs: Any) -> set[int]:
+    """The layers whose attention module (``attentions``: layer -> module) runs
+    ``function`` (its code object: however a forward reaches it, its module's global or
+    a copy nnsight's rewritten forward holds) on one plain forward of ``root`` on
+    ``inputs``: a profile function notes each call and each attention's pre-hook says
+    which layer runs. Raises what the forward raises."""
+    import sys
+
+    import torch
+
+    # a function, or a module whose forward it is (transformers' hub-kernel wrapper)
+    inner = inspect.unwrap(getattr(function, "forward", function))
+    code = getattr(inspect.unwrap(function), "__code__", None) or getattr(inner, "__code__", None)
+    if code is None:
+        raise TypeError(f"{function!r} is not a Python function")
+    current: list[int | None] = [None]
+    hits: set[int] = set()
+
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code is code and current[0] is not None:
+            hits.add(current[0])
+
+    handles = []
+    for layer, module in attentions.items():
+
+        def enter(_module: Any, _args: Any, _layer: int = layer) -> None:
+            current[0] = _layer
+
+        def leave(_module: Any, _args: Any, _out: Any) -> None:
+            current[0] = None
+
+        handles.append(module.register_forward_pre_hook(enter))
+        handles.append(module.register_forward_hook(leave))
+    before = sys.getprofile()
+    try:
+        sys.setprofile(profile)
+        with torch.no_grad():
+            root(**inputs)
+    finally:
+        sys.setprofile(before)
+        for handle in handles:
+            handle.remove()
+    return hits

@@ -17,7 +17,7 @@ from causalab_mini.generated import (
 )
 
 from .family import families_of
-from .flow import flow_refusal
+from .flow import calls_by_layer, flow_refusal
 from .geometry import (
     HEAD_KINDS,
     ComponentError,
@@ -28,6 +28,7 @@ from .geometry import (
     num_kv_heads,
     width_of,
 )
+from .hooks import dispatched
 from .ops import OperationNotFound, op_name
 from .positions import Position
 from .positions import parse as parse_position
@@ -451,6 +452,42 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
     return module, op
 
 
+def _calls_by_layer(model: Any, interior: Interior, function: str) -> set[int] | None:
+    """The layers whose attention calls ``function`` on one plain forward of a short
+    text (``flow.calls_by_layer``), measured once per model; None where that forward
+    cannot run on text alone (an encoder-decoder, a model that needs other inputs)."""
+    internals = model.internals
+    cache: dict[str, set[int] | None] = internals.__dict__.setdefault("_calls_by_layer", {})
+    if function in cache:
+        return cache[function]
+    dispatched(model)  # hooks on a meta module never fire
+    attentions: dict[int, Any] = {}
+    for layer in range(internals.num_layers):
+        if internals[interior.within].unavailable_on(layer) is not None:
+            continue
+        row = internals[interior.within].address_at(layer)
+        base = internals.row_base(row, layer)
+        envoy = None if base is None else child(base, row.module)
+        if envoy is not None:
+            attentions[layer] = envoy._module
+    made: set[int] | None
+    try:
+        import torch
+
+        tokens = model.tokenizer("The quick brown fox jumps over", return_tensors="pt")
+        device = next(model._model.parameters()).device
+        inputs = {"input_ids": tokens["input_ids"].to(device)}
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        import sys
+
+        namespace = sys.modules[type(next(iter(attentions.values()))).__module__]
+        made = calls_by_layer(model._model, attentions, getattr(namespace, function), inputs)
+    except Exception:
+        made = None
+    cache[function] = made
+    return made
+
+
 def _check_reaches(model: Any, spec: Component, interior: Interior, envoy: Any, at: int) -> None:
     """Refuse an interior whose call's result must reach another interior's call
     (``reaches``: the pre-rotary query and attention_query) where the forward's source
@@ -461,8 +498,14 @@ def _check_reaches(model: Any, spec: Component, interior: Interior, envoy: Any, 
     later = interior_of(model, interior.reaches)
     if later.arg is None:
         return
+    function = interior.needles[0].split("(")[0].split(".")[-1]
+
+    def ran() -> bool | None:
+        made = _calls_by_layer(model, interior, function)
+        return None if made is None else at in made
+
     found = flow_refusal(
-        envoy._module, interior.needles[0], interior.arg, later.needles[0], later.arg, at
+        envoy._module, interior.needles[0], interior.arg, later.needles[0], later.arg, at, ran
     )
     if found is None:
         return

@@ -274,8 +274,6 @@ def test_a_layer_that_skips_the_rotary_call_refuses_it_and_the_others_read(
         ("tiny:hunyuan_v1_dense", "attention_key_pre_rope", r"self\.key_layernorm"),
         # the keys tiled over the experts after the rotary
         ("tiny:jetmoe", "attention_key_pre_rope", r"key_states\.repeat\("),
-        # a branch on what the forward is given: only the run decides it
-        ("tiny:ergo", "attention_query_pre_rope", r"if position_embeddings is not None"),
     ],
 )
 def test_a_rotary_whose_result_is_not_the_query_is_refused_with_the_statement(
@@ -297,3 +295,26 @@ def test_the_query_before_the_rotary_stays_where_only_the_keys_are_tiled(
     clean = Plan.of(reads=[pre, q]).run(model, inputs)
     out = Plan.of(reads=[q], writes=[(pre, torch.zeros_like(clean[pre]))]).run(model, inputs)
     assert clean[q].abs().sum() > 0 and torch.equal(out[q], torch.zeros_like(out[q]))
+
+
+def test_a_branch_on_what_the_layer_is_given_is_measured_on_a_forward(tiny_model: Load) -> None:
+    """Ergo's attention rotates under ``if position_embeddings is not None``, which the
+    model decides per layer (its full-attention layers are given none): a plain forward
+    says which layers made the call; those read and hold the rotary identity's
+    movement, the others refuse with what was measured."""
+    model = tiny_model("tiny:ergo")
+    kinds = model._model.config.layer_types
+    full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]
+    sliding = [i for i, kind in enumerate(kinds) if kind == "sliding_attention"]
+    assert full and sliding
+    for layer in full:
+        with pytest.raises(ComponentError, match=r"made no call .*if position_embeddings"):
+            locate(model, "attention_key_pre_rope", layer)
+    places = [
+        locate(model, name, layer)
+        for layer in sliding
+        for name in ("attention_key_pre_rope", "attention_key")
+    ]
+    out = Plan.of(reads=places).run(model, c.sample_inputs(model))
+    for pre, post in zip(places[::2], places[1::2], strict=True):
+        assert not torch.allclose(out[pre], out[post])  # the rotary moved it
