@@ -8,6 +8,7 @@ reason."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -318,3 +319,39 @@ def test_a_branch_on_what_the_layer_is_given_is_measured_on_a_forward(tiny_model
     out = Plan.of(reads=places).run(model, c.sample_inputs(model))
     for pre, post in zip(places[::2], places[1::2], strict=True):
         assert not torch.allclose(out[pre], out[post])  # the rotary moved it
+
+
+def apply_rotary_pos_emb(q: Any, k: Any, cos: Any, sin: Any) -> tuple[Any, Any]:
+    return q * cos, k * sin
+
+
+def attention_interface(module: Any, q: Any, k: Any, v: Any) -> Any:
+    return q + k + v
+
+
+class _Rotating(torch.nn.Module):
+    def __init__(self, use_rope: bool) -> None:
+        super().__init__()
+        self.use_rope = use_rope
+
+    def forward(self, query_states: Any, key_states: Any, cos: Any, sin: Any) -> Any:
+        if self.use_rope:
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        key_states = key_states.repeat(1, 2)
+        return attention_interface(self, query_states, key_states, key_states)
+
+
+def test_the_forwards_source_says_which_layers_rotate_and_what_follows() -> None:
+    """flow.flow_refusal on a forward of this file: the branch on the module's own
+    attribute is decided per module, and an assignment between the rotary and the
+    attention function refuses the place it changes, not the other."""
+    from causalab_mini.flow import flow_refusal
+
+    needle, later = "apply_rotary_pos_emb(query_states", "attention_interface("
+    skipped = flow_refusal(_Rotating(False), needle, 0, later, 1, 3)
+    assert skipped is not None and skipped.per_layer
+    assert "layer 3's attention skips" in skipped.reason and "if self.use_rope" in skipped.reason
+    assert flow_refusal(_Rotating(True), needle, 0, later, 1, 3) is None  # the query
+    tiled = flow_refusal(_Rotating(True), needle, 1, later, 2, 3)  # the key
+    assert tiled is not None and not tiled.per_layer
+    assert "key_states = key_states.repeat(1, 2)" in tiled.reason
