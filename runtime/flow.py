@@ -230,6 +230,9 @@ def flow_refusal(
             continue
         if _is_cache_update(node):
             continue
+        value = getattr(node, "value", None)
+        if isinstance(node, ast.Assign) and isinstance(value, ast.Name) and value.id == target:
+            continue  # `query_states = query_states` (T5Gemma-2) changes nothing
         skipped = any(
             _decide(test, module) is (not side) for test, side in _conditions(node, parents)
         )

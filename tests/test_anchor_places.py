@@ -337,6 +337,7 @@ class _Rotating(torch.nn.Module):
     def forward(self, query_states: Any, key_states: Any, cos: Any, sin: Any) -> Any:
         if self.use_rope:
             query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        query_states = query_states  # as T5Gemma-2 writes it: no change
         key_states = key_states.repeat(1, 2)
         return attention_interface(self, query_states, key_states, key_states)
 
