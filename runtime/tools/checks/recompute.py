@@ -923,6 +923,7 @@ def rotary_checks(
             saved.append(
                 (layer, [_kept(a) for a in args], {k: _kept(a) for k, a in kwargs.items()})
             )
+    wrote = False
     for (layer, _, function), (_, args, kwargs) in zip(wanted, saved, strict=True):
         args = [_unkept(a) for a in args]
         kwargs = {k: _unkept(a) for k, a in kwargs.items()}
@@ -963,3 +964,69 @@ def rotary_checks(
             yield Outcome.of(
                 [pre], f"rotary({pre}) == {post}, and differs from it", ok and moved, detail
             )
+        if not wrote:  # the writes, on the first layer that rotates
+            wrote = True
+            yield from _rotary_writes(
+                model, inputs, addresses, v, layer, function, held, args, kwargs
+            )
+
+
+def _rotary_writes(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    v: dict[tuple[str, int | None], Any],
+    layer: int,
+    function: Any,
+    held: list[Any],
+    args: list[Any],
+    kwargs: dict[str, Any],
+) -> Iterator[Outcome]:
+    """A write at a pre-rotary place (2 x its clean value + 1) reaches the attention's
+    query or key as the family's rotary of what was written (the other argument as the
+    forward gave it), changes it, reads back as written, and leaves block_input (read
+    before it) at its clean value."""
+    import torch
+
+    from causalab_mini.components import Plan
+
+    before = addresses.get(("block_input", layer))
+    clean_before = v.get(("block_input", layer))
+    for i, (pre, post) in enumerate(
+        (
+            ("attention_query_pre_rope", "attention_query"),
+            ("attention_key_pre_rope", "attention_key"),
+        )
+    ):
+        at, after = addresses.get((pre, layer)), addresses.get((post, layer))
+        if at is None or after is None or (pre, layer) not in v or (post, layer) not in v:
+            continue
+        written = v[(pre, layer)].detach() * 2 + 1
+        reads = [a for a in (before, at, after) if a is not None]
+        out = Plan.of(reads=reads, writes=[(at, written)]).run(model, inputs)
+        native = args[i]
+        back = written.reshape(native.shape[0], native.shape[2], native.shape[1], -1)
+        given = list(held)
+        given[i] = back.transpose(1, 2)
+        with torch.no_grad():
+            expected = function(given[0], given[1], *args[2:], **kwargs)[i]
+        rotated, d = close(expected.transpose(1, 2).flatten(2), out[after])
+        changed = not close(out[after], v[(post, layer)])[0]
+        kept = before is None or clean_before is None or torch.equal(out[before], clean_before)
+        back_ok = torch.equal(out[at], written)
+        problems = [
+            what
+            for what, ok in (
+                (f"{post} is not the rotary of the written value ({d})", rotated),
+                (f"{post} did not change", changed),
+                ("block_input, read before, changed", kept),
+                (f"{pre} does not read back as written", back_ok),
+            )
+            if not ok
+        ]
+        yield Outcome.of(
+            [pre],
+            f"a write at {pre} reaches {post} rotated, reads back, keeps block_input",
+            not problems,
+            f"layer {layer}: " + ("; ".join(problems) or d),
+        )
