@@ -391,6 +391,7 @@ def interior(raw: dict[str, Any]) -> Interior:
         versions=tuple(sorted(raw.get("versions", {}).items())),
         doc=raw["doc"].strip(),
         missing=" ".join(raw["missing"].split()) if "missing" in raw else None,
+        reaches=raw.get("reaches"),
     )
 
 

@@ -635,6 +635,9 @@ class Interior:
     unavailable: str | None = field(default=None, compare=False)
     # why a forward that makes no such call has no such tensor (no rotary embedding)
     missing: str | None = field(default=None, compare=False)
+    # the interior (attention_query) whose call must receive, unchanged, what this
+    # interior's call returns in this argument's place (flow.flow_refusal)
+    reaches: str | None = None
 
 
 @dataclass(frozen=True)

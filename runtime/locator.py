@@ -17,6 +17,7 @@ from causalab_mini.generated import (
 )
 
 from .family import families_of
+from .flow import calls_by_layer, flow_refusal
 from .geometry import (
     HEAD_KINDS,
     ComponentError,
@@ -445,7 +446,76 @@ def _interior_op(model: Any, spec: Component, interior: Interior, at: int) -> tu
             reason = interior.missing.replace("{place}", spec.name)
             raise refuse(spec.name, f"{reason} ({str(exc).splitlines()[0]})") from None
         raise refuse(spec.name, str(exc)) from None
+    if interior.reaches is not None and interior.arg is not None:
+        _check_reaches(model, spec, interior, envoy, at)
     return module, op
+
+
+def _calls_by_layer(model: Any, interior: Interior, function: str) -> set[int] | None:
+    """The layers whose attention calls ``function`` on one plain forward of a short
+    text (``flow.calls_by_layer``), measured once per model; None where that forward
+    cannot run on text alone (an encoder-decoder, a model that needs other inputs)."""
+    internals = model.internals
+    cache: dict[str, set[int] | None] = internals.__dict__.setdefault("_calls_by_layer", {})
+    if function in cache:
+        return cache[function]
+    if not getattr(model, "dispatched", True):
+        model.dispatch()  # hooks on a meta module never fire
+    attentions: dict[int, Any] = {}
+    for layer in range(internals.num_layers):
+        if internals[interior.within].unavailable_on(layer) is not None:
+            continue
+        row = internals[interior.within].address_at(layer)
+        base = internals.row_base(row, layer)
+        envoy = None if base is None else child(base, row.module)
+        if envoy is not None:
+            attentions[layer] = envoy._module
+    made: set[int] | None
+    try:
+        import torch
+
+        tokens = model.tokenizer("The quick brown fox jumps over", return_tensors="pt")
+        device = next(model._model.parameters()).device
+        inputs = {"input_ids": tokens["input_ids"].to(device)}
+        inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+        import sys
+
+        namespace = sys.modules[type(next(iter(attentions.values()))).__module__]
+        made = calls_by_layer(model._model, attentions, getattr(namespace, function), inputs)
+    except Exception:
+        made = None
+    cache[function] = made
+    return made
+
+
+def _check_reaches(model: Any, spec: Component, interior: Interior, envoy: Any, at: int) -> None:
+    """Refuse an interior whose call's result must reach another interior's call
+    (``reaches``: the pre-rotary query and attention_query) where the forward's source
+    says it does not on layer ``at`` (``flow.flow_refusal``): a call on a branch this
+    layer skips or that only the run decides, a call that does not hand the argument
+    back, or an assignment between the two calls."""
+    assert interior.reaches is not None and interior.arg is not None
+    later = interior_of(model, interior.reaches)
+    if later.arg is None:
+        return
+    function = interior.needles[0].split("(")[0].split(".")[-1]
+
+    def ran() -> bool | None:
+        made = _calls_by_layer(model, interior, function)
+        return None if made is None else at in made
+
+    found = flow_refusal(
+        envoy._module, interior.needles[0], interior.arg, later.needles[0], later.arg, at, ran
+    )
+    if found is None:
+        return
+    family = model.internals.model_class
+    scope = f"on layer {at} of {family}" if found.per_layer else f"on {family}"
+    raise refuse(
+        spec.name,
+        f"{spec.name} is refused {scope}: {found.reason}; read {later.name} (after the "
+        "rotary) instead",
+    )
 
 
 def _interior(

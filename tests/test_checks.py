@@ -61,6 +61,7 @@ TAMPER: dict[str, tuple[tuple[str, int | None], str]] = {
     "interiors": (("attention_z", 1), "v"),
     "mlp_interiors": (("mlp_neuron_output", 1), "v"),
     "mlp_projections": (("mlp_up", 1), "v"),
+    "rotary": (("attention_query_pre_rope", 1), "v"),
     "final_norm": (("ln_final", None), "v"),
     "model_outputs": (("embeddings", None), "v"),
     "unembedding": (("lm_head", None), "v"),

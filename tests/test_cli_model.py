@@ -66,7 +66,7 @@ def test_strict_exits_1_on_a_refusal_and_eager_enables_probabilities() -> None:
     code, out = run("model", "tiny:llama", "--strict")
     assert code == 1  # attention probabilities are refused without --eager
     assert (
-        "registry model --strict: 8 of 31 components refused on tiny:llama (every layer): "
+        "registry model --strict: 8 of 33 components refused on tiny:llama (every layer): "
         "attention_scores, attention_probs, shared_expert_output, router_logits, "
         "router_weights, router_indices, expert_output, mlp_pre"
     ) in out
@@ -75,7 +75,7 @@ def test_strict_exits_1_on_a_refusal_and_eager_enables_probabilities() -> None:
     # refused, with their reasons
     assert code == 1, out
     assert (
-        "6 of 31 components refused on tiny:llama (every layer): shared_expert_output, "
+        "6 of 33 components refused on tiny:llama (every layer): shared_expert_output, "
         "router_logits, router_weights, router_indices, expert_output, mlp_pre"
     ) in out
 

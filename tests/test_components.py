@@ -94,6 +94,8 @@ def test_spec_ranks(eager: Eager) -> None:
         "embeddings": (-1, -1),
         "block_input": (0, 0),
         "attention_input_norm": (0, 5),
+        "attention_query_pre_rope": (0, 10.3),
+        "attention_key_pre_rope": (0, 10.6),
         "attention_query": (0, 11),
         "attention_key": (0, 12),
         "attention_value": (0, 13),

@@ -133,8 +133,21 @@ def _components(*args: str) -> dict[str, dict[str, Any]]:
 def test_bert_keeps_its_components_though_a_child_is_named_output() -> None:
     # a BERT layer has a child module named `output`: nnsight 0.6/0.7 mount it at
     # `output` (the layer's own output at nns_output), 0.8 at E_output
-    # post_ln: no such norm; an MLP of one input projection: no gate, no up
-    structural = {"attention_input_norm", "mlp_input_norm", "mlp_gate", "mlp_up"}
+    # post_ln: no such norm; an MLP of one input projection: no gate, no up; absolute
+    # positions: no rotary call to read before; a dense MLP: no router, no experts
+    structural = {
+        "attention_input_norm",
+        "mlp_input_norm",
+        "mlp_gate",
+        "mlp_up",
+        "attention_query_pre_rope",
+        "attention_key_pre_rope",
+        "router_logits",
+        "router_weights",
+        "router_indices",
+        "expert_output",
+        "shared_expert_output",
+    }
     sdpa = _components()
     assert {n for n, row in sdpa.items() if not row["ok"]} == structural | {
         "attention_scores",  # eager only

@@ -339,6 +339,12 @@ def mlp_projections(ctx: Context) -> Iterator[CheckResult]:
         yield from recompute.mlp_projection_checks(ctx.model, ctx.v, layer)
 
 
+def rotary(ctx: Context) -> Iterator[CheckResult]:
+    """rotary(attention_query_pre_rope) == attention_query and the same for the keys,
+    with the family's own rotary function and arguments (checks.recompute)."""
+    yield from recompute.rotary_checks(ctx.model, ctx.inputs, ctx.addresses, ctx.v)
+
+
 # ---------------------------------------------------------------- writes
 
 
@@ -424,6 +430,7 @@ CHECKS: tuple[Check, ...] = (
     mlp_interiors,
     mlp_projections,
     experts.router_checks,
+    rotary,
     final_norm,
     model_outputs,
     unembedding,

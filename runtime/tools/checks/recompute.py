@@ -871,3 +871,183 @@ def mlp_projection_checks(
             yield CheckResult.of(
                 [name], f"its projection(mlp_input) == {name}, intermediate_size wide", ok, d
             )
+
+
+ROTARY_PLACES = ("attention_query_pre_rope", "attention_key_pre_rope")
+
+
+def _rotary_calls(
+    model: Any, addresses: dict[tuple[str, int | None], Any]
+) -> list[tuple[int, Any, Any]]:
+    """Per layer that reads a pre-rotary place: (the layer, the rotary call's Envoy,
+    the family's rotary function, found by the needle's callee in the attention
+    module's Python module)."""
+    import sys
+
+    from causalab_mini.ops import OperationNotFound, find_op
+
+    wanted: list[tuple[int, Any, Any]] = []
+    for layer in range(model.internals.num_layers):
+        found = [addresses.get((name, layer)) for name in ROTARY_PLACES]
+        first = next((a for a in found if a is not None), None)
+        if first is None:
+            continue
+        envoy = _module(model, layer, first.module)
+        name = first.needles[-1].split("(")[0].split(".")[-1]
+        function = getattr(sys.modules.get(type(envoy._module).__module__), name, None)
+        if function is None or len(first.needles) != 1:
+            continue
+        where = {"row": first.component, "module": f"layers.{layer}.{first.module}"}
+        try:
+            op = find_op(
+                envoy.source, first.needles[0], **where, model_class=model.internals.model_class
+            )
+        except OperationNotFound:
+            continue
+        wanted.append((layer, op, function))
+    return wanted
+
+
+def _rotated_equal(
+    v: dict[tuple[str, int | None], Any], layer: int, out: Any
+) -> Iterator[CheckResult]:
+    """The rotary's (q, k) of the pre-rotary reads against attention_query / _key, and
+    the rotary moved them (a read that is zero everywhere cannot move: said)."""
+    for pre, rotated, post in (
+        (ROTARY_PLACES[0], out[0], "attention_query"),
+        (ROTARY_PLACES[1], out[1], "attention_key"),
+    ):
+        if (post, layer) not in v or (pre, layer) not in v:
+            continue
+        ok, d = close(rotated.transpose(1, 2).flatten(2), v[(post, layer)])
+        zero = not bool(v[(pre, layer)].any())
+        moved = zero or not close(v[(pre, layer)], v[(post, layer)])[0]
+        detail = f"layer {layer}: {d}"
+        if zero:
+            detail += "; the read is zero on this build, which no rotation moves"
+        elif not moved:
+            detail += "; the rotary left it unchanged"
+        yield CheckResult.of(
+            [pre], f"rotary({pre}) == {post}, and differs from it", ok and moved, detail
+        )
+
+
+def rotary_checks(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    v: dict[tuple[str, int | None], Any],
+) -> Iterator[CheckResult]:
+    """rotary(attention_query_pre_rope, ...) == attention_query, and the same for the
+    keys: the family's own rotary function (the callee the interiors' needle names, in
+    the attention module's Python module) applied to the pre-rotary query and key read,
+    with the other arguments the forward gave it (cos, sin: partial, interleaved or
+    halved rotary is the function's own), gives the query and key the attention
+    function receives; and the rotary moves them (pre != post where positions differ).
+    Where one of the two is refused (JetMoE tiles its keys after the rotary), the
+    other is checked with the call's own tensor in the refused one's place. A read that
+    is zero everywhere (a tiny build whose norm weights start at zero) cannot be moved
+    by a rotation: the identity is checked and the detail says so, and the moved build
+    (norms drawn away from their start) is where it must move."""
+    import torch
+
+    names = ROTARY_PLACES
+    wanted = _rotary_calls(model, addresses)
+    if not wanted:
+        return
+    saved: list[tuple[int, Any, Any]] = []
+    with model.trace(inputs):
+        for layer, op, _ in wanted:
+            args, kwargs = op.inputs
+            saved.append((layer, [kept(a) for a in args], {k: kept(a) for k, a in kwargs.items()}))
+    wrote = False
+    for (layer, _, function), (_, args, kwargs) in zip(wanted, saved, strict=True):
+        args = [unkept(a) for a in args]
+        kwargs = {k: unkept(a) for k, a in kwargs.items()}
+        held = []
+        for i, pre in enumerate(names):
+            native = args[i]
+            read = v.get((pre, layer))
+            if read is None:  # refused here: the call's own tensor in its place
+                held.append(native)
+                continue
+            # the read, back as the call holds it (batch, heads, seq, head size)
+            back = read.reshape(native.shape[0], native.shape[2], native.shape[1], -1)
+            held.append(back.transpose(1, 2))
+        with torch.no_grad():
+            out = function(held[0], held[1], *args[2:], **kwargs)
+        if not isinstance(out, (tuple, list)) or len(out) < 2:
+            yield CheckResult.of(
+                [n for n in names if (n, layer) in v],
+                "rotary(attention_*_pre_rope) == attention_query, attention_key",
+                False,
+                f"layer {layer}: the rotary function returned {type(out).__name__}, not (q, k)",
+            )
+            continue
+        yield from _rotated_equal(v, layer, out)
+        if not wrote:  # the writes, on the first layer that rotates
+            wrote = True
+            yield from _rotary_writes(
+                model, inputs, addresses, v, layer, function, held, args, kwargs
+            )
+
+
+def _rotary_writes(
+    model: Any,
+    inputs: dict[str, Any],
+    addresses: dict[tuple[str, int | None], Any],
+    v: dict[tuple[str, int | None], Any],
+    layer: int,
+    function: Any,
+    held: list[Any],
+    args: list[Any],
+    kwargs: dict[str, Any],
+) -> Iterator[CheckResult]:
+    """A write at a pre-rotary place (2 x its clean value + 1) reaches the attention's
+    query or key as the family's rotary of what was written (the other argument as the
+    forward gave it), changes it, reads back as written, and leaves block_input (read
+    before it) at its clean value."""
+    import torch
+
+    from causalab_mini.components import Plan
+
+    before = addresses.get(("block_input", layer))
+    clean_before = v.get(("block_input", layer))
+    for i, (pre, post) in enumerate(
+        (
+            ("attention_query_pre_rope", "attention_query"),
+            ("attention_key_pre_rope", "attention_key"),
+        )
+    ):
+        at, after = addresses.get((pre, layer)), addresses.get((post, layer))
+        if at is None or after is None or (pre, layer) not in v or (post, layer) not in v:
+            continue
+        written = v[(pre, layer)].detach() * 2 + 1
+        reads = [a for a in (before, at, after) if a is not None]
+        out = Plan.of(reads=reads, writes=[(at, written)]).run(model, inputs)
+        native = args[i]
+        back = written.reshape(native.shape[0], native.shape[2], native.shape[1], -1)
+        given = list(held)
+        given[i] = back.transpose(1, 2)
+        with torch.no_grad():
+            expected = function(given[0], given[1], *args[2:], **kwargs)[i]
+        rotated, d = close(expected.transpose(1, 2).flatten(2), out[after])
+        changed = not close(out[after], v[(post, layer)])[0]
+        kept = before is None or clean_before is None or torch.equal(out[before], clean_before)
+        back_ok = torch.equal(out[at], written)
+        problems = [
+            what
+            for what, ok in (
+                (f"{post} is not the rotary of the written value ({d})", rotated),
+                (f"{post} did not change", changed),
+                ("block_input, read before, changed", kept),
+                (f"{pre} does not read back as written", back_ok),
+            )
+            if not ok
+        ]
+        yield CheckResult.of(
+            [pre],
+            f"a write at {pre} reaches {post} rotated, reads back, keeps block_input",
+            not problems,
+            f"layer {layer}: " + ("; ".join(problems) or d),
+        )
