@@ -22,8 +22,16 @@ pytestmark = pytest.mark.slow
 SVG = "{http://www.w3.org/2000/svg}"
 # structure -> the model docs/diagrams/<structure>.svg is drawn from, and what it refuses
 # (an MLP is gated or not: a gated one refuses mlps_pre, a plain one mlps_gate and
-# mlps_up; a post-norm block refuses the heads' terms of the output projection)
-GATED, PLAIN = {"mlps_pre"}, {"mlps_gate", "mlps_up"}
+# mlps_up; a dense one, with no experts, the router's and experts' places; a post-norm
+# block refuses the heads' terms of the output projection)
+DENSE = {
+    "routers_logits",
+    "routers_weights",
+    "routers_indices",
+    "mlps_expert_output",
+    "mlps_shared_expert",
+}
+GATED, PLAIN = {"mlps_pre"} | DENSE, {"mlps_gate", "mlps_up"} | DENSE
 # places drawn as lines inside their sublayer's box, and their labels
 INNER = {
     "attentions_head_output": "per head",
@@ -86,8 +94,9 @@ def test_one_valid_svg_per_structure_naming_what_it_refuses(
         if g.get("class") == "place refused"
     }
     # each refused place is marked where it would sit: on the stream, or a line inside
-    # its sublayer's box
-    assert marked == refused - set(INNER)
+    # its sublayer's box (a dense MLP's router and experts have no place in the drawing
+    # of a dense block: they are listed below with their reason)
+    assert marked == refused - set(INNER) - DENSE
     for name in refused & set(INNER):
         assert f"{INNER[name]}: refused" in text
     for name in refused | unplaced:  # ... and listed with the registry's whole reason
@@ -123,7 +132,9 @@ def test_diagram_command_and_model_diagram(tmp_path: Path) -> None:
     result = cli("diagram", "tiny:gpt_neox", str(out))
     assert result.exit_code == 0
     assert result.stdout == (
-        f"wrote {out}: block parallel, layer 0; refused: layers_mid, mlps_norm_output, mlps_gate, mlps_up\n"
+        f"wrote {out}: block parallel, layer 0; refused: layers_mid, mlps_norm_output, "
+        "mlps_gate, mlps_up, routers_logits, routers_weights, routers_indices, "
+        "mlps_expert_output, mlps_shared_expert\n"
     )
     ET.fromstring(out.read_text())
     plain = cli("model", "tiny:gpt_neox")

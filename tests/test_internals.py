@@ -242,6 +242,11 @@ DEFAULT_NAMES = [
     "mlps",
     "mlps_input",
     "mlps_gate",
+    "routers_logits",
+    "routers_weights",
+    "routers_indices",
+    "mlps_expert_output",
+    "mlps_shared_expert",
     "mlps_pre",
     "mlps_activation",
     "mlps_up",
@@ -253,14 +258,22 @@ DEFAULT_NAMES = [
     "logits",
 ]
 POST_LN_ONLY = ["layers_mid_prenorm", "layers_output_prenorm"]
+# a dense MLP (no experts) refuses the router's and the experts' places, in this order
+DENSE_MLP = [
+    "routers_logits",
+    "routers_weights",
+    "routers_indices",
+    "mlps_expert_output",
+    "mlps_shared_expert",
+]
 
 
 def test_status_names_the_default_rows_in_forward_order(tiny_model: Load) -> None:
     assert DEFAULT_ROWS == DEFAULT_NAMES
     # Llama's MLP is gated (no single input projection), GPT-2's is not (no halves)
     refused = {
-        "tiny:llama": ["attention_probabilities", "mlps_pre"],
-        "tiny:gpt2": ["attention_probabilities", "mlps_gate", "mlps_up"],
+        "tiny:llama": ["attention_probabilities", *DENSE_MLP, "mlps_pre"],
+        "tiny:gpt2": ["attention_probabilities", "mlps_gate", *DENSE_MLP, "mlps_up"],
     }
     for spec in ("tiny:llama", "tiny:gpt2"):
         status = tiny_model(spec).internals.status()

@@ -45,18 +45,27 @@ def computed(model: StandardizedTransformer, address: ComponentAddress) -> bool:
     return bool(model.internals[address.accessor].address_at(address.layer).heads_through)
 
 
+def flat(model: StandardizedTransformer, address: ComponentAddress) -> bool:
+    """Whether the block holds the place with batch and sequence in one axis (a
+    mixture of experts' router): viewed back with the layer input's batch and
+    sequence, which only a local forward records, so refused in plain programs."""
+    if address.accessor not in model.internals:  # an interior of a forward
+        return False
+    return bool(model.internals[address.accessor].address_at(address.layer).flat_tokens)
+
+
 def every_address(
     model: StandardizedTransformer, heads: bool = True, weights: bool = True
 ) -> list[ComponentAddress]:
     """Every component the model has, on every layer, and one head of the per-head
     ones (the last: a slice that starts at 0 would hide an offset gone wrong); without
-    ``weights``, not the places computed from a module's weight."""
+    ``weights``, not the places computed from a module's weight, nor those held flat."""
     out: list[ComponentAddress] = []
     for layer in range(model.num_layers):
         for name, (address, _) in component_status(model, layer).items():
             if address is None or (not COMPONENTS[name].per_layer and layer):
                 continue
-            if not weights and computed(model, address):
+            if not weights and (computed(model, address) or flat(model, address)):
                 continue
             out.append(address)
             if heads and address.heads and (address.head_dim or address.layout == "bhsk"):
@@ -96,6 +105,9 @@ def test_plain_program_reads_what_the_plan_reads(family: str) -> None:
     weighed = [a for a in every_address(model) if computed(model, a)]
     for address in weighed[:2]:  # the places computed from a weight: refused, and why
         with pytest.raises(remote.RemoteRefused, match="does not carry"):
+            remote.run_plan(Plan.of([address]), model, inputs)
+    for address in [a for a in every_address(model) if flat(model, a)][:2]:
+        with pytest.raises(remote.RemoteRefused, match="held flat"):
             remote.run_plan(Plan.of([address]), model, inputs)
 
 

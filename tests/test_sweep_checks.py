@@ -11,7 +11,7 @@ from causalab_mini import RenameConfig
 from causalab_mini.generated import DEFAULT_ADDRESSES
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
-from causalab_mini.tools.checks import positions, ragged
+from causalab_mini.tools.checks import engines, positions, ragged
 from causalab_mini.tools.sweep import Result, certify
 
 from .conftest import gpt2_with_a_moved_op
@@ -191,6 +191,7 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
                 for side in ragged.SIDES
             ),
             ragged.SWAPPED,
+            engines.GRID,
         ]
     )
     # without the declaration the inputs' convention does not hold on Mamba ...

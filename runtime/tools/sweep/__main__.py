@@ -2,4 +2,5 @@
 
 from causalab_mini.tools.sweep.cli import main
 
-main()
+if __name__ == "__main__":  # importing the module (a walk over the package) runs nothing
+    main()

@@ -214,5 +214,10 @@ def _print_results(results: list[Result], seconds: float, as_json: bool) -> None
 def main(argv: list[str] | None = None) -> None:
     """``python -m causalab_mini.tools.sweep TYPE``: one architecture, one JSON line."""
     args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        raise SystemExit(
+            "usage: python -m causalab_mini.tools.sweep MODEL_TYPE (one architecture, one "
+            "JSON line; `registry sweep --only MODEL_TYPE` for the table)"
+        )
     result = run_one(args[0])
     sys.stdout.write("\n" + json.dumps(result.__dict__) + "\n")
