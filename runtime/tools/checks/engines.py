@@ -249,9 +249,32 @@ def _interchange(model: Any, layer: int) -> tuple[bool, str]:
 
 def _grid(model: Any, layer: int) -> tuple[bool, str]:
     """``interchange.grid`` at one layer, its first and last content token, on three
-    pairs of different lengths (padding in every forward; the forwards unembed only
-    the columns the cells read): both engines give the same grid, each cell is the
-    one-cell interchange, and patching the last token moves the base's logits."""
+    pairs of different lengths, padded on each side the family can pad exactly (the
+    forwards unembed only the columns the cells read, which differ by side): both
+    engines give the same grid, each cell is the one-cell interchange, and patching
+    the last token moves the base's logits."""
+    from causalab_mini.padding import SIDES, unavailable_sides
+
+    tokenizer = getattr(model, "tokenizer", None)
+    sides = [s for s in SIDES if s not in unavailable_sides(model)]
+    if tokenizer is None or not sides:
+        return _grid_on(model, layer)
+    before = tokenizer.padding_side
+    details = []
+    try:
+        for side in sides:
+            tokenizer.padding_side = side
+            ok, detail = _grid_on(model, layer)
+            details.append(f"{side}: {detail}")
+            if not ok:
+                return False, "; ".join(details)
+    finally:
+        tokenizer.padding_side = before
+    return True, "; ".join(details)
+
+
+def _grid_on(model: Any, layer: int) -> tuple[bool, str]:
+    """The grid check on the tokenizer's padding side as it is set."""
     import torch
 
     from causalab_mini.components import locate
