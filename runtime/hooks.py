@@ -541,9 +541,8 @@ def forward_inputs(
     key = _batch_key(model, inputs)
     if key is not None:
         hit = _BATCHED.get(id(inputs))
-        if hit is not None and hit[0] is inputs and _same(hit[1], key) and _unchanged(hit[3]):
-            call, args, kwargs = hit[2]
-            return call, args, dict(kwargs)
+        if hit is not None and hit.inputs is inputs and hit.holds(key):
+            return hit.call, hit.args, dict(hit.kwargs)
     call, args, kwargs = compat.prepared_call(model, inputs)
     device = getattr(model, "device", None)
     if device is not None:
@@ -552,14 +551,43 @@ def forward_inputs(
         if len(_BATCHED) >= _BATCHED_KEPT:
             _BATCHED.pop(next(iter(_BATCHED)))
         made = _versions([*args, *kwargs.values()])
-        _BATCHED[id(inputs)] = (inputs, key, (call, args, dict(kwargs)), made)
+        _BATCHED[id(inputs)] = _Batched(inputs, key, call, args, dict(kwargs), made)
     return call, args, kwargs
 
 
-# batches of tensors already batched for a forward: id(inputs) -> (the inputs, their
-# key (which holds the tensors themselves), the call and its arguments, the
-# arguments' tensors and versions); a few kept
-_BATCHED: dict[int, tuple[Any, tuple[Any, ...], Any, tuple[tuple[Any, int], ...]]] = {}
+@dataclass(frozen=True)
+class _Batched:
+    """A batch of tensors batched once for a forward: the inputs, what they were
+    batched by (``_batch_key``), the call and its arguments, and the arguments'
+    tensors with their in-place versions then."""
+
+    inputs: Any
+    key: tuple[Any, ...]
+    call: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    made: tuple[tuple[Any, int], ...]
+
+    def holds(self, key: tuple[Any, ...]) -> bool:
+        """Whether the batch is still this one: the same context, the same tensor
+        objects at the same versions, and no argument edited in place since (a
+        forward that edits its input ids, a caller that edits the batch)."""
+        context, tensors = self.key
+        now_context, now_tensors = key
+        return (
+            context[0] is now_context[0]
+            and context[1:] == now_context[1:]
+            and len(tensors) == len(now_tensors)
+            and all(
+                n == m and t is u and v == w
+                for (n, t, v), (m, u, w) in zip(tensors, now_tensors, strict=True)
+            )
+            and all(t._version == v for t, v in self.made)
+        )
+
+
+# batches of tensors already batched for a forward, by id(inputs); a few kept
+_BATCHED: dict[int, _Batched] = {}
 _BATCHED_KEPT = 4
 
 
@@ -569,40 +597,22 @@ def _versions(values: Any) -> tuple[tuple[Any, int], ...]:
     return tuple((v, v._version) for v in values if isinstance(v, torch.Tensor))
 
 
-def _unchanged(versions: tuple[tuple[Any, int], ...]) -> bool:
-    """Whether no tensor of a kept batch was edited in place since (a forward that
-    edits its input ids, a caller that edits the batch)."""
-    return all(t._version == v for t, v in versions)
-
-
-def _same(kept: tuple[Any, ...], key: tuple[Any, ...]) -> bool:
-    """Two batch keys alike: the same model, device and side, the same names, each
-    the same tensor object at the same in-place version."""
-    if len(kept) != len(key):
-        return False
-    for a, b in zip(kept, key, strict=True):
-        alike = a == b if isinstance(a, (str, int)) else a is b
-        if not alike:
-            return False
-    return True
-
-
 def _batch_key(model: Any, inputs: Any) -> tuple[Any, ...] | None:
-    """What a batch of tensors is batched by: the model, its device and tokenizer's
-    padding side, each name, tensor (the object, kept alive by the key) and in-place
-    version; None for anything else (text is tokenized again each run)."""
+    """What a batch of tensors is batched by: (the model, its device and tokenizer's
+    padding side), and each (name, tensor, in-place version) — the tensor
+    object itself, which the kept entry holds alive; None for anything else (text is
+    tokenized again each run)."""
     import torch
 
     if not isinstance(inputs, Mapping) or not inputs:
         return None
-    items: list[Any] = []
+    tensors = []
     for name, value in inputs.items():
         if not isinstance(value, torch.Tensor):
             return None
-        items.extend((str(name), value, int(value._version)))
-    tokenizer = getattr(model, "tokenizer", None)
-    side = str(getattr(tokenizer, "padding_side", None))
-    return (model, str(getattr(model, "device", None)), side, *items)
+        tensors.append((str(name), value, int(value._version)))
+    side = getattr(getattr(model, "tokenizer", None), "padding_side", None)
+    return (model, str(getattr(model, "device", None)), side), tuple(tensors)
 
 
 @dataclass(frozen=True)
