@@ -38,7 +38,7 @@ ENGINES = ("nnsight", "hooks")
 
 # per model (the id of its internals, while they live), the hooks programs of plans of
 # reads alone, a few kept
-_PROGRAMS: dict[int, dict[tuple[Any, bool], Program]] = {}
+_PROGRAMS: dict[int, dict[tuple[Any, bool], Any]] = {}
 _PROGRAMS_KEPT = 16
 
 
@@ -71,12 +71,19 @@ class Engine(ABC):
         if cache is None:  # (dropped with the model's internals)
             cache = _PROGRAMS[id(internals)] = {}
             weakref.finalize(internals, _PROGRAMS.pop, id(internals), None)
-        key = (plan, held)
-        program = cache.get(key)
+        # the same plan object handed again is found by its id first (hashing a plan
+        # hashes every address in it: ~1 us a read, each run)
+        same = cache.get((id(plan), held))
+        if same is not None and same[0] is plan:
+            found: Program = same[1]
+            return found
+        program = cache.get((plan, held))
         if program is None:
-            if len(cache) >= _PROGRAMS_KEPT:
-                cache.pop(next(iter(cache)))  # the oldest
-            program = cache[key] = lower(plan, model, held, None, target=self.target)
+            program = lower(plan, model, held, None, target=self.target)
+        while len(cache) >= 2 * _PROGRAMS_KEPT:  # two entries a plan: drop the oldest
+            del cache[next(iter(cache))]
+        cache[(plan, held)] = program
+        cache[(id(plan), held)] = (plan, program)
         return program
 
     def prepare(self, model: Any) -> None:

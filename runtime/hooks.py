@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -420,12 +421,15 @@ class _Run:
     def pre_hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
         fasts = self._reads_only(key)
         if fasts is not None:
+            fired, got, done, ids = self.fired, self.reads, self.done, [i for i, _ in fasts]
 
             def reads(_module: Any, args: Any, kwargs: Any) -> None:
-                self._once(key)
+                if key in fired:
+                    self._once(key)  # refused
+                fired.add(key)
                 for i, fast in fasts:
-                    self.reads[i] = fast(args, kwargs, _UNSET)
-                    self.done.add(i)
+                    got[i] = fast(args, kwargs, _UNSET)
+                done.update(ids)
 
             return reads
 
@@ -439,12 +443,15 @@ class _Run:
     def hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
         fasts = self._reads_only(key)
         if fasts is not None:
+            fired, got, done, ids = self.fired, self.reads, self.done, [i for i, _ in fasts]
 
             def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
-                self._once(key)
+                if key in fired:
+                    self._once(key)  # refused
+                fired.add(key)
                 for i, fast in fasts:
-                    self.reads[i] = fast(args, kwargs, output)
-                    self.done.add(i)
+                    got[i] = fast(args, kwargs, output)
+                done.update(ids)
 
             return reads
 
@@ -648,6 +655,44 @@ def prepared(model: Any, inputs: Any) -> Prepared | None:
     return Prepared(call, kwargs)
 
 
+# per root module: nnsight's controllers a hooks run sets aside (``compat.controllers``)
+_ASIDE: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, Any, Any, Any, Any], ...]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _set_aside(root: Any, restore: list[Callable[[], None]]) -> None:
+    """Run ``root``'s forward as the model's own, nnsight's controllers set aside
+    until ``restore`` runs: outside a trace each one only calls the module's body
+    (``compat.controllers``), so the forward computes the same tensors, and the
+    hooks run at the same modules. Nothing is set aside while a trace interleaves
+    this model (it needs them); a controller found replaced since (a module whose
+    forward was reassigned, one dispatched again, a body changed) is left running,
+    and the modules are listed again next run."""
+    if root is None or compat.trace_running(root):
+        return
+    found = _ASIDE.get(root)
+    if found is None:
+        found = _ASIDE[root] = compat.controllers(root)
+    swapped = []
+    for module, controller, state, body, plain_forward in found:
+        own = module.__dict__
+        if own.get("forward") is not controller or state.original is not body:
+            _ASIDE.pop(root, None)  # listed again next run
+            continue
+        if plain_forward is None:
+            del own["forward"]
+        else:
+            own["forward"] = plain_forward
+        swapped.append((own, controller))
+
+    def put_back() -> None:
+        for own, controller in swapped:
+            own["forward"] = controller
+
+    restore.append(put_back)
+
+
 def dispatched(model: Any) -> None:
     """Load the real weights where nnsight has not yet (a hook on a meta module would
     never fire: dispatch replaces the modules)."""
@@ -667,8 +712,9 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
         call, args, kwargs = inputs.call, (), dict(inputs.kwargs)
     else:
         call, args, kwargs = forward_inputs(model, inputs)
-    for module in run_.modules.values():
-        compat.clear_pending_operations(module)
+    if not compat.is_08():  # (0.6 and 0.8 leave none)
+        for module in run_.modules.values():
+            compat.clear_pending_operations(module)
     handles: list[Callable[[], None]] = []
     try:
         for (kind, ident, side), _ in run_.at.items():
@@ -682,11 +728,16 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
                 h = module.register_forward_hook(run_.hook(key), with_kwargs=True)
             handles.append(h.remove)
         _install_interface(run_, handles)
+        _set_aside(getattr(model, "_model", None), handles)
         call(*args, **kwargs)
     finally:
         for remove in reversed(handles):
             remove()
-    missing = [i for i in range(len(program)) if i not in run_.done]
+    missing = (
+        []
+        if len(run_.done) == len(program)
+        else [i for i in range(len(program)) if i not in run_.done]
+    )
     if missing:
         raise refused(
             program[missing[0]]["where"],

@@ -16,7 +16,7 @@ from causalab_mini.components import ComponentError, locate
 from causalab_mini.engines import HooksEngine
 from causalab_mini.errors import RemoteRefused, WriteRefused
 from causalab_mini.generated import COMPONENTS
-from causalab_mini.hooks import HooksRefused
+from causalab_mini.hooks import HooksRefused, dispatched
 from causalab_mini.interchange import interchange
 from causalab_mini.plan import Plan
 
@@ -201,11 +201,12 @@ def test_interchange_equals_nnsight(spec: str, tiny_model: Load) -> None:
             assert torch.equal(x, y)
 
 
-def _hooks(model: Any) -> list[tuple[str, int, int]]:
+def _hooks(model: Any) -> list[tuple[str, int, int, Any]]:
+    """Every module's hooks and its instance forward (nnsight's controller, which a
+    hooks run sets aside for its forward and must put back)."""
     return [
-        (name, len(m._forward_pre_hooks), len(m._forward_hooks))
+        (name, len(m._forward_pre_hooks), len(m._forward_hooks), m.__dict__.get("forward"))
         for name, m in model._module.named_modules()
-        if m._forward_pre_hooks or m._forward_hooks
     ]
 
 
@@ -224,6 +225,7 @@ def test_no_hook_outlives_a_run(tiny_model: Load) -> None:
     # inside a forward that only nnsight's source reaches): it refuses them
     hooked_away = {"attention_scores", "attention_query_pre_rope", "attention_key_pre_rope"}
     addresses = [a for a in _addresses(model, (1,)) if a.component not in hooked_away]
+    dispatched(model)  # (dispatch replaces the modules, and their controllers)
     before = _hooks(model)
     Plan.of(addresses).run(model, TEXTS, engine="hooks")
     assert _hooks(model) == before and not _interface_patched()
@@ -360,3 +362,34 @@ def test_a_batch_run_again_is_batched_again_where_it_changed(tiny_model: Load) -
     batch["position_ids"] = batch["position_ids"].flip(0)
     flipped, _ = both()
     torch.testing.assert_close(flipped.flip(0), edited, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.semantic
+def test_a_run_sets_nnsights_controllers_aside_and_runs_each_modules_own_body() -> None:
+    """Outside a trace nnsight's controller only runs the module's body (the forward
+    it found on the module); a hooks run sets the controllers aside for its forward
+    and runs those bodies: a module whose body is an instance forward (a kernel's, a
+    user's) runs that one, not its class's."""
+    from causalab_mini.model import StandardizedTransformer
+
+    model = StandardizedTransformer("tiny:llama")  # its own: its final norm is changed
+    dispatched(model)  # (dispatch replaces the modules)
+    norm = model._model.model.norm
+    set_aside = {id(found[0]) for found in compat.controllers(model._model)}
+    if compat.is_08():
+        assert id(norm) in set_aside and id(model._model) in set_aside
+    state = norm.__dict__.get("__nnsight__")
+    if state is None:  # 0.6 / 0.7: no controllers, nothing set aside
+        assert set_aside == set()
+        return
+    own = type(norm).forward
+    state.original = state.body = lambda module, x: own(module, x) * 2.0 + 1.0
+    place = locate(model, "ln_final")
+    traced = Plan.of([place]).run(model, TEXTS)[place]
+    before = _hooks(model)
+    hooked = Plan.of([place]).run(model, TEXTS, engine="hooks")[place]
+    assert torch.equal(traced, hooked)
+    assert _hooks(model) == before  # the controllers are back
+    state.original = state.body = own  # the class's body again: the read moves back
+    plain = Plan.of([place]).run(model, TEXTS, engine="hooks")[place]
+    assert torch.equal(traced, plain * 2.0 + 1.0)

@@ -627,6 +627,14 @@ def test_offloaded_layers_read_and_write_every_place_as_resident(tmp_path: Any) 
         placed.get(f"model.layers.{i}", placed.get("model.layers")) == "disk" for i in (1, 2)
     ), placed
     assert [str(a) for a in addresses if not torch.equal(clean[a], got[twin[a]])] == []
+    # the hooks engine keeps nnsight's controller on a module accelerate moves (it
+    # runs the device-alignment hook): the offloaded layers read as resident there too
+    hooked = [a for a in addresses if a.component in ("block_input", "mlp_output", "logits")]
+    kept = {id(found[0]) for found in compat.controllers(offloaded._model)}
+    moved = [m for m in offloaded._model.modules() if "_hf_hook" in m.__dict__]
+    assert moved and not kept & {id(m) for m in moved}
+    on_hooks = Plan.of([twin[a] for a in hooked]).run(offloaded, inputs, engine="hooks")
+    assert [str(a) for a in hooked if not torch.equal(clean[a], on_hooks[twin[a]])] == []
     # every writable place of the offloaded layers, each scaled where it is in one
     # trace: a write that did not reach on either model changes what follows it
     edited = [a for a in addresses if a.writable and a.head is None and a.layer in (1, 2)]
