@@ -58,8 +58,15 @@ _NNSIGHT_08 = Version("0.8.0.dev0")
 def is_08() -> bool:
     """Whether the installed nnsight is 0.8 or later (the releases with ``Source`` /
     ``Compiled``, ``_aliases`` and ``E_``-mounted children). Asked several times per
-    read: the bound is parsed once."""
-    return nnsight_version() >= _NNSIGHT_08
+    read: answered once per version object (comparing versions costs ~5 us)."""
+    version = nnsight_version()
+    if _IS_08[0] is not version:
+        _IS_08[0], _IS_08[1] = version, version >= _NNSIGHT_08
+    return bool(_IS_08[1])
+
+
+# the version is_08 last answered for, and its answer
+_IS_08: list[Any] = [None, False]
 
 
 # ---------------------------------------------------------------------- shims
@@ -642,6 +649,10 @@ _BODIES: Any = None
 _MEDIATOR_PARAMETER = "__nnsight_mediator__"
 
 
+# greenlet's getcurrent, imported once (running_body is asked on every read)
+_GETCURRENT: Any = None
+
+
 def running_body() -> Any:
     """The mediator of the trace body running now (the code of one invoke), or None in
     the model's forward and outside any trace. nnsight 0.8 runs a body in a greenlet
@@ -651,9 +662,12 @@ def running_body() -> Any:
     stack once, then remembered for that thread (a worker runs one body for its life;
     the model's forward runs on the thread that opened the trace, never a worker)."""
     if is_08():
-        from greenlet import getcurrent
+        global _GETCURRENT
+        if _GETCURRENT is None:
+            from greenlet import getcurrent
 
-        ref = getattr(getcurrent(), "mediator", None)
+            _GETCURRENT = getcurrent
+        ref = getattr(_GETCURRENT(), "mediator", None)
         return None if ref is None else ref()
     import threading
     import weakref

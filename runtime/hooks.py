@@ -340,6 +340,8 @@ _Prepared = tuple[
     list[Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None],
     dict[tuple[str, int, str], list[int]],
     dict[int, Any],
+    # per call, its fast reads where every step there is one (no call object made)
+    dict[tuple[str, int, str], list[tuple[int, Any]] | None],
 ]
 # a program handed again (the hooks engine's lowering keeps a plan of reads alone):
 # its steps as they run at a call and where, made once; the program and the model's
@@ -357,7 +359,7 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
         made = kept[2]
         # a run edits its steps at a call: each run its own copies of those (a fast
         # read never runs its step)
-        return _own_copies(made[0], made[1]), made[1], made[2], made[3]
+        return _own_copies(made[0], made[1]), *made[1:]
     local = [_at_call(step) for step in program]
     fast = [_fast_read(step) for step in local]
     at: dict[tuple[str, int, str], list[int]] = {}
@@ -366,10 +368,17 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
         kind, placed, side = _placed(model, step)
         at.setdefault((kind, id(placed), side), []).append(i)
         modules[id(placed)] = placed
+    groups = {key: _reads_only(fast, where) for key, where in at.items()}
     if len(_PREPARED) >= _PREPARED_KEPT:
         _PREPARED.pop(next(iter(_PREPARED)))
-    _PREPARED[id(program)] = (program, module, (local, fast, at, modules))
-    return _own_copies(local, fast), fast, at, modules
+    _PREPARED[id(program)] = (program, module, (local, fast, at, modules, groups))
+    return _own_copies(local, fast), fast, at, modules, groups
+
+
+def _reads_only(fast: list[Any], where: list[int]) -> list[tuple[int, Any]] | None:
+    """The fast reads at one call where every step there is one, else None."""
+    fasts = [(i, fast[i]) for i in where]
+    return fasts if all(f is not None for _, f in fasts) else None
 
 
 def _own_copies(steps: list[Step], fast: list[Any]) -> list[Step]:
@@ -385,7 +394,7 @@ class _Run:
     def __init__(self, model: Any, program: tuple[Step, ...]):
         self.program = program
         self.env = _Env(model.internals)
-        self.local, self.fast, self.at, self.modules = _prepared(model, program)
+        self.local, self.fast, self.at, self.modules, self.groups = _prepared(model, program)
         self.reads: dict[int, Any] = {}
         self.done: set[int] = set()
         self.fired: set[tuple[str, int, str]] = set()
@@ -412,14 +421,8 @@ class _Run:
                 self.reads[i] = value
             self.done.add(i)
 
-    def _reads_only(self, key: tuple[str, int, str]) -> list[tuple[int, Any]] | None:
-        """The fast reads at ``key`` where every step there is one (no call object
-        is made for them), else None."""
-        fasts = [(i, self.fast[i]) for i in self.at[key]]
-        return fasts if all(f is not None for _, f in fasts) else None
-
     def pre_hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
-        fasts = self._reads_only(key)
+        fasts = self.groups[key]
         if fasts is not None:
             fired, got, done, ids = self.fired, self.reads, self.done, [i for i, _ in fasts]
 
@@ -441,7 +444,7 @@ class _Run:
         return hook
 
     def hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
-        fasts = self._reads_only(key)
+        fasts = self.groups[key]
         if fasts is not None:
             fired, got, done, ids = self.fired, self.reads, self.done, [i for i, _ in fasts]
 

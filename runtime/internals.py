@@ -51,6 +51,20 @@ def _place_name(step: Step) -> str:
 NO_STRUCTURE_RULE = "no rule in registry/block_structures.yaml"
 
 
+def _edits() -> Any:
+    """``causalab_mini.edits`` (it imports torch: imported when a trace first hands a
+    read, then kept, so a read pays no import statement)."""
+    global _EDITS
+    if _EDITS is None:
+        from . import edits
+
+        _EDITS = edits
+    return _EDITS
+
+
+_EDITS: Any = None
+
+
 class LayerTokens:
     """A forward pre-hook on one layer's module: the batch and sequence of the input
     the layer was last called with (every axis of its first tensor argument but the
@@ -378,6 +392,10 @@ class Internals(Mapping[str, Place]):
         )
         # per layer, the batch and sequence of its input, where a row is flat_tokens
         self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
+        # per (place, layer): its rank and how it is named (``passed``, every read)
+        self._ranked: dict[tuple[str, int | None], tuple[tuple[int, int | float], str]] = {}
+        # per (Envoy id, attribute): the Envoy and nnsight's location of it
+        self._locations: dict[tuple[int, str], tuple[Any, str | None]] = {}
         if any(row.flat_tokens and row.per_layer for row in rows.values()):
             self.watch_tokens()
 
@@ -386,11 +404,13 @@ class Internals(Mapping[str, Place]):
         # furthest places are this process's (weak references to its trace bodies)
         state = dict(self.__dict__)
         state["_furthest"] = None
+        state["_locations"] = {}  # (keyed by this process's object ids)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._furthest = weakref.WeakKeyDictionary()
+        self._locations = {}
 
     def watch_tokens(self) -> None:
         """Hook every layer's module to remember its input's batch and sequence (for
@@ -409,6 +429,7 @@ class Internals(Mapping[str, Place]):
         in place of the meta ones): the layer Envoys are fetched again and, where a
         row is flat_tokens, the new layer modules hooked."""
         self._layer_envoys = None
+        self._locations.clear()
         if self._tokens:
             self.watch_tokens()
         self.install_sources()
@@ -571,16 +592,15 @@ class Internals(Mapping[str, Place]):
         """A read as handed to the user in a trace body: its in-place edits are the
         place's write (``causalab_mini.edits``), and its ``.grad`` is the place's
         gradient (that of ``raw``, the model's tensor it was made of)."""
-        from .edits import Gradient, NoGradient, editable
-
+        edits = _edits()
         place = self._places[_place_name(step)]
         layer = step["layer"]
-        location = compat.location(target, step["attr"])
-        gradient: Gradient | None = None
+        location = self._location(target, step["attr"])
+        gradient: Any = None
         if step["heads_through"] is not None and hasattr(raw, "requires_grad"):
-            gradient = NoGradient(place.where(layer), raw, COMPUTED_GRADIENT)
+            gradient = edits.NoGradient(place.where(layer), raw, COMPUTED_GRADIENT)
         elif hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
-            gradient = Gradient(
+            gradient = edits.Gradient(
                 place.where(layer),
                 raw,
                 lambda grad: plain.meant_gradient(step, grad, self),
@@ -590,7 +610,7 @@ class Internals(Mapping[str, Place]):
                 if step["attr"] == "output" or step["in_place"]
                 else self._isolate(place, step, value),
             )
-        return editable(
+        return edits.editable(
             value,
             place.where(layer),
             lambda edited: place.set(layer, edited),
@@ -601,6 +621,17 @@ class Internals(Mapping[str, Place]):
             None if location is not None and compat.is_08() else self._ran_past(place, layer),
             gradient,
         )
+
+    def _location(self, target: Any, attr: str) -> str | None:
+        """``compat.location`` of ``target``'s ``attr``, kept per Envoy (a location is
+        its path and the attribute's key)."""
+        key = (id(target), attr)
+        kept = self._locations.get(key)
+        if kept is not None and kept[0] is target:
+            return kept[1]
+        location = compat.location(target, attr)
+        self._locations[key] = (target, location)
+        return location
 
     def _isolate(self, place: Place, step: Step, value: Any) -> Any:
         """At a module's input: a function that hands the module a view of its own of
@@ -709,20 +740,21 @@ class Internals(Mapping[str, Place]):
     def passed(self, place: Place, layer: int | None) -> None:
         """Remember the furthest place (by rank) the running trace body has reached,
         to say which one an out-of-order read came after."""
-        from .edits import edit_runner
-
-        runner = edit_runner()
+        runner = compat.running_body()
         if runner is None:
             return
         at = self.layer_of(place, layer)
-        rank = self.rank(place.name, at)
+        ranked = self._ranked.get((place.name, at))
+        if ranked is None:
+            ranked = self._ranked[(place.name, at)] = (self.rank(place.name, at), place.where(at))
+        rank = ranked[0]
         try:
             best = self._furthest.get(runner)
         except TypeError:
             return
         step = compat.body_step(runner)
         if best is None or best[2] != step or rank > best[0]:
-            self._furthest[runner] = (rank, place.where(at), step)
+            self._furthest[runner] = (rank, ranked[1], step)
 
     def out_of_order(self, place: Place, layer: int | None, runner: Any) -> Exception:
         """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""

@@ -6,7 +6,7 @@ component of the table at once."""
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from causalab_mini.address import Component, Interior, Operand
@@ -87,6 +87,21 @@ class ComponentAddress:
     # address on another family names another tensor even where the sizes agree
     family: tuple[str, ...] = ()
 
+    def __hash__(self) -> int:
+        # the fields that take part in equality, hashed once per address (a plan's
+        # reads are keyed by address on every run); kept out of pickles and copies
+        # (``__getstate__``): a string's hash is another in another process
+        kept = self.__dict__.get("_hash")
+        if kept is None:
+            kept = hash(tuple(getattr(self, f.name) for f in _COMPARED))
+            object.__setattr__(self, "_hash", kept)
+        return int(kept)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)
+        return state
+
     def __str__(self) -> str:
         where = self.component if self.layer is None else f"{self.component}[{self.layer}]"
         if self.head is not None:
@@ -102,6 +117,10 @@ class ComponentAddress:
         if self.op:
             detail += f" op={self.op}"
         return f"{where} @ {detail} rank={self.rank}"
+
+
+# the fields an address's equality (and hash) compare
+_COMPARED = tuple(f for f in fields(ComponentAddress) if f.compare)
 
 
 def locate(

@@ -204,6 +204,8 @@ class Plan:
 def featurized(values: dict[Any, Any]) -> dict[Any, Any]:
     """A plan's reads with each featurized address's tensor in its features
     (``causalab_mini.featurizers``; a ragged read, a list of tensors, each)."""
+    if all(a.featurizer is None for a in values):  # (no key hashed again)
+        return values
     out = {}
     for a, v in values.items():
         f = a.featurizer

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -43,3 +44,37 @@ def test_addresses_on_other_widths_and_families_differ(tiny_model: Load) -> None
     assert a.width == g.width and a.family != g.family and a != g
     assert dataclasses.replace(a, family=g.family) == g  # the family is what tells them apart
     assert len({a, w, g}) == 3
+
+
+def test_an_address_hash_is_kept_once_and_never_travels(tiny_model: Load, tmp_path: Any) -> None:
+    """An address keeps its hash after the first (a plan's reads are keyed by address
+    every run), equal to the hash of its compared fields; a pickle or a copy carries
+    none of it: a string hashes otherwise in another process, so an address loaded
+    there must hash as one made there."""
+    import copy
+    import subprocess
+    import sys
+
+    model = tiny_model("tiny:llama")
+    a = locate(model, "block_output", 1)
+    compared = tuple(getattr(a, f.name) for f in dataclasses.fields(a) if f.compare)
+    assert hash(a) == hash(compared) and "_hash" in vars(a)
+    for other in (pickle.loads(pickle.dumps(a)), copy.copy(a), copy.deepcopy(a)):
+        assert "_hash" not in vars(other) and other == a and hash(other) == hash(a)
+    assert "_hash" not in vars(dataclasses.replace(a, layer=0))
+    path = tmp_path / "address.pkl"
+    path.write_bytes(pickle.dumps(a))
+    script = (
+        "import dataclasses, pickle, sys\n"
+        f"a = pickle.loads(open({str(path)!r}, 'rb').read())\n"
+        "b = dataclasses.replace(a)\n"
+        "assert hash(a) == hash(b) and len({a: 1, b: 2}) == 1, (hash(a), hash(b))\n"
+    )
+    for seed in ("1", "2"):
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**__import__("os").environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
