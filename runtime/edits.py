@@ -72,6 +72,10 @@ class EditRefused(CausalabError, RuntimeError):
     write instead."""
 
 
+# an argument not given (None is an answer: no trace body runs)
+_UNASKED: Any = object()
+
+
 def edit_runner() -> Any:
     """The trace body running now (its nnsight mediator, ``compat.running_body``): None
     in the model's forward and outside any trace, on every nnsight release."""
@@ -113,13 +117,15 @@ class Edit:
         location: str | None,
         ran_past: Callable[[], bool] | None = None,
         gradient: Gradient | None = None,
+        runner: Any = _UNASKED,
     ) -> None:
         self.gradient = gradient
         self.where = where  # "layers_mid[1]", as the assignment names it
         self.write = write  # the place's write, given the whole edited copy
         self.root = root  # the copy the read handed out, as a plain tensor
         self.storage = _storage(root)
-        runner = edit_runner()
+        if runner is _UNASKED:  # (the trace body running now, where not given)
+            runner = edit_runner()
         # weak: a value saved past its trace does not keep the trace alive
         self.runner: Any = weakref.ref(runner) if runner is not None else None
         self.location = location
@@ -533,12 +539,13 @@ def editable(
     ``ran_past``: whether the trace has since passed the place, asked where nnsight
     does not count a location's visits (0.6/0.7). ``gradient``: where the read's
     gradient comes from (``Gradient``)."""
-    if not isinstance(value, torch.Tensor) or edit_runner() is None:
+    runner = edit_runner() if isinstance(value, torch.Tensor) else None
+    if runner is None:
         return value
     value = plain(value)
     if copy:
         value = value.clone()
-    return _editable(value, Edit(where, write, value, location, ran_past, gradient))
+    return _editable(value, Edit(where, write, value, location, ran_past, gradient, runner))
 
 
 __all__ = [
