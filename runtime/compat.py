@@ -711,26 +711,25 @@ def clear_pending_operations(module: Any) -> None:
             stack.append(getattr(op, "_source_accessor", None))
 
 
-def controllers(root: Any) -> tuple[tuple[Any, Any, Any, Any, Any], ...]:
+def controllers(root: Any) -> tuple[tuple[dict[str, Any], Any, Any, Any, Any], ...]:
     """The nnsight 0.8 controllers installed on ``root``'s modules that a forward run
-    outside any trace can set aside: (module, controller, its state, the body it runs,
-    the forward to run instead while the state still runs that body).
-    A controller left in place outside a trace only calls the module's own body (the
-    forward it found there, ``State.original``) after asking whether a trace is
-    running: two Python frames on every module call (about 2 us each, 4 % of a forward
-    of 16 tokens on a 4-layer Llama). Where the body is the class's forward the module
-    runs it without an instance forward (None); where it was an instance forward
-    (a kernel's, a user's), that forward is bound again. Modules with accelerate's
-    device-alignment hook (the controller re-applies it) or a forward another library
-    owns around the controller are left alone; so is every module on 0.6 / 0.7 (no
-    controllers)."""
+    outside any trace can set aside: (the module's ``__dict__``, its controller, its
+    state, the body the state runs, and None where that body is the class's forward,
+    else a weak reference to the module, to bind the body to). A controller left in
+    place outside a trace only calls the module's own body (the forward it found there,
+    ``State.original``) after asking whether a trace is running: two Python frames on
+    every module call (about 2 us each, 4 % of a forward of 16 tokens on a 4-layer
+    Llama). Modules with accelerate's device-alignment hook (the controller re-applies
+    it) or a forward another library owns around the controller are left alone; so is
+    every module on 0.6 / 0.7 (no controllers). Nothing returned holds a module
+    strongly (a cache keyed weakly by ``root`` may keep it)."""
     if not is_08():
         return ()
     try:
         from nnsight.intervention.source import BODY_FORWARD, STATE, Controller
     except ImportError:  # a 0.8 release without the controller: nothing to set aside
         return ()
-    import types
+    import weakref
 
     found = []
     for module in root.modules():
@@ -741,8 +740,8 @@ def controllers(root: Any) -> tuple[tuple[Any, Any, Any, Any, Any], ...]:
         if "_hf_hook" in own or own.get(BODY_FORWARD):
             continue
         body = state.original
-        plain = None if body is type(module).forward else types.MethodType(body, module)
-        found.append((module, controller, state, body, plain))
+        bind = None if body is type(module).forward else weakref.ref(module)
+        found.append((own, controller, state, body, bind))
     return tuple(found)
 
 

@@ -20,7 +20,6 @@ in program order. The verb is written once; which engine runs it is one argument
 from __future__ import annotations
 
 import warnings
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -36,9 +35,8 @@ if TYPE_CHECKING:
 ENGINES = ("nnsight", "hooks")
 
 
-# per model (the id of its internals, while they live), the hooks programs of plans of
-# reads alone, a few kept
-_PROGRAMS: dict[int, dict[tuple[Any, bool], Any]] = {}
+# per model (its internals' engine_cache), the hooks programs of plans of reads alone,
+# a few kept
 _PROGRAMS_KEPT = 16
 
 
@@ -66,18 +64,14 @@ class Engine(ABC):
         kept = self.keeps_programs and not indices and edits is None
         if not kept or any(s.write for s in plan.steps):
             return lower(plan, model, held, indices, target=self.target, edits=edits)
-        internals = model.internals
-        cache = _PROGRAMS.get(id(internals))
-        if cache is None:  # (dropped with the model's internals)
-            cache = _PROGRAMS[id(internals)] = {}
-            weakref.finalize(internals, _PROGRAMS.pop, id(internals), None)
+        cache = model.internals.engine_cache.setdefault("programs", {})
         # the same plan object handed again is found by its id first (hashing a plan
         # hashes every address in it: ~1 us a read, each run)
         same = cache.get((id(plan), held))
         if same is not None and same[0] is plan:
             found: Program = same[1]
             return found
-        program = cache.get((plan, held))
+        program: Program | None = cache.get((plan, held))
         if program is None:
             program = lower(plan, model, held, None, target=self.target)
         while len(cache) >= 2 * _PROGRAMS_KEPT:  # two entries a plan: drop the oldest

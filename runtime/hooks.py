@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
+import types
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -340,21 +341,30 @@ _Prepared = tuple[
     list[Callable[[tuple[Any, ...], dict[str, Any], Any], Any] | None],
     dict[tuple[str, int, str], list[int]],
     dict[int, Any],
-    # per call, its fast reads where every step there is one (no call object made)
-    dict[tuple[str, int, str], list[tuple[int, Any]] | None],
+    # per call, its fast reads (and their indices) where every step there is one (no
+    # call object made)
+    dict[tuple[str, int, str], tuple[list[tuple[int, Any]], list[int]] | None],
 ]
 # a program handed again (the hooks engine's lowering keeps a plan of reads alone):
-# its steps as they run at a call and where, made once; the program and the model's
-# module are kept with them, so that an id names them alone
-_PREPARED: dict[int, tuple[tuple[Step, ...], Any, _Prepared]] = {}
+# its steps as they run at a call and where, made once, kept in the model's
+# internals' engine_cache ("hooks": id(program) -> the program, the model's module
+# then, and what was made), so that an id names them alone and they go with the model
 _PREPARED_KEPT = 16
+
+
+def _cache(model: Any, name: str) -> dict[Any, Any]:
+    """The model's ``name`` cache (its internals' ``engine_cache``), or a new empty one
+    each time for a model without internals (nothing kept)."""
+    caches = getattr(getattr(model, "internals", None), "engine_cache", None)
+    return {} if caches is None else caches.setdefault(name, {})
 
 
 def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
     """The steps at a call (a read that can be, one function of the call), and the
     module and side each runs at: made once per program while it is kept."""
     module = getattr(model, "_model", None)
-    kept = _PREPARED.get(id(program))
+    cache = _cache(model, "hooks")
+    kept = cache.get(id(program))
     if kept is not None and kept[0] is program and kept[1] is module:
         made = kept[2]
         # a run edits its steps at a call: each run its own copies of those (a fast
@@ -369,16 +379,19 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
         at.setdefault((kind, id(placed), side), []).append(i)
         modules[id(placed)] = placed
     groups = {key: _reads_only(fast, where) for key, where in at.items()}
-    if len(_PREPARED) >= _PREPARED_KEPT:
-        _PREPARED.pop(next(iter(_PREPARED)))
-    _PREPARED[id(program)] = (program, module, (local, fast, at, modules, groups))
+    if len(cache) >= _PREPARED_KEPT:
+        cache.pop(next(iter(cache)))
+    cache[id(program)] = (program, module, (local, fast, at, modules, groups))
     return _own_copies(local, fast), fast, at, modules, groups
 
 
-def _reads_only(fast: list[Any], where: list[int]) -> list[tuple[int, Any]] | None:
-    """The fast reads at one call where every step there is one, else None."""
+def _reads_only(
+    fast: list[Any], where: list[int]
+) -> tuple[list[tuple[int, Any]], list[int]] | None:
+    """The fast reads at one call (and their indices) where every step there is one,
+    else None."""
     fasts = [(i, fast[i]) for i in where]
-    return fasts if all(f is not None for _, f in fasts) else None
+    return (fasts, list(where)) if all(f is not None for _, f in fasts) else None
 
 
 def _own_copies(steps: list[Step], fast: list[Any]) -> list[Step]:
@@ -422,9 +435,10 @@ class _Run:
             self.done.add(i)
 
     def pre_hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
-        fasts = self.groups[key]
-        if fasts is not None:
-            fired, got, done, ids = self.fired, self.reads, self.done, [i for i, _ in fasts]
+        group = self.groups[key]
+        if group is not None:
+            fasts, ids = group
+            fired, got, done = self.fired, self.reads, self.done
 
             def reads(_module: Any, args: Any, kwargs: Any) -> None:
                 if key in fired:
@@ -444,9 +458,10 @@ class _Run:
         return hook
 
     def hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
-        fasts = self.groups[key]
-        if fasts is not None:
-            fired, got, done, ids = self.fired, self.reads, self.done, [i for i, _ in fasts]
+        group = self.groups[key]
+        if group is not None:
+            fasts, ids = group
+            fired, got, done = self.fired, self.reads, self.done
 
             def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
                 if key in fired:
@@ -549,8 +564,9 @@ def forward_inputs(
     places on one batch pay nnsight's batching once (about 0.1 ms a run, 3-4 % of a
     forward of 16 tokens on the bench's 4-layer Llama)."""
     key = _batch_key(model, inputs)
+    batched = _cache(model, "batched") if key is not None else {}
     if key is not None:
-        hit = _BATCHED.get(id(inputs))
+        hit = batched.get(id(inputs))
         if hit is not None and hit.inputs is inputs and hit.holds(key):
             return hit.call, hit.args, dict(hit.kwargs)
     call, args, kwargs = compat.prepared_call(model, inputs)
@@ -558,10 +574,10 @@ def forward_inputs(
     if device is not None:
         args, kwargs = _moved(args, device), _moved(kwargs, device)
     if key is not None:
-        if len(_BATCHED) >= _BATCHED_KEPT:
-            _BATCHED.pop(next(iter(_BATCHED)))
+        if len(batched) >= _BATCHED_KEPT:
+            batched.pop(next(iter(batched)))
         made = _versions([*args, *kwargs.values()])
-        _BATCHED[id(inputs)] = _Batched(inputs, key, call, args, dict(kwargs), made)
+        batched[id(inputs)] = _Batched(inputs, key, call, args, dict(kwargs), made)
     return call, args, kwargs
 
 
@@ -596,8 +612,8 @@ class _Batched:
         )
 
 
-# batches of tensors already batched for a forward, by id(inputs); a few kept
-_BATCHED: dict[int, _Batched] = {}
+# batches of tensors already batched for a forward, by id(inputs), in the model's
+# engine_cache ("batched"); a few kept
 _BATCHED_KEPT = 4
 
 
@@ -678,15 +694,17 @@ def _set_aside(root: Any, restore: list[Callable[[], None]]) -> None:
     if found is None:
         found = _ASIDE[root] = compat.controllers(root)
     swapped = []
-    for module, controller, state, body, plain_forward in found:
-        own = module.__dict__
+    for own, controller, state, body, bind in found:
         if own.get("forward") is not controller or state.original is not body:
             _ASIDE.pop(root, None)  # listed again next run
             continue
-        if plain_forward is None:
-            del own["forward"]
+        if bind is None:
+            del own["forward"]  # the class's forward
         else:
-            own["forward"] = plain_forward
+            module = bind()
+            if module is None:
+                continue
+            own["forward"] = types.MethodType(body, module)
         swapped.append((own, controller))
 
     def put_back() -> None:

@@ -392,6 +392,10 @@ class Internals(Mapping[str, Place]):
         )
         # per layer, the batch and sequence of its input, where a row is flat_tokens
         self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
+        # what the engines make once per model and keep (lowered programs, the hooks
+        # engine's prepared steps and batches): held here, not in a module-level cache,
+        # so they go with the model (they refer to it); never pickled
+        self.engine_cache: dict[str, dict[Any, Any]] = {}
         # per (place, layer): its rank and how it is named (``passed``, every read)
         self._ranked: dict[tuple[str, int | None], tuple[tuple[int, int | float], str]] = {}
         # per (Envoy id, attribute): the Envoy and nnsight's location of it
@@ -405,12 +409,14 @@ class Internals(Mapping[str, Place]):
         state = dict(self.__dict__)
         state["_furthest"] = None
         state["_locations"] = {}  # (keyed by this process's object ids)
+        state["engine_cache"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._furthest = weakref.WeakKeyDictionary()
         self._locations = {}
+        self.engine_cache = {}
 
     def watch_tokens(self) -> None:
         """Hook every layer's module to remember its input's batch and sequence (for

@@ -377,7 +377,7 @@ def test_a_run_sets_nnsights_controllers_aside_and_runs_each_modules_own_body() 
     norm = model._model.model.norm
     set_aside = {id(found[0]) for found in compat.controllers(model._model)}
     if compat.is_08():
-        assert id(norm) in set_aside and id(model._model) in set_aside
+        assert id(vars(norm)) in set_aside and id(vars(model._model)) in set_aside
     state = norm.__dict__.get("__nnsight__")
     if state is None:  # 0.6 / 0.7: no controllers, nothing set aside
         assert set_aside == set()
@@ -393,3 +393,31 @@ def test_a_run_sets_nnsights_controllers_aside_and_runs_each_modules_own_body() 
     state.original = state.body = own  # the class's body again: the read moves back
     plain = Plan.of([place]).run(model, TEXTS, engine="hooks")[place]
     assert torch.equal(traced, plain * 2.0 + 1.0)
+
+
+@pytest.mark.semantic
+def test_what_a_run_keeps_goes_with_the_model() -> None:
+    """The programs, the prepared steps and the batches the hooks engine keeps for runs
+    to come are the model's (its internals'): a model let go is collected, its modules
+    with it, after runs on text, on a tensor batch and through an interchange."""
+    import gc
+    import weakref
+
+    from causalab_mini.model import StandardizedTransformer
+
+    def used() -> tuple[Any, Any]:
+        model = StandardizedTransformer("tiny:llama")
+        plan = Plan.of([locate(model, "block_output", 0), locate(model, "mlp_output", 1)])
+        plan.run(model, TEXTS, engine="hooks")
+        batch = model.tokenizer(TEXTS, padding=True, return_tensors="pt")
+        tensors = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        plan.run(model, tensors, engine="hooks")
+        plan.run(model, tensors, engine="hooks")  # (the batch and the program kept)
+        assert model.internals.engine_cache["batched"] and model.internals.engine_cache["hooks"]
+        patch = locate(model, "block_input", 1, position={"index": -1})
+        interchange(model, [patch], TEXTS[:1], TEXTS[1:], engine="hooks")
+        return weakref.ref(model), weakref.ref(model._model)
+
+    model, module = used()
+    gc.collect()
+    assert model() is None and module() is None
