@@ -344,6 +344,8 @@ _Prepared = tuple[
     # per call, its fast reads (and their indices) where every step there is one (no
     # call object made)
     dict[tuple[str, int, str], tuple[list[tuple[int, Any]], list[int]] | None],
+    # the hook functions at each module, made once (``_Hooks``)
+    "_Hooks",
 ]
 # a program handed again (the hooks engine's lowering keeps a plan of reads alone):
 # its steps as they run at a call and where, made once, kept in the model's
@@ -379,10 +381,11 @@ def _prepared(model: Any, program: tuple[Step, ...]) -> _Prepared:
         at.setdefault((kind, id(placed), side), []).append(i)
         modules[id(placed)] = placed
     groups = {key: _reads_only(fast, where) for key, where in at.items()}
+    functions = _Hooks(groups)
     if len(cache) >= _PREPARED_KEPT:
         cache.pop(next(iter(cache)))
-    cache[id(program)] = (program, module, (local, fast, at, modules, groups))
-    return _own_copies(local, fast), fast, at, modules, groups
+    cache[id(program)] = (program, module, (local, fast, at, modules, groups, functions))
+    return _own_copies(local, fast), fast, at, modules, groups, functions
 
 
 def _reads_only(
@@ -407,7 +410,8 @@ class _Run:
     def __init__(self, model: Any, program: tuple[Step, ...]):
         self.program = program
         self.env = _Env(model.internals)
-        self.local, self.fast, self.at, self.modules, self.groups = _prepared(model, program)
+        prepared = _prepared(model, program)
+        self.local, self.fast, self.at, self.modules, self.groups, self.functions = prepared
         self.reads: dict[int, Any] = {}
         self.done: set[int] = set()
         self.fired: set[tuple[str, int, str]] = set()
@@ -433,52 +437,6 @@ class _Run:
             if not self.program[i]["write"]:
                 self.reads[i] = value
             self.done.add(i)
-
-    def pre_hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
-        group = self.groups[key]
-        if group is not None:
-            fasts, ids = group
-            fired, got, done = self.fired, self.reads, self.done
-
-            def reads(_module: Any, args: Any, kwargs: Any) -> None:
-                if key in fired:
-                    self._once(key)  # refused
-                fired.add(key)
-                for i, fast in fasts:
-                    got[i] = fast(args, kwargs, _UNSET)
-                done.update(ids)
-
-            return reads
-
-        def hook(_module: Any, args: Any, kwargs: Any) -> Any:
-            call = _Call(args, kwargs)
-            self.steps(key, call)
-            return (call.args, call.kwargs) if call.changed else None
-
-        return hook
-
-    def hook(self, key: tuple[str, int, str]) -> Callable[..., Any]:
-        group = self.groups[key]
-        if group is not None:
-            fasts, ids = group
-            fired, got, done = self.fired, self.reads, self.done
-
-            def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
-                if key in fired:
-                    self._once(key)  # refused
-                fired.add(key)
-                for i, fast in fasts:
-                    got[i] = fast(args, kwargs, output)
-                done.update(ids)
-
-            return reads
-
-        def hook(_module: Any, args: Any, kwargs: Any, output: Any) -> Any:
-            call = _Call(args, kwargs, output)
-            self.steps(key, call)
-            return call.output if call.changed else None
-
-        return hook
 
     def attention(self, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The attention function's call for a module with steps at it."""
@@ -508,6 +466,79 @@ class _Run:
 
     def wants_attention(self) -> set[int]:
         return {k[1] for k in self.at if k[0] in ("call", "probs")}
+
+
+class _Hooks:
+    """A program's hook functions at its modules, made once with the program: each
+    hands what it sees to the run bound now (``run``), so a run registers them and
+    makes none."""
+
+    def __init__(self, groups: Mapping[tuple[str, int, str], Any]) -> None:
+        self.run: _Run | None = None
+        self.functions = {
+            key: (_pre_hook if key[2] == "input" else _post_hook)(self, key, group)
+            for key, group in groups.items()
+            if key[0] == "module"
+        }
+
+    def bound(self, run: _Run) -> _Hooks:
+        """These hooks bound to ``run`` (a fresh set where a run of the same program
+        holds them now: one that re-enters it)."""
+        hooks = self if self.run is None else _Hooks(run.groups)
+        hooks.run = run
+        return hooks
+
+
+def _pre_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[..., Any]:
+    if group is not None:
+        fasts, ids = group
+
+        def reads(_module: Any, args: Any, kwargs: Any) -> None:
+            run = hooks.run
+            assert run is not None
+            if key in run.fired:
+                run._once(key)  # refused
+            run.fired.add(key)
+            got = run.reads
+            for i, fast in fasts:
+                got[i] = fast(args, kwargs, _UNSET)
+            run.done.update(ids)
+
+        return reads
+
+    def hook(_module: Any, args: Any, kwargs: Any) -> Any:
+        assert hooks.run is not None
+        call = _Call(args, kwargs)
+        hooks.run.steps(key, call)
+        return (call.args, call.kwargs) if call.changed else None
+
+    return hook
+
+
+def _post_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[..., Any]:
+    if group is not None:
+        fasts, ids = group
+
+        def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
+            run = hooks.run
+            assert run is not None
+            if key in run.fired:
+                run._once(key)  # refused
+            run.fired.add(key)
+            got = run.reads
+            for i, fast in fasts:
+                got[i] = fast(args, kwargs, output)
+            run.done.update(ids)
+
+        return reads
+
+    def hook(_module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        assert hooks.run is not None
+        call = _Call(args, kwargs, output)
+        hooks.run.steps(key, call)
+        return call.output if call.changed else None
+
+    return hook
 
 
 def _install_interface(run: _Run, handles: list[Callable[[], None]]) -> None:
@@ -737,16 +768,14 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
         for module in run_.modules.values():
             compat.clear_pending_operations(module)
     handles: list[Callable[[], None]] = []
+    bound = run_.functions.bound(run_)
     try:
-        for (kind, ident, side), _ in run_.at.items():
-            if kind != "module":
-                continue
-            module = run_.modules[ident]
-            key = (kind, ident, side)
-            if side == "input":
-                h = module.register_forward_pre_hook(run_.pre_hook(key), with_kwargs=True)
+        for key, function in bound.functions.items():
+            module = run_.modules[key[1]]
+            if key[2] == "input":
+                h = module.register_forward_pre_hook(function, with_kwargs=True)
             else:
-                h = module.register_forward_hook(run_.hook(key), with_kwargs=True)
+                h = module.register_forward_hook(function, with_kwargs=True)
             handles.append(h.remove)
         _install_interface(run_, handles)
         _set_aside(getattr(model, "_model", None), handles)
@@ -754,6 +783,7 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
     finally:
         for remove in reversed(handles):
             remove()
+        bound.run = None
     missing = (
         []
         if len(run_.done) == len(program)
