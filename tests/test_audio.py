@@ -145,7 +145,7 @@ def test_audio_enters_at_the_placeholders_after_the_embeddings(model_type: str) 
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
     assert {c.layer for c in checks if c.layer is not None} == set(range(len(model.layers)))
 
     embedded = values[("embeddings_output", None)][0]
@@ -187,7 +187,7 @@ def test_time_aligned_audio_enters_every_position_after_the_embeddings(model_typ
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
 
     embedded = values[("embeddings_output", None)]
     with torch.no_grad():
@@ -265,7 +265,7 @@ def test_audio_codes_enter_through_the_ids_and_their_embeddings_sum(model_type: 
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
     assert torch.equal(values[("embeddings_input", None)], ids)
     offsets = [0] + [
         config.vocab_size + k * config.codebook_vocab_size for k in range(ids.shape[2] - 1)

@@ -58,12 +58,12 @@ def test_identities_oracles_and_write(case: Case, tiny_model: Load) -> None:
     structure = BLOCK_STRUCTURES[model.block_structure]
     n = model.internals.num_layers
     for text in structure.identities:  # every identity checked somewhere
-        assert any(check.name == text for check in checks), f"{text} was never checked"
+        assert any(check.description == text for check in checks), f"{text} was never checked"
     assert {check.layer for check in checks} == set(range(n))
     checks += c.hidden_state_oracle(model, inputs, values)
-    assert any(check.name == "hidden_states[i] == layers_input" for check in checks)
+    assert any(check.description == "hidden_states[i] == layers_input" for check in checks)
     write = c.write_reaches_stream(model, inputs, layer=1)
-    assert write is not None and "written layers_mid" in write.name
+    assert write is not None and "written layers_mid" in write.description
     checks.append(write)
     failed = [check for check in checks if not check.ok]
     assert not failed, failed
