@@ -491,6 +491,15 @@ def several_invokes(model: Any) -> bool | None:
     return answer if isinstance(answer, bool) else None
 
 
+def invokes_narrowed_off_the_graph(model: Any) -> bool:
+    """Whether, in the running trace, an invoke's read is its rows cut off the batch's
+    tensor, a view the forward does not go on with: on 0.6 and 0.7 with several invokes
+    (a gradient hook on it never fires, and their backward never serves its ``.grad``,
+    raising "Execution complete but ... .grad was not provided"). 0.8 serves both
+    (checked in tests/test_attribution.py)."""
+    return not is_08() and several_invokes(model) is True
+
+
 # ---------------------------------------------------------------------- NDIF client
 
 #: The nnsight releases whose NDIF client ``causalab_mini.remote`` is written against:
@@ -729,6 +738,7 @@ __all__ = [
     "forward_key",
     "install",
     "invoke_rows",
+    "invokes_narrowed_off_the_graph",
     "is_08",
     "loading_class",
     "location",

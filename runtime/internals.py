@@ -589,6 +589,7 @@ class Internals(Mapping[str, Place]):
                 None
                 if step["attr"] == "output" or step["in_place"]
                 else self._isolate(place, step, value),
+                compat.invokes_narrowed_off_the_graph(self.model),
             )
         return editable(
             value,
