@@ -706,18 +706,84 @@ def clear_pending_operations(module: Any) -> None:
             stack.append(getattr(op, "_source_accessor", None))
 
 
+# what a text batch's forward may be given beside its token rows, for the position ids
+# below to be supplied (a batch with anything else is not a plain text batch)
+_TEXT_BATCH_KEYS = frozenset(
+    {"input_ids", "inputs_embeds", "attention_mask", "token_type_ids", "labels"}
+)
+
+
+def supply_position_ids(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The forward's keyword arguments for a text batch, with position ids where nnsight
+    0.8 supplies them: 0.8 counts each left-padded row from its first real token (so
+    left padding moves no token of an absolute-position or rotary model), and 0.6 and
+    0.7 pass the batch as given, the model then counting the pads too. On those, the
+    same position ids are added here, so a trace computes the same places on every
+    nnsight. Only where 0.8 adds them: a tokenizer padding on the left, no position ids
+    given, a mask as wide as the tokens with padding in it, nothing in the batch but
+    token rows, and a row padded on the left (rows padded otherwise count from 0, as the
+    model does). Unchanged on 0.8 and under ``scan`` (fake tensors have no values)."""
+    if is_08() or kwargs.get("position_ids") is not None:
+        return kwargs
+    mask = kwargs.get("attention_mask")
+    ids = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+    tokenizer = getattr(model, "tokenizer", None)
+    if (
+        mask is None
+        or ids is None
+        or getattr(tokenizer, "padding_side", None) != "left"
+        or any(v is not None for k, v in kwargs.items() if k not in _TEXT_BATCH_KEYS)
+        or tuple(mask.shape) != tuple(ids.shape[:2])
+        or mask.device.type == "meta"
+    ):
+        return kwargs
+    from torch._guards import detect_fake_mode
+
+    if detect_fake_mode() is not None or bool(mask.all()):
+        return kwargs
+    import torch
+
+    mask = mask.long()
+    counted = (mask.cumsum(-1) - 1).clamp(min=0)
+    plain = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    left_padded = (mask.diff(dim=-1) >= 0).all(-1, keepdim=True)
+    positions = torch.where(left_padded, counted, plain)
+    if bool((positions == plain).all()):
+        return kwargs
+    return {**kwargs, "position_ids": positions}
+
+
+def with_position_ids(model: Any, inputs: Any) -> Any:
+    """``inputs`` for a trace of another model than ``model`` (the plain one a plan is
+    sent through to a server, whose nnsight makes the batch): on 0.6/0.7, where
+    ``supply_position_ids`` adds position ids to the batch ``model`` makes of
+    ``inputs``, that batch with them (made here, as the other trace would make it);
+    else ``inputs`` as given."""
+    if is_08():
+        return inputs
+    try:
+        args, kwargs, _ = model._prepare_input(inputs)
+    except Exception:
+        return inputs  # not a batch nnsight tokenizes here: the trace says why
+    supplied = supply_position_ids(model, dict(kwargs))
+    if args or "position_ids" not in supplied or "position_ids" in kwargs:
+        return inputs
+    return {key: value for key, value in supplied.items() if value is not None}
+
+
 def prepared_call(model: Any, inputs: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """What ``model.trace(inputs)`` calls for one input, outside a trace: the callable
     and the arguments nnsight's batching makes of ``inputs`` (tokenizing, padding,
     position ids). 0.8 has a batcher per trace and calls ``model._call``; 0.6 and 0.7
-    prepare the input on the envoy (``_prepare_input``) and call the module itself."""
+    prepare the input on the envoy (``_prepare_input``) and call the module itself,
+    given the position ids 0.8 would add (``supply_position_ids``)."""
     if is_08():
         batcher = model._batcher_class(model, {})
         batcher.add(inputs)  # as model.trace(inputs) adds its one input
         args, kwargs = batcher.assemble(model._call)
         return model._call, tuple(args), dict(kwargs)
     args, kwargs, _ = model._prepare_input(inputs)
-    return model._module, tuple(args), dict(kwargs)
+    return model._module, tuple(args), supply_position_ids(model, dict(kwargs))
 
 
 __all__ = [
@@ -755,4 +821,6 @@ __all__ = [
     "several_invokes",
     "shared_path",
     "source_identity",
+    "supply_position_ids",
+    "with_position_ids",
 ]

@@ -318,12 +318,6 @@ class Place:
         refused = self.refuses_writes() if step["io_module"] else self.address_at(layer).read_only
         if refused is not None:
             raise WriteRefused(f"{step['where']} is read-only: {refused}")
-        if not compat.is_08():
-            raise WriteRefused(
-                f"{step['where']}: a write at positions is certified on nnsight 0.8, and "
-                f"nnsight {compat.nnsight_version()} is installed: install nnsight>=0.8, or "
-                "write the whole place"
-            )
         if type(value).__name__ == "EditableRead":
             from .edits import plain as unwrapped
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-from causalab_mini import compat
 from causalab_mini.components import ComponentError, locate
 from causalab_mini.engines import HooksEngine
 from causalab_mini.errors import RemoteRefused, WriteRefused
@@ -161,8 +160,6 @@ def test_positions_equal_nnsight(spec: str, tiny_model: Load) -> None:
     got = Plan.of(reads).run(model, TEXTS, engine="hooks")
     for address in reads:
         assert torch.equal(clean[address], got[address])
-    if not compat.is_08():
-        return
     value = clean[at] + 1
     want = Plan.of(reads, [(at, value)]).run(model, TEXTS)
     got = Plan.of(reads, [(at, value)]).run(model, TEXTS, engine="hooks")

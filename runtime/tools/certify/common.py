@@ -97,14 +97,13 @@ def forward_inputs(model: Any, inputs: Any) -> dict[str, Any]:
     """The keyword arguments the trace's own forward receives for ``inputs``: what a
     plain forward (an oracle) must be fed to compute what the places hold.
 
-    A place holds what the traced forward computes, and nnsight decides part of that
-    forward's input: on a left-padded text batch without ``position_ids``, nnsight
-    0.8 adds position ids counted from each row's first real token (so left padding
-    does not shift an absolute-position model such as GPT-2 or OPT), while 0.6 and
-    0.7 pass the batch as given and the model counts positions itself. The oracles
-    are fed exactly what the trace's forward got, read from the trace itself, so they
-    hold on every nnsight. (Pass ``position_ids`` yourself to get the same places on
-    every nnsight.)
+    A place holds what the traced forward computes, and the trace decides part of that
+    forward's input: on a left-padded text batch without ``position_ids``, position ids
+    counted from each row's first real token are added (by nnsight 0.8 itself, on 0.6
+    and 0.7 by the model: ``compat.supply_position_ids``), so left padding does not
+    shift an absolute-position model such as GPT-2 or OPT. The oracles are fed exactly
+    what the trace's forward got, read from the trace itself. (Position ids passed by
+    the caller are used as given.)
     """
     box: list[Any] = []  # bound before the trace
     with model.trace(inputs):
