@@ -407,6 +407,34 @@ def source_identity(source_envoy: Any) -> Any:
     return getattr(source_envoy, "accessor", source_envoy)
 
 
+def _pass_value(value: Any) -> None:
+    """An operation hook that never changes the value (returns None) and never removes
+    itself: it only keeps its operation wrapped (``keep_operations_wrapped``)."""
+    return None
+
+
+_SERIES_07 = (Version("0.7.0.dev0"), Version("0.8.0.dev0"))
+
+
+def keep_operations_wrapped(source_envoy: Any) -> None:
+    """Keep every operation of a forward whose ``.source`` is open wrapped on nnsight
+    0.7, which decides whether to wrap an operation's call when the call's function is
+    looked up (``SourceAccessor.wrap``: unwrapped where no hook waits for it then). Python
+    looks the function up before it evaluates the arguments, so a trace body that reads
+    an argument first (``F.silu(self.w1(x))``: ``self_w1_0``'s output, then ``F_silu_0``'s,
+    LFM2's MLP) asks for the outer operation only after its call went by unwrapped, and
+    0.7 raises MissedProviderError. A hook of our own that passes the value on keeps the
+    call wrapped, so a wait the body registers during the call is served, as 0.6 and 0.8
+    (which wrap every call) serve it. Idempotent; nothing on 0.6 and 0.8."""
+    if not _SERIES_07[0] <= nnsight_version() < _SERIES_07[1]:
+        return
+    accessor = getattr(source_envoy, "accessor", None)
+    for op in getattr(accessor, "operations", {}).values():
+        hooks = getattr(op, "post_hooks", None)
+        if isinstance(hooks, list) and _pass_value not in hooks:
+            hooks.append(_pass_value)
+
+
 def callee_after_inputs() -> bool:
     """Whether an operation hands over its callee (what a nested ``.source`` waits for)
     after its inputs: nnsight 0.8's ``run_op`` emits input, skip, fn, output; 0.6/0.7
@@ -806,6 +834,7 @@ __all__ = [
     "invoke_rows",
     "invokes_narrowed_off_the_graph",
     "is_08",
+    "keep_operations_wrapped",
     "loading_class",
     "location",
     "model_id_cache",

@@ -424,7 +424,9 @@ class Internals(Mapping[str, Place]):
                     continue
                 try:
                     _, envoy = place._module_target(layer)
-                    envoy.source  # noqa: B018 - instruments the module's forward
+                    # instruments the module's forward (and on 0.7 keeps its calls
+                    # wrapped: an operation read after its argument is then served)
+                    compat.keep_operations_wrapped(envoy.source)
                 except Exception:
                     continue  # the read says why, with the row, where it is asked for
 
