@@ -25,6 +25,7 @@ from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 from causalab_mini.tools.tiny import group_model_types
 
+from .registry_cases import skip_unless_installed
 from .test_multimodal import _failed, _loaded, _with_media
 
 GROUP = "audio_text_to_text"
@@ -102,6 +103,7 @@ def _audio_inputs(model: Any, seed: int) -> dict[str, Any]:
 def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None:
     """media_token_id reads the attribute the family row names on the loaded config;
     a model whose families name none is refused with the row to write."""
+    skip_unless_installed(model_type)
     model = _loaded(f"tiny:{model_type}")
     keys = [k for f in model.resolution.matched for k in f.media_tokens.get("audio", ())]
     config = model._model.config
