@@ -414,6 +414,34 @@ def source_identity(source_envoy: Any) -> Any:
     return getattr(source_envoy, "accessor", source_envoy)
 
 
+def _pass_value(value: Any) -> None:
+    """An operation hook that never changes the value (returns None) and never removes
+    itself: it only keeps its operation wrapped (``keep_operations_wrapped``)."""
+    return None
+
+
+_SERIES_07 = (Version("0.7.0.dev0"), Version("0.8.0.dev0"))
+
+
+def keep_operations_wrapped(source_envoy: Any) -> None:
+    """Keep every operation of a forward whose ``.source`` is open wrapped on nnsight
+    0.7, which decides whether to wrap an operation's call when the call's function is
+    looked up (``SourceAccessor.wrap``: unwrapped where no hook waits for it then). Python
+    looks the function up before it evaluates the arguments, so a trace body that reads
+    an argument first (``F.silu(self.w1(x))``: ``self_w1_0``'s output, then ``F_silu_0``'s,
+    LFM2's MLP) asks for the outer operation only after its call went by unwrapped, and
+    0.7 raises MissedProviderError. A hook of our own that passes the value on keeps the
+    call wrapped, so a wait the body registers during the call is served, as 0.6 and 0.8
+    (which wrap every call) serve it. Idempotent; nothing on 0.6 and 0.8."""
+    if not _SERIES_07[0] <= nnsight_version() < _SERIES_07[1]:
+        return
+    accessor = getattr(source_envoy, "accessor", None)
+    for op in getattr(accessor, "operations", {}).values():
+        hooks = getattr(op, "post_hooks", None)
+        if isinstance(hooks, list) and _pass_value not in hooks:
+            hooks.append(_pass_value)
+
+
 def callee_after_inputs() -> bool:
     """Whether an operation hands over its callee (what a nested ``.source`` waits for)
     after its inputs: nnsight 0.8's ``run_op`` emits input, skip, fn, output; 0.6/0.7
@@ -496,6 +524,15 @@ def several_invokes(model: Any) -> bool | None:
     batcher = getattr(interleaver, "batcher", None)
     answer = getattr(batcher, "batching" if is_08() else "needs_batching", None)
     return answer if isinstance(answer, bool) else None
+
+
+def invokes_narrowed_off_the_graph(model: Any) -> bool:
+    """Whether, in the running trace, an invoke's read is its rows cut off the batch's
+    tensor, a view the forward does not go on with: on 0.6 and 0.7 with several invokes
+    (a gradient hook on it never fires, and their backward never serves its ``.grad``,
+    raising "Execution complete but ... .grad was not provided"). 0.8 serves both
+    (checked in tests/test_attribution.py)."""
+    return not is_08() and several_invokes(model) is True
 
 
 # ---------------------------------------------------------------------- NDIF client
@@ -754,18 +791,84 @@ def trace_running(module: Any) -> bool:
     return state is not None and state.active()[0] is not None
 
 
+# what a text batch's forward may be given beside its token rows, for the position ids
+# below to be supplied (a batch with anything else is not a plain text batch)
+_TEXT_BATCH_KEYS = frozenset(
+    {"input_ids", "inputs_embeds", "attention_mask", "token_type_ids", "labels"}
+)
+
+
+def supply_position_ids(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The forward's keyword arguments for a text batch, with position ids where nnsight
+    0.8 supplies them: 0.8 counts each left-padded row from its first real token (so
+    left padding moves no token of an absolute-position or rotary model), and 0.6 and
+    0.7 pass the batch as given, the model then counting the pads too. On those, the
+    same position ids are added here, so a trace computes the same places on every
+    nnsight. Only where 0.8 adds them: a tokenizer padding on the left, no position ids
+    given, a mask as wide as the tokens with padding in it, nothing in the batch but
+    token rows, and a row padded on the left (rows padded otherwise count from 0, as the
+    model does). Unchanged on 0.8 and under ``scan`` (fake tensors have no values)."""
+    if is_08() or kwargs.get("position_ids") is not None:
+        return kwargs
+    mask = kwargs.get("attention_mask")
+    ids = kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+    tokenizer = getattr(model, "tokenizer", None)
+    if (
+        mask is None
+        or ids is None
+        or getattr(tokenizer, "padding_side", None) != "left"
+        or any(v is not None for k, v in kwargs.items() if k not in _TEXT_BATCH_KEYS)
+        or tuple(mask.shape) != tuple(ids.shape[:2])
+        or mask.device.type == "meta"
+    ):
+        return kwargs
+    from torch._guards import detect_fake_mode
+
+    if detect_fake_mode() is not None or bool(mask.all()):
+        return kwargs
+    import torch
+
+    mask = mask.long()
+    counted = (mask.cumsum(-1) - 1).clamp(min=0)
+    plain = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
+    left_padded = (mask.diff(dim=-1) >= 0).all(-1, keepdim=True)
+    positions = torch.where(left_padded, counted, plain)
+    if bool((positions == plain).all()):
+        return kwargs
+    return {**kwargs, "position_ids": positions}
+
+
+def with_position_ids(model: Any, inputs: Any) -> Any:
+    """``inputs`` for a trace of another model than ``model`` (the plain one a plan is
+    sent through to a server, whose nnsight makes the batch): on 0.6/0.7, where
+    ``supply_position_ids`` adds position ids to the batch ``model`` makes of
+    ``inputs``, that batch with them (made here, as the other trace would make it);
+    else ``inputs`` as given."""
+    if is_08():
+        return inputs
+    try:
+        args, kwargs, _ = model._prepare_input(inputs)
+    except Exception:
+        return inputs  # not a batch nnsight tokenizes here: the trace says why
+    supplied = supply_position_ids(model, dict(kwargs))
+    if args or "position_ids" not in supplied or "position_ids" in kwargs:
+        return inputs
+    return {key: value for key, value in supplied.items() if value is not None}
+
+
 def prepared_call(model: Any, inputs: Any) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """What ``model.trace(inputs)`` calls for one input, outside a trace: the callable
     and the arguments nnsight's batching makes of ``inputs`` (tokenizing, padding,
     position ids). 0.8 has a batcher per trace and calls ``model._call``; 0.6 and 0.7
-    prepare the input on the envoy (``_prepare_input``) and call the module itself."""
+    prepare the input on the envoy (``_prepare_input``) and call the module itself,
+    given the position ids 0.8 would add (``supply_position_ids``)."""
     if is_08():
         batcher = model._batcher_class(model, {})
         batcher.add(inputs)  # as model.trace(inputs) adds its one input
         args, kwargs = batcher.assemble(model._call)
         return model._call, tuple(args), dict(kwargs)
     args, kwargs, _ = model._prepare_input(inputs)
-    return model._module, tuple(args), dict(kwargs)
+    return model._module, tuple(args), supply_position_ids(model, dict(kwargs))
 
 
 __all__ = [
@@ -787,7 +890,9 @@ __all__ = [
     "forward_key",
     "install",
     "invoke_rows",
+    "invokes_narrowed_off_the_graph",
     "is_08",
+    "keep_operations_wrapped",
     "loading_class",
     "location",
     "model_id_cache",
@@ -803,5 +908,7 @@ __all__ = [
     "several_invokes",
     "shared_path",
     "source_identity",
+    "supply_position_ids",
     "trace_running",
+    "with_position_ids",
 ]

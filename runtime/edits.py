@@ -193,7 +193,7 @@ class Gradient:
     tensor's version when read; a tensor the forward edits in place after the place has
     another by the backward, and its gradient is then the edited tensor's."""
 
-    __slots__ = ("isolate", "kept", "source", "to_read", "version", "where")
+    __slots__ = ("isolate", "kept", "narrowed", "source", "to_read", "version", "where")
 
     def __init__(
         self,
@@ -201,6 +201,7 @@ class Gradient:
         source: Any,
         to_read: Callable[[Any], Any],
         isolate: Callable[[], Any] | None = None,
+        narrowed: bool = False,
     ) -> None:
         self.where = where
         self.source = source
@@ -212,6 +213,9 @@ class Gradient:
         # so the place's is taken from a view of its own the module is handed (made by
         # ``isolate``, a write of the place, at retain_grad() right after the read)
         self.isolate = isolate
+        # an invoke's rows cut off the batch's tensor, which the forward does not go on
+        # with (``compat.invokes_narrowed_off_the_graph``): no backward reaches them
+        self.narrowed = narrowed
 
     def _whole(self, read: Any, root: Any, spelling: str) -> None:
         with torch._C.DisableTorchFunctionSubclass():
@@ -246,6 +250,16 @@ class Gradient:
         if compat.backward_running():
             self._whole(read, root, "x.grad")
             self._unedited("x.grad")
+            if self.narrowed:
+                raise GradientRefused(
+                    f"x.grad at {self.where} inside `with loss.backward():`: this trace "
+                    f"batches several invokes, and under nnsight {compat.nnsight_version()} "
+                    "an invoke's read is its rows cut off the batch's tensor, which the "
+                    "backward never reaches (nnsight would wait for it forever): call "
+                    "x.retain_grad() right after reading it and read x.grad after a plain "
+                    "loss.backward(), trace one invoke (the prompts in one input, a "
+                    "list), or install nnsight>=0.8"
+                )
             if self.isolate is not None:
                 raise GradientRefused(
                     f"x.grad at {self.where}: the place is a module's input, whose tensor "
@@ -308,8 +322,9 @@ class Gradient:
         def keep(grad: Any) -> None:
             kept[0] = to_read(grad)
 
-        if getattr(source, "_nnsight_batch", False) and source._base is not None:
-            # an invoke's rows of the batch: the batch's tensor is on the graph
+        if (getattr(source, "_nnsight_batch", False) or self.narrowed) and source._base is not None:
+            # an invoke's rows of the batch (marked by 0.8; on 0.6/0.7 the trace
+            # batches several invokes): the batch's tensor is on the graph
             geometry = (source.shape, source.stride(), source.storage_offset())
             source._base.register_hook(lambda grad: keep(grad.as_strided(*geometry)))
         else:

@@ -332,12 +332,6 @@ class Place:
         refused = self.refuses_writes() if step["io_module"] else self.address_at(layer).read_only
         if refused is not None:
             raise WriteRefused(f"{step['where']} is read-only: {refused}")
-        if not compat.is_08():
-            raise WriteRefused(
-                f"{step['where']}: a write at positions is certified on nnsight 0.8, and "
-                f"nnsight {compat.nnsight_version()} is installed: install nnsight>=0.8, or "
-                "write the whole place"
-            )
         if type(value).__name__ == "EditableRead":
             from .edits import plain as unwrapped
 
@@ -457,7 +451,9 @@ class Internals(Mapping[str, Place]):
                     continue
                 try:
                     _, envoy = place._module_target(layer)
-                    envoy.source  # noqa: B018 - instruments the module's forward
+                    # instruments the module's forward (and on 0.7 keeps its calls
+                    # wrapped: an operation read after its argument is then served)
+                    compat.keep_operations_wrapped(envoy.source)
                 except Exception:
                     continue  # the read says why, with the row, where it is asked for
 
@@ -615,6 +611,7 @@ class Internals(Mapping[str, Place]):
                 None
                 if step["attr"] == "output" or step["in_place"]
                 else self._isolate(place, step, value),
+                compat.invokes_narrowed_off_the_graph(self.model),
             )
         return edits.editable(
             value,

@@ -129,17 +129,6 @@ def _heads_merged(address: ComponentAddress, target: Target) -> Exception:
     )
 
 
-def _positions_refused(address: ComponentAddress) -> WriteRefused:
-    # measured under nnsight 0.7.0 (drift session): with a batch's own position_ids and
-    # a write at positions, a read saved before the write came back changed
-    return WriteRefused(
-        f"{address}: a write at positions is certified on nnsight 0.8, and nnsight "
-        f"{compat.nnsight_version()} is installed, under which a read saved before such "
-        "a write was seen to change: install nnsight>=0.8, or write the whole place "
-        "(positions.put on what a read returns)"
-    )
-
-
 def component_fields(address: ComponentAddress, step: Step) -> Step:
     """``step`` with how a component hands on the tensor at its place: its name, its
     layout (several streams: ``streams_<layout>``), its heads' geometry and the head,
@@ -202,8 +191,6 @@ def lower_step(
     internals can view (a flat or head-merged tensor, positions the forward adds)."""
     if write and not address.writable:
         raise WriteRefused(f"{address.component} is read-only: {address.why_read_only}")
-    if write and index is not None and not compat.is_08():
-        raise _positions_refused(address)
     step = _placed_step(model, address, write, target)
     if write and address.featurizer is not None:
         # features (or a mechanism on them) at a featurized address: made of the place's

@@ -359,6 +359,15 @@ class StandardizedTransformer(nnterp.StandardizedTransformer):  # type: ignore[m
             )
         return super().trace(*inputs, **kwargs)
 
+    def interleave(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """nnsight 0.6/0.7 run a trace's forward here with the batch as given: a left-padded
+        text batch is given the position ids nnsight 0.8 adds (``compat.
+        supply_position_ids``), so its places are the same on every nnsight."""
+        # the forward: this model's __call__, or its name (a request a server runs)
+        if not compat.is_08() and (fn == "__call__" or fn == self.__call__):
+            kwargs = compat.supply_position_ids(self, kwargs)
+        return super().interleave(fn, *args, **kwargs)
+
     def to_model_key(self, host: str | None = None) -> str:
         """The model key a remote request names (nnsight's), after checking that the
         server (at ``host``, default nnsight's configured one) has what a trace of

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from . import compat
 from . import plain as plain_module
 from .errors import RemoteIncomplete, RemoteMismatch, RemoteRefused, WriteRefused
 from .lower import Program, Target, lower
@@ -375,6 +376,9 @@ def execute(
         kwargs["backend"] = backend
     elif remote:  # "local": nnsight's in-process simulation of the request
         kwargs["remote"] = remote
+    # the server's nnsight makes the batch: on 0.6/0.7 the position ids the local
+    # model would add are made here and sent with it (compat.supply_position_ids)
+    inputs = compat.with_position_ids(model, inputs)
     try:
         reads = _execute(plain, inputs, program.steps, wanted, run, kwargs)
     except Exception as exc:

@@ -124,6 +124,16 @@ def _installed_model_types() -> frozenset[str]:
     return frozenset(t for types in group_model_types().values() for t in types)
 
 
+def skip_unless_installed(model_type: str) -> None:
+    """Skip the running test, with the model type and the transformers version, where
+    the installed transformers lacks ``model_type`` (an older one, as `nox -s drift`
+    installs)."""
+    if model_type not in _installed_model_types():
+        import transformers
+
+        pytest.skip(f"{model_type} is not in transformers {transformers.__version__}")
+
+
 @cache
 def structure_of(model_type: str, config: Config = ()) -> str | None:
     """The structure the first matching rule gives the tiny ``model_type`` with ``config``

@@ -18,6 +18,8 @@ from causalab_mini.errors import WriteRefused
 from causalab_mini.model import StandardizedTransformer
 from causalab_mini.tools import certify as c
 
+from .registry_cases import skip_unless_installed
+
 Load = Callable[..., StandardizedTransformer]
 
 pytestmark = [pytest.mark.slow, pytest.mark.semantic]
@@ -303,6 +305,7 @@ def test_a_branch_on_what_the_layer_is_given_is_measured_on_a_forward(tiny_model
     model decides per layer (its full-attention layers are given none): a plain forward
     says which layers made the call; those read and hold the rotary identity's
     movement, the others refuse with what was measured."""
+    skip_unless_installed("ergo")
     model = tiny_model("tiny:ergo")
     kinds = model._model.config.layer_types
     full = [i for i, kind in enumerate(kinds) if kind == "full_attention"]

@@ -25,6 +25,7 @@ from causalab_mini.positions import media_token_id
 from causalab_mini.tools import certify
 from causalab_mini.tools.tiny import group_model_types
 
+from .registry_cases import skip_unless_installed
 from .test_multimodal import _failed, _loaded, _with_media
 
 GROUP = "audio_text_to_text"
@@ -102,6 +103,7 @@ def _audio_inputs(model: Any, seed: int) -> dict[str, Any]:
 def test_the_audio_placeholder_is_the_rows_config_value(model_type: str) -> None:
     """media_token_id reads the attribute the family row names on the loaded config;
     a model whose families name none is refused with the row to write."""
+    skip_unless_installed(model_type)
     model = _loaded(f"tiny:{model_type}")
     keys = [k for f in model.resolution.matched for k in f.media_tokens.get("audio", ())]
     config = model._model.config
@@ -145,7 +147,7 @@ def test_audio_enters_at_the_placeholders_after_the_embeddings(model_type: str) 
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
     assert {c.layer for c in checks if c.layer is not None} == set(range(len(model.layers)))
 
     embedded = values[("embeddings_output", None)][0]
@@ -187,7 +189,7 @@ def test_time_aligned_audio_enters_every_position_after_the_embeddings(model_typ
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
 
     embedded = values[("embeddings_output", None)]
     with torch.no_grad():
@@ -265,7 +267,7 @@ def test_audio_codes_enter_through_the_ids_and_their_embeddings_sum(model_type: 
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
     assert torch.equal(values[("embeddings_input", None)], ids)
     offsets = [0] + [
         config.vocab_size + k * config.codebook_vocab_size for k in range(ids.shape[2] - 1)

@@ -99,4 +99,4 @@ def test_a_drafter_reads_the_target_states_not_the_token_ids(model_type: str) ->
         model, inputs, everything
     )
     assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)

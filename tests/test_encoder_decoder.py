@@ -149,9 +149,7 @@ def test_the_sweep_check_of_ragged_pairs_holds(spec: str, tiny_model: Load) -> N
         v={("block_input", 1): held},
     )
     found = {o.description: (o.ok, o.detail) for o in ragged_pairs.ragged_pairs(ctx)}
-    names = {ragged_pairs.DECODER, ragged_pairs.ENCODER, ragged_pairs.SWAPPED}
-    if compat.is_08():
-        names.add(ragged_pairs.WRITE)
+    names = {ragged_pairs.DECODER, ragged_pairs.ENCODER, ragged_pairs.SWAPPED, ragged_pairs.WRITE}
     assert set(found) == names and all(ok for ok, _ in found.values()), found
 
 

@@ -308,7 +308,6 @@ def test_mechanisms_run_remotely_as_plain_edits(workers: dict[str, Any]) -> None
     """On a stock server (no causalab_mini there), a plan's mechanisms travel as plain
     edits and give what they give locally; a featurized read comes back as features,
     and a featurized write (the featurizer's own code) is refused before sending."""
-    from causalab_mini import compat
     from causalab_mini.errors import RemoteRefused
     from causalab_mini.featurizers import Subspace
 
@@ -319,8 +318,7 @@ def test_mechanisms_run_remotely_as_plain_edits(workers: dict[str, Any]) -> None
     v = _vector(local.hidden_size, 10)
 
     def plan(model: Any) -> Plan:
-        position = {"index": -1} if compat.is_08() else None
-        at = locate(model, "block_mid", 0, position=position)
+        at = locate(model, "block_mid", 0, position={"index": -1})
         reads = [locate(model, "block_input", 0), locate(model, "block_output", 1)]
         reads.append(locate(model, "logits"))
         head = locate(model, "attention_z", 1, head=1)

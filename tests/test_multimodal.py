@@ -56,8 +56,8 @@ def _loaded(spec: str) -> Any:
     return model
 
 
-def _failed(checks: list[certify.Check]) -> list[tuple[str, int | None, float]]:
-    return [(c.name, c.layer, c.max_error) for c in checks if not c.ok]
+def _failed(checks: list[certify.CheckResult]) -> list[tuple[str, int | None, float | None]]:
+    return [(c.description, c.layer, c.max_error) for c in checks if not c.ok]
 
 
 def _gemma3_inputs(model: Any, seed: int) -> dict[str, Any]:
@@ -89,7 +89,7 @@ def test_gemma3_image_enters_after_the_embeddings() -> None:
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
 
     image = inputs["input_ids"][0] == model._model.config.image_token_id
     embedded = values[("embeddings_output", None)][0]

@@ -183,18 +183,19 @@ def test_bert_reads_the_output_child_and_the_layers_own_output() -> None:
 
 # ---------------------------------------------------------------- left padding
 #
-# The decision: a place holds what the trace's own forward computes. On a left-padded
-# text batch without position ids, nnsight 0.8 adds position ids counted from each
-# row's first real token; 0.6/0.7 pass the batch as given, and the model counts
-# positions itself (GPT-2 over the padded width, OPT from the attention mask). The
-# oracles are fed what the trace's forward got (certify.forward_inputs); position ids
-# given by the caller are used as given on every nnsight.
+# The decision: a place holds what the trace's own forward computes, and that forward
+# is the same on every nnsight. On a left-padded text batch without position ids,
+# nnsight 0.8 adds position ids counted from each row's first real token; on 0.6/0.7
+# the model (causalab_mini.compat.supply_position_ids) adds the same ones, where the
+# model would otherwise count positions itself (GPT-2 over the padded width, OPT from
+# the attention mask). The oracles are fed what the trace's forward got
+# (certify.forward_inputs); position ids given by the caller are used as given.
 
 
-@pytest.mark.parametrize(("spec", "counts_from_mask"), [("tiny:gpt2", False), ("tiny:opt", True)])
-def test_left_padded_places_hold_what_the_traced_forward_computes(
-    spec: str, counts_from_mask: bool
-) -> None:
+@pytest.mark.parametrize(
+    "spec", ["tiny:gpt2", "tiny:opt"]
+)  # positions: over the width, from the mask
+def test_left_padded_places_hold_what_the_traced_forward_computes(spec: str) -> None:
     model = load(spec)
     texts = ("The quick brown fox", "A much longer sentence about the quick brown fox and a dog")
     inputs = c.sample_inputs(model, texts)
@@ -203,19 +204,16 @@ def test_left_padded_places_hold_what_the_traced_forward_computes(
     from_first_token = (mask.cumsum(-1) - 1).clamp(min=0)
 
     fed = c.forward_inputs(model, inputs)
-    if compat.is_08():
-        assert torch.equal(fed["position_ids"], from_first_token)
-    else:
-        assert fed.get("position_ids") is None
+    assert torch.equal(fed["position_ids"], from_first_token)  # on every nnsight
 
     # the oracle fed the same inputs agrees with every layer, the final norm, the logits
     values = c.read_places(model, inputs, ["layers_input", "ln_final_output", "logits"])
     checks = c.hidden_state_oracle(model, inputs, values)
     assert len(checks) == model.num_layers + 2 and all(ch.ok for ch in checks), checks
-    # ... and fed the batch as given it would not, where nnsight added position ids
+    # ... and fed the batch as given it would not: the trace added position ids
     with torch.no_grad():
         raw = model._module(**inputs).logits
-    assert c.compare("logits", None, values[("logits", None)], raw).ok != compat.is_08()
+    assert not c.compare("logits", None, values[("logits", None)], raw).ok
 
     # the padded row's real tokens against the prompt alone
     n = int(mask[0].sum())
@@ -227,7 +225,7 @@ def test_left_padded_places_hold_what_the_traced_forward_computes(
         got = explicit[("layers_output", layer)][0, -n:]
         assert c.compare("explicit position ids", layer, got, want).ok
         same = c.compare("as given", layer, plain[("layers_output", layer)][0, -n:], want).ok
-        assert same == (compat.is_08() or counts_from_mask)
+        assert same  # as the prompt alone, on every nnsight
 
 
 def test_the_coverage_doc_lists_where_another_nnsight_differs() -> None:

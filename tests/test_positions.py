@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from causalab_mini import WriteRefused, compat, locate
+from causalab_mini import WriteRefused, locate
 from causalab_mini import positions as P
 from causalab_mini.plan import Plan
 from causalab_mini.tools.tiny import BOS_ID, EOS_ID
@@ -226,10 +226,6 @@ def test_a_position_write_replaces_that_token_only(
     clean = Plan.of([earlier, same, later]).run(model, TEXTS)
     index = P.stacked(P.resolve(model, TEXTS, at.position), at.position)
     value = torch.ones(2, 1, model.hidden_size)
-    if not compat.is_08():  # refused there, with the fix: see plan.write
-        with pytest.raises(WriteRefused, match=r"certified on nnsight 0\.8"):
-            Plan.of([earlier, same, later], [(at, value)]).run(model, TEXTS)
-        return
     patched = Plan.of([earlier, same, later], [(at, value)]).run(model, TEXTS)
     # a read before the write keeps its value
     assert torch.equal(patched[earlier], clean[earlier])
@@ -268,11 +264,6 @@ def test_a_place_reads_and_writes_positions_in_a_hand_written_trace(
     assert at.shape == (2, 1, model.hidden_size)
     assert torch.equal(at, P.take(whole, index, 1))
     value = torch.ones(2, 1, model.hidden_size)
-    if not compat.is_08():
-        with pytest.raises(WriteRefused, match=r"certified on nnsight 0\.8"):
-            with model.trace(inputs):
-                model.layers_mid[1, index] = value
-        return
     with model.trace(inputs):
         before = model.layers_input[1].save()
         model.layers_mid[1, index] = value

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from causalab_mini import WriteRefused, compat, remote
+from causalab_mini import compat, remote
 from causalab_mini.components import ComponentAddress, Plan, component_status, locate
 from causalab_mini.errors import PlaceUnavailable
 from causalab_mini.generated import COMPONENTS
@@ -283,10 +283,6 @@ def test_loopback_runs_a_plan_at_positions_as_a_local_one(
         return Plan.of(reads, [(locate(model, "block_mid", 0, position={"index": 1}), value)])
 
     value = torch.full((2, 1, local.hidden_size), 0.5)
-    if not compat.is_08():  # a write at positions is refused there (plan.write)
-        with pytest.raises(WriteRefused, match=r"certified on nnsight 0\.8"):
-            plan(local, value).run(local, texts)
-        return
     want = plan(local, value).run(local, texts)
     with loopback(workers[server]).installed():
         got = plan(client, value).run(client, texts, remote=True)

@@ -64,7 +64,7 @@ def _structure(registry_root: Path, model_type: str) -> str:
     return next(r.structure for r in registry.rules if model_type in r.match.model_types)
 
 
-def _prove(spec: str, registry_root: Path, family: str, model_type: str) -> list[c.Check]:
+def _prove(spec: str, registry_root: Path, family: str, model_type: str) -> list[c.CheckResult]:
     """Load the model with the written rows and run certify over them."""
     rows, rename = _typed_rows(registry_root, family)
     config = RenameConfig.of(**rename, addresses={**DEFAULT_ADDRESSES, **rows})

@@ -131,7 +131,7 @@ def test_an_image_enters_at_the_placeholders_after_the_embeddings(model_type: st
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
 
     embedded = values[("embeddings_output", None)][0]
     merged = values[("layers_input", 0)][0]
@@ -275,7 +275,7 @@ def test_the_query_outputs_fill_the_placeholders_nothing_is_prepended(model_type
     values = certify.read_places(model, inputs)
     checks = certify.identities(model, values) + certify.hidden_state_oracle(model, inputs, values)
     assert checks and not _failed(checks)
-    assert any(c.name.startswith("hidden_states") for c in checks)
+    assert any(c.description.startswith("hidden_states") for c in checks)
     merged = values[("layers_input", 0)][0]
     assert merged.shape[0] == ids.shape[1]  # one stream row per token id
     with torch.no_grad():
@@ -314,7 +314,7 @@ def test_the_oracles_read_the_text_decoders_own_output() -> None:
     checks = [
         c
         for c in certify.hidden_state_oracle(model, inputs, values)
-        if c.name != "hidden_states[-1] == ln_final_output"
+        if c.description != "hidden_states[-1] == ln_final_output"
     ]
     last = model.internals.num_layers - 1
     checks.append(

@@ -6,8 +6,9 @@ oracles are written by others: transformers' ``output_hidden_states`` and
 ``registry sweep``.
 
 The package along its seams: ``common`` (the sample inputs, one trace reading every
-place, the one comparator and ``Check``), ``block_identities`` (the block
-structure's identities parsed and evaluated), ``oracles`` (transformers' own forward
+place, the one comparator and ``CheckResult``, the one result type of every check;
+``Check`` is its older name), ``block_identities`` (the block structure's identities
+parsed and evaluated), ``oracles`` (transformers' own forward
 and what the checks read of it) and ``writes`` (a write reaches the stream, never
 reaches backwards, and an in-place edit is the write). Their public names are
 importable from here."""
@@ -32,6 +33,7 @@ from causalab_mini.tools.certify.common import (
     ATOL,
     RTOL,
     Check,
+    CheckResult,
     close,
     compare,
     difference,
@@ -60,6 +62,7 @@ __all__ = [
     "ATOL",
     "RTOL",
     "Check",
+    "CheckResult",
     "Term",
     "attention_oracle",
     "attention_write_shifts_mid",

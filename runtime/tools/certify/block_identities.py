@@ -10,7 +10,7 @@ from typing import Any, TypeAlias
 from causalab_mini.address import IdentityTerm, identity_term_rows, parse_identity_terms
 from causalab_mini.generated import BLOCK_STRUCTURES
 
-from .common import Check, compare
+from .common import CheckResult, compare
 
 Term: TypeAlias = IdentityTerm
 
@@ -171,7 +171,7 @@ def output_scale(model: Any, layer: int) -> Any:
     return value.detach()
 
 
-def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[Check]:
+def identities(model: Any, values: dict[tuple[str, int | None], Any]) -> list[CheckResult]:
     """Every identity of the model's block structure, on every layer where all its
     places are available (an identity of layers_output times the block's output
     scale, where it has one)."""

@@ -1,11 +1,15 @@
 """What every check stands on: the sample inputs, one trace reading every place, and
 the one comparator (``difference``; ``close`` and ``compare`` report it) with the
-tolerances and ``Check``, the result of one comparison."""
+tolerances and ``CheckResult``, the one result type of every check (``Check`` is its
+older name)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from causalab_mini.tools.verdicts import ComponentState
 
 ATOL = 1e-4
 
@@ -14,14 +18,53 @@ RTOL = 1e-4
 
 
 @dataclass(frozen=True)
-class Check:
-    """One comparison: what, where, and whether it held (with the worst error)."""
+class CheckResult:
+    """What one check found, the one result type of the project's checks (certify's
+    comparisons and the sweep's checks alike): the ``components`` it covers (none on a
+    comparison of registry rows, which certify makes; the sweep names the components
+    when it reports one), its ``description`` (the same on every model, so the
+    coverage table can list it; on a comparison, what was compared), its ``status``
+    (ok: it held; broken: it failed; refused: the library refused what the check runs,
+    with the reason in ``detail``, which breaks nothing), a ``detail`` (the worst
+    error, the layer, or the shapes that differ), and, on a comparison, the ``layer``
+    it was made on (None: the whole model) and its worst absolute error
+    (``max_error``; inf where the shapes differ)."""
 
-    name: str
-    layer: int | None
-    ok: bool
-    max_error: float
+    components: tuple[str, ...]
+    description: str
+    status: ComponentState
     detail: str = ""
+    layer: int | None = None
+    max_error: float | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the check breaks none of its components (it held, or was refused)."""
+        return self.status is not ComponentState.BROKEN
+
+    @classmethod
+    def of(
+        cls,
+        components: Iterable[str],
+        description: str,
+        ok: bool,
+        detail: str = "",
+        *,
+        layer: int | None = None,
+        max_error: float | None = None,
+    ) -> CheckResult:
+        """A comparison's result: ok where it held, else broken."""
+        status = ComponentState.OK if ok else ComponentState.BROKEN
+        return cls(tuple(components), description, status, detail, layer, max_error)
+
+    @classmethod
+    def refused(cls, components: Iterable[str], description: str, detail: str) -> CheckResult:
+        """A check the library refused to run here, with the reason (``detail``)."""
+        return cls(tuple(components), description, ComponentState.REFUSED, detail)
+
+
+# the name certify's comparisons had before every check had one result type
+Check = CheckResult
 
 
 def sample_inputs(model: Any, texts: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -54,14 +97,13 @@ def forward_inputs(model: Any, inputs: Any) -> dict[str, Any]:
     """The keyword arguments the trace's own forward receives for ``inputs``: what a
     plain forward (an oracle) must be fed to compute what the places hold.
 
-    A place holds what the traced forward computes, and nnsight decides part of that
-    forward's input: on a left-padded text batch without ``position_ids``, nnsight
-    0.8 adds position ids counted from each row's first real token (so left padding
-    does not shift an absolute-position model such as GPT-2 or OPT), while 0.6 and
-    0.7 pass the batch as given and the model counts positions itself. The oracles
-    are fed exactly what the trace's forward got, read from the trace itself, so they
-    hold on every nnsight. (Pass ``position_ids`` yourself to get the same places on
-    every nnsight.)
+    A place holds what the traced forward computes, and the trace decides part of that
+    forward's input: on a left-padded text batch without ``position_ids``, position ids
+    counted from each row's first real token are added (by nnsight 0.8 itself, on 0.6
+    and 0.7 by the model: ``compat.supply_position_ids``), so left padding does not
+    shift an absolute-position model such as GPT-2 or OPT. The oracles are fed exactly
+    what the trace's forward got, read from the trace itself. (Position ids passed by
+    the caller are used as given.)
     """
     box: list[Any] = []  # bound before the trace
     with model.trace(inputs):
@@ -128,8 +170,9 @@ def close(got: Any, want: Any, atol: float = ATOL) -> tuple[bool, str]:
     return ok, f"max error {worst:.3g}"
 
 
-def compare(name: str, layer: int | None, got: Any, want: Any) -> Check:
-    """``difference`` as a named Check."""
+def compare(name: str, layer: int | None, got: Any, want: Any) -> CheckResult:
+    """``difference`` as a comparison's result, described by ``name`` (it covers no
+    component: the caller names them)."""
     ok, worst = difference(got, want)
     detail = "" if worst != float("inf") else f"shape {tuple(got.shape)} != {tuple(want.shape)}"
-    return Check(name, layer, ok, worst, detail)
+    return CheckResult.of((), name, ok, detail, layer=layer, max_error=worst)

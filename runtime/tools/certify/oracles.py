@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from .common import Check, compare, forward_inputs, read_places
+from .common import CheckResult, compare, forward_inputs, read_places
 
 
 def oracle_hidden_states(model: Any, hidden: Any) -> Any:
@@ -107,7 +107,7 @@ def oracle_attentions(model: Any, attentions: Any) -> Any:
 
 def hidden_state_oracle(
     model: Any, inputs: dict[str, Any], values: dict[tuple[str, int | None], Any]
-) -> list[Check]:
+) -> list[CheckResult]:
     """transformers' ``output_hidden_states``: entry i is layer i's input, and the last
     is the final norm's output (where the family says its entries are the blocks'
     outputs, entry i is layer i's output)."""
@@ -164,7 +164,7 @@ def hidden_state_oracle(
     return checks
 
 
-def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[Check]:
+def attention_oracle(model: Any, inputs: dict[str, Any]) -> list[CheckResult]:
     """``output_attentions`` under eager attention == the attention_probabilities row
     (the model must be loaded with ``enable_attention_probs=True``)."""
 

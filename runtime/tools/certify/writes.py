@@ -16,10 +16,10 @@ from .block_identities import (
     rows_of,
     structure_identities,
 )
-from .common import Check, compare, read_places, saved_value
+from .common import CheckResult, compare, read_places, saved_value
 
 
-def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> Check | None:
+def write_reaches_stream(model: Any, inputs: dict[str, Any], layer: int = 0) -> CheckResult | None:
     """Write at the stream between the sublayers and check the block carries the
     written value on: after ``layers_mid[i] = mid + delta``,
     ``layers_output[i] == (mid + delta) + mlps_output[i]`` (on a post_ln block the sum
@@ -100,7 +100,9 @@ def _mid_addend_identity(model: Any, layer: int) -> str | None:
     return None
 
 
-def _attention_write_shifts(model: Any, inputs: dict[str, Any], layer: int, observed: str) -> Check:
+def _attention_write_shifts(
+    model: Any, inputs: dict[str, Any], layer: int, observed: str
+) -> CheckResult:
     """After ``attentions_output[layer] += 0.25``, ``observed[layer]`` must shift by
     exactly 0.25 against a clean run."""
     internals = model.internals
@@ -135,7 +137,9 @@ def _stream_write_target(model: Any, layer: int) -> str | None:
     return None
 
 
-def _write_through_identity(model: Any, inputs: dict[str, Any], layer: int, text: str) -> Check:
+def _write_through_identity(
+    model: Any, inputs: dict[str, Any], layer: int, text: str
+) -> CheckResult:
     """Write layers_mid + delta at ``layer``, read the identity's other rows after the
     write in the same trace, and hold its left side to the right side evaluated with
     the written layers_mid."""
@@ -169,7 +173,7 @@ def _write_through_identity(model: Any, inputs: dict[str, Any], layer: int, text
     return compare(f"{text}, with a written layers_mid", layer, sides[0], sides[1])
 
 
-def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | None:
+def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> CheckResult | None:
     """Where the block structure's identities do not name attentions_output (a block
     whose other mixer adds beside attention, as on Falcon-H1), check that it is
     attention's contribution all the same: after ``attentions_output[i] += delta``,
@@ -193,7 +197,7 @@ def attention_write_shifts_mid(model: Any, inputs: dict[str, Any]) -> Check | No
 
 def write_keeps_earlier_reads(
     model: Any, inputs: dict[str, Any], name: str, layer: int | None
-) -> list[Check]:
+) -> list[CheckResult]:
     """A write must not reach backwards. In one trace: read every available place up
     to and including ``name`` at ``layer`` (in forward order), write there, read the
     same place again and a place after it. Every first read must equal a clean run
@@ -244,11 +248,12 @@ def write_keeps_earlier_reads(
     after = saved_value(box["later"]).detach()
     moved = float((after.double() - clean[later].detach().double()).abs().max())
     checks.append(
-        Check(
+        CheckResult.of(
+            (),
             f"{later[0]} after the write at {where} differs from a clean run",
-            later[1],
             bool(moved > 0 and torch.isfinite(after).all()),
-            moved,
+            layer=later[1],
+            max_error=moved,
         )
     )
     return checks
@@ -306,7 +311,9 @@ def _edit_and_assign(model: Any, inputs: dict[str, Any], place: Any, layer: int 
     return box
 
 
-def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | None) -> list[Check]:
+def in_place_edit(
+    model: Any, inputs: dict[str, Any], name: str, layer: int | None
+) -> list[CheckResult]:
     """An in-place edit of a read is the write of the place. In one trace: read
     ``name`` at ``layer`` and save it, edit a second read in place at one position
     (``x[:, p] += 0.5``), read the place again and the logits. In another: read it,
@@ -354,10 +361,10 @@ def in_place_edit(model: Any, inputs: dict[str, Any], name: str, layer: int | No
         )
     return [
         *kept,
-        Check(
+        CheckResult.of(
+            (),
             f"logits after an in-place edit of {where} == after the same write by assignment",
-            None,
             same,
-            0.0 if same else float((logits.double() - assigned.double()).abs().max()),
+            max_error=0.0 if same else float((logits.double() - assigned.double()).abs().max()),
         ),
     ]

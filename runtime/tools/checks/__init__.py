@@ -57,10 +57,10 @@ def identities(ctx: Context) -> Iterator[CheckResult]:
     """The block structure's identities (block_structures.yaml), on every layer."""
     row_of = row_components()
     for check in cert.identities(ctx.model, ctx.places):
-        left, right = cert.parse_identity(check.name)
+        left, right = cert.parse_identity(check.description)
         yield CheckResult.of(
             tuple(row_of[r] for r in (left, *right) if r in row_of),
-            check.name,
+            check.description,
             check.ok,
             f"layer {check.layer}: max error {check.max_error:.3g}",
         )
@@ -353,8 +353,10 @@ def write_reaches_stream(ctx: Context) -> Iterator[CheckResult]:
     (certify.write_reaches_stream)."""
     write = cert.write_reaches_stream(ctx.model, ctx.inputs, layer=min(1, ctx.n - 1))
     if write is not None:
-        component = "block_mid" if "written layers_mid" in write.name else "attention_output"
-        yield CheckResult.of((component,), write.name, write.ok, f"max error {write.max_error:.3g}")
+        component = "block_mid" if "written layers_mid" in write.description else "attention_output"
+        yield CheckResult.of(
+            (component,), write.description, write.ok, f"max error {write.max_error:.3g}"
+        )
 
 
 def write_keeps_earlier_reads(ctx: Context) -> Iterator[CheckResult]:
@@ -390,7 +392,9 @@ def _at_each_place(
         checks = run(ctx.model, ctx.inputs, row_name, layer)
         if checks:
             failed = [c for c in checks if not c.ok]
-            detail = f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else ""
+            detail = (
+                f"{failed[0].description}: max error {failed[0].max_error:.3g}" if failed else ""
+            )
             yield CheckResult.of((component,), name, not failed, detail)
 
 
@@ -414,7 +418,7 @@ def attention_write_shifts_mid(ctx: Context) -> Iterator[CheckResult]:
     shift = cert.attention_write_shifts_mid(ctx.model, ctx.inputs)
     if shift is not None:
         yield CheckResult.of(
-            ("attention_output",), shift.name, shift.ok, f"max error {shift.max_error:.3g}"
+            ("attention_output",), shift.description, shift.ok, f"max error {shift.max_error:.3g}"
         )
 
 

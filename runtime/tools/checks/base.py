@@ -1,52 +1,19 @@
-"""What every check of the sweep is made of: a ``CheckResult`` (what one check found),
-the ``Context`` a check reads, and the two helpers most checks share. The checks
+"""What every check of the sweep is made of: a ``CheckResult`` (what one check found;
+the one result type, defined beside certify's comparator and used by its comparisons
+too), the ``Context`` a check reads, and the two helpers most checks share. The checks
 (``causalab_mini.tools.checks``) and the recomputations they call
 (``checks.recompute``, ``checks.positions``) import this module; it imports none of
 them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from causalab_mini.generated import COMPONENTS
 from causalab_mini.tools import certify as cert
-from causalab_mini.tools.certify import close
-from causalab_mini.tools.verdicts import ComponentState
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """What one check found, in one shape for every check: the ``components`` it
-    covers, its ``description`` (the same on every model, so the coverage table can
-    list it), its ``status`` (ok: it held; broken: it failed; refused: the library
-    refused what the check runs, with the reason in ``detail``, which breaks nothing)
-    and a ``detail`` (the worst error, the layer)."""
-
-    components: tuple[str, ...]
-    description: str
-    status: ComponentState
-    detail: str = ""
-
-    @property
-    def ok(self) -> bool:
-        """Whether the check breaks none of its components (it held, or was refused)."""
-        return self.status is not ComponentState.BROKEN
-
-    @classmethod
-    def of(
-        cls, components: Iterable[str], description: str, ok: bool, detail: str = ""
-    ) -> CheckResult:
-        """A comparison's result: ok where it held, else broken."""
-        status = ComponentState.OK if ok else ComponentState.BROKEN
-        return cls(tuple(components), description, status, detail)
-
-    @classmethod
-    def refused(cls, components: Iterable[str], description: str, detail: str) -> CheckResult:
-        """A check the library refused to run here, with the reason (``detail``)."""
-        return cls(tuple(components), description, ComponentState.REFUSED, detail)
-
+from causalab_mini.tools.certify import CheckResult, close
 
 # the name the checks' results had before they had one type (code on other branches)
 Outcome = CheckResult

@@ -210,7 +210,6 @@ def _head(model: Any, inputs: Any, key: tuple[str, int | None], logits: Any) -> 
 
 
 def _positions(model: Any, layer: int) -> tuple[bool, str]:
-    from causalab_mini import compat
     from causalab_mini.components import locate
     from causalab_mini.plan import Plan
 
@@ -220,8 +219,6 @@ def _positions(model: Any, layer: int) -> tuple[bool, str]:
     want, got = _both(Plan.of([at, after]), model, texts)
     if not all(_equal(want[a], got[a]) for a in (at, after)):
         return False, "a read at {'index': -1} differs"
-    if not compat.is_08():
-        return True, "reads only (a write at positions is refused below nnsight 0.8)"
     value = want[at] * 0.5 + 1
     want, got = _both(Plan.of([at, after], [(at, value)]), model, texts)
     bad = [str(a.component) for a in (at, after) if not _equal(want[a], got[a])]

@@ -396,7 +396,7 @@ def router_writes(ctx: Context) -> Iterator[CheckResult]:
             [component],
             "a write keeps every earlier read, reads back, and reaches the stream",
             bool(checks) and not failed,
-            f"{failed[0].name}: max error {failed[0].max_error:.3g}" if failed else "",
+            f"{failed[0].description}: max error {failed[0].max_error:.3g}" if failed else "",
         )
     clean = _given(model, ctx.inputs, [layer])
     weights = clean[("experts", layer)][0][2]

@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from causalab_mini import compat
 from causalab_mini.tools.certify import ATOL, close
 from causalab_mini.tools.checks.base import CheckResult
 
@@ -90,8 +89,6 @@ def position_reads_and_writes(ctx: Any) -> Iterator[CheckResult]:
     index = stacked(resolve(model, texts, last.position), last.position)
     ok, err = close(clean[last], take(clean[whole], index, 1))
     yield CheckResult.of(("block_output",), READ, ok, err)
-    if not compat.is_08():
-        return  # writes at positions are refused below nnsight 0.8 (plan.write says why)
     value = clean[place].new_ones((len(texts), 1, clean[place].shape[-1]))
     written = Plan.of([earlier, place, whole], [(at, value)]).run(model, texts)
     where = stacked(resolve(model, texts, at.position), at.position)

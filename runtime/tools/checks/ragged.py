@@ -170,7 +170,6 @@ def _at_positions(
 ) -> Iterator[CheckResult]:
     """Reads at positions, and a write at one token, on the rows padded on ``side``
     (the runtime's own batch), each row against the row alone."""
-    from causalab_mini import compat
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode
 
@@ -184,8 +183,8 @@ def _at_positions(
     detail = f"max relative error {max(errs):.3g}"
     yield CheckResult.of(("block_output",), READS.format(side=side), max(errs) <= RTOL, detail)
     written_at, after, layer = write
-    if not compat.is_08() or not ctx.have("block_input", layer=layer):
-        return  # writes at positions are refused below nnsight 0.8
+    if not ctx.have("block_input", layer=layer):
+        return
     value = batch[reads[0]].new_ones((len(texts), 1, ctx.v[("block_input", layer)].shape[-1]))
     written = Plan.of([after], [(written_at, value)]).run(model, encoded)[after]
     werrs = []

@@ -122,14 +122,13 @@ def _encoder(ctx: Any, encoded: Any, resolve: Any) -> Iterator[CheckResult]:
 
 
 def _write(ctx: Any, encoded: Any) -> Iterator[CheckResult]:
-    from causalab_mini import compat
     from causalab_mini.components import ComponentError, locate
     from causalab_mini.plan import Plan
     from causalab_mini.positions import encode
 
     model = ctx.model
     layer = min(1, ctx.n - 1)
-    if not compat.is_08() or not ctx.have("block_input", layer=layer):
+    if not ctx.have("block_input", layer=layer):
         return
     try:
         at = locate(model, "block_input", layer, position={"index": 1})

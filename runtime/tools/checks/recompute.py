@@ -787,7 +787,9 @@ def _activation_function(
     from causalab_mini.internals import child
 
     entry = STRUCTURAL_ADDRESSES.get("mlps_activation", {}).get(model.block_structure or "")
-    found = [c for c in (entry.candidates if entry else ()) if child(model.layers[layer], c)]
+    found = [
+        c for c in (entry.candidates if entry else ()) if child(model.layers[layer], c) is not None
+    ]
     if len(found) == 1:
         return child(model.layers[layer], found[0])._module, f"the module {found[0]}"
     from transformers.activations import ACT2FN

@@ -13,7 +13,7 @@ from causalab_mini.generated import (
     BLOCK_STRUCTURES,
     DEFAULT_ADDRESSES,
 )
-from causalab_mini.tools.certify import Check, parse_identity
+from causalab_mini.tools.certify import CheckResult, parse_identity
 from causalab_mini.tools.scaffold.capture import capture
 from causalab_mini.tools.scaffold.data import (
     CONTRIBUTIONS,
@@ -253,7 +253,7 @@ def _prove(
     force_structure(model, structure)
     inputs = certify.sample_inputs(model)
     values, unreadable = _read_all(model, inputs)
-    checks: list[Check] = certify.identities(model, values)
+    checks: list[CheckResult] = certify.identities(model, values)
     checks += certify.hidden_state_oracle(model, inputs, values)
     if probs.status in ("default", "verified"):
         checks += _guarded(lambda: certify.attention_oracle(model, inputs), notes)
@@ -292,11 +292,11 @@ def _identity_failed(failures: list[str]) -> bool:
 
 def _container_evidence(checks: list[Any], notes: list[str]) -> str:
     """What verified the containers: nnterp's load, and transformers' own outputs."""
-    oracle = [c for c in checks if c.name.startswith(("hidden_states", "model logits"))]
+    oracle = [c for c in checks if c.description.startswith(("hidden_states", "model logits"))]
     container_evidence = "nnterp loads the model with these containers"
     if oracle and all(c.ok for c in oracle):
         container_evidence += ", and transformers' own outputs agree: " + ", ".join(
-            sorted({c.name for c in oracle})
+            sorted({c.description for c in oracle})
         )
     elif oracle:
         notes.append(
@@ -362,7 +362,7 @@ def _summarize(checks: list[Any], n: int) -> tuple[list[str], list[str]]:
     """certify's checks grouped by name: the ones that held, and the ones that failed."""
     by_name: dict[str, list[Any]] = {}
     for check in checks:
-        by_name.setdefault(check.name, []).append(check)
+        by_name.setdefault(check.description, []).append(check)
     passed, failed = [], []
     for name, group in by_name.items():
         worst = max(c.max_error for c in group)
