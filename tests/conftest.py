@@ -71,16 +71,34 @@ def load_model(spec: str, probs: bool = False) -> StandardizedTransformer:
 
 
 @pytest.fixture(scope="session")
-def certified() -> Callable[[str], SweepResult]:
+def certified(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], SweepResult]:
     """``certified(spec)``: the sweep's result for ``spec`` (``run_one``: build, load,
-    certify every component), computed once per session."""
+    certify every component), computed once per run: the first worker to ask writes it
+    as the sweep's workers send it (JSON), under a lock in the run's temporary folder
+    that every xdist worker shares, and the others read it back (test_families.py and
+    the sweep's check tests ask for many of the same models)."""
+    import hashlib
+    import json
+
+    from filelock import FileLock
+
+    from causalab_mini.tools.sweep import Result as Certified
     from causalab_mini.tools.sweep import run_one
 
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp is in the run's
+        base = base.parent
+    folder = base / "certified"
+    folder.mkdir(exist_ok=True)
     results: dict[str, SweepResult] = {}
 
     def get(spec: str) -> SweepResult:
         if spec not in results:
-            results[spec] = run_one(spec)
+            path = folder / f"{hashlib.sha256(spec.encode()).hexdigest()[:16]}.json"
+            with FileLock(f"{path}.lock"):
+                if not path.is_file():
+                    path.write_text(json.dumps(run_one(spec).__dict__))
+            results[spec] = Certified(**json.loads(path.read_text()))
         return results[spec]
 
     return get

@@ -256,6 +256,31 @@ def test_the_certifier_recomputes_with_the_operands_the_forward_uses(
         assert states[name][0] == "ok", (name, states[name])
 
 
+def test_the_embeddings_oracle_is_the_table_the_decoder_stack_reads(
+    tiny_model: Callable[..., Any],
+) -> None:
+    """Florence-2 wraps BART: its get_decoder() is the whole BART, whose
+    get_input_embeddings() is the shared table. The moved build unties the text
+    config's embeddings, and the shared, the encoder's and the decoder's tables are
+    three: the place reads the decoder's (the one its layers are fed), and the oracle
+    must be that one, not the shared table (on it the place was off by 0.604)."""
+    from causalab_mini.tools.checks import input_embeddings
+
+    spec = f"tiny:florence2{MOVED}"
+    assert _manifest(spec)["moved"]["tie_word_embeddings"] == [True, False]
+    model = tiny_model(spec)
+    inputs = cert.sample_inputs(model)
+    address = locate(model, "embeddings", None)
+    read = Plan.of(reads=[address]).run(model, inputs)[address]  # the weights loaded
+    hf, ids = model._model, inputs["input_ids"]
+    shared = hf.get_decoder().get_input_embeddings()
+    table = input_embeddings(hf)
+    assert table is not shared
+    with torch.no_grad():
+        assert cert.close(read, table(ids))[0]
+        assert not cert.close(read, shared(ids))[0]
+
+
 # ------------------------------------------------------------ attention sinks
 
 

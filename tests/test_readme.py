@@ -23,19 +23,38 @@ BLOCK = re.compile(
 )
 
 
+# The pages of docs/ whose blocks run in CI's wide tier, not in the README's test
+# command: each block starts a fresh interpreter (about 4 s of CPU importing torch,
+# transformers and nnsight before it runs), the fifteen of them were a tenth of that
+# command's time, and what they call has its own tests there (test_positions.py,
+# test_attribution.py, test_mechanisms.py, test_interop_tl.py). README.md's and
+# CONTRIBUTING.md's blocks stay in it.
+WIDE_PAGES = (
+    "docs/positions.md",
+    "docs/attribution.md",
+    "docs/interventions.md",
+    "docs/interop.md",
+)
+
+
 def blocks() -> list[tuple[str, str, str | None]]:
     found = []
-    docs = (
-        "docs/positions.md",
-        "docs/attribution.md",
-        "docs/interventions.md",
-        "docs/interop.md",
-    )
-    for name in ("README.md", "CONTRIBUTING.md", *docs):
+    for name in ("README.md", "CONTRIBUTING.md", *WIDE_PAGES):
         text = (REPO / name).read_text(encoding="utf-8")
         for i, match in enumerate(BLOCK.finditer(text)):
             found.append((f"{name}#{i + 1}", match["code"], match["out"]))
     return found
+
+
+def _params() -> list[object]:
+    return [
+        pytest.param(
+            *block,
+            id=block[0],
+            marks=[pytest.mark.wide] if block[0].split("#")[0] in WIDE_PAGES else [],
+        )
+        for block in blocks()
+    ]
 
 
 def test_the_readme_has_blocks_with_their_output() -> None:
@@ -44,7 +63,7 @@ def test_the_readme_has_blocks_with_their_output() -> None:
     assert all(out is not None for _, _, out in found), "every block shows what it prints"
 
 
-@pytest.mark.parametrize(("where", "code", "expected"), blocks(), ids=[b[0] for b in blocks()])
+@pytest.mark.parametrize(("where", "code", "expected"), _params())
 def test_a_block_runs_alone_and_prints_what_it_says(
     where: str, code: str, expected: str | None, tmp_path: Path
 ) -> None:

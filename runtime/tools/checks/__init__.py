@@ -185,20 +185,37 @@ def model_outputs(ctx: Context) -> Iterator[CheckResult]:
 def input_embeddings(hf_model: Any) -> Any:
     """transformers' input embeddings of the stack the places are on: the decoder's
     on an encoder-decoder, whose own ``get_input_embeddings()`` may be its encoder's
-    (T5Gemma and FSMT keep one table per stack): ``get_decoder().get_input_embeddings()``,
-    or, where the decoder is a plain module without that method, the table
-    ``get_output_embeddings()`` names when it is one (FSMT's: the decoder's table, to
-    which its head is tied); ``get_input_embeddings()`` elsewhere."""
+    (T5Gemma and FSMT keep one table per stack): the decoder stack's
+    ``get_input_embeddings()`` (``_decoder_stack``), or, where the decoder is a plain
+    module without that method, the table ``get_output_embeddings()`` names when it is
+    one (FSMT's: the decoder's table, to which its head is tied);
+    ``get_input_embeddings()`` elsewhere."""
     import torch
 
     if getattr(getattr(hf_model, "config", None), "is_encoder_decoder", False):
-        decoder = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else None
+        decoder = _decoder_stack(hf_model)
         if decoder is not None and hasattr(decoder, "get_input_embeddings"):
             return decoder.get_input_embeddings()
         output = hf_model.get_output_embeddings()
         if isinstance(output, torch.nn.Embedding):
             return output
     return hf_model.get_input_embeddings()
+
+
+def _decoder_stack(hf_model: Any) -> Any:
+    """``get_decoder()``, asked again of what it returns until a module returns itself
+    (or has no such method): a multimodal wrapper's ``get_decoder()`` is its whole
+    encoder-decoder language model (Florence-2's BART), whose ``get_input_embeddings()``
+    is the shared table, not the decoder's. The two are one tensor only while the text
+    config ties its embeddings: the moved build unties them, and the decoder reads its
+    own table. None where the model has no ``get_decoder()``."""
+    decoder: Any = hf_model.get_decoder() if hasattr(hf_model, "get_decoder") else None
+    for _ in range(4):  # a wrapper of a wrapper at most, in practice
+        inner = decoder.get_decoder() if hasattr(decoder, "get_decoder") else decoder
+        if inner is decoder or inner is None:
+            break
+        decoder = inner
+    return decoder
 
 
 def _single(module: Any, ctx: Context, component: str) -> Any:
