@@ -426,6 +426,22 @@ class _Run:
             )
         self.fired.add(key)
 
+    def fast_reads(
+        self,
+        key: tuple[str, int, str],
+        fasts: list[tuple[int, Any]],
+        ids: list[int],
+        args: Any,
+        kwargs: Any,
+        output: Any,
+    ) -> None:
+        """The fast reads at ``key`` (every step there is one), no call object made."""
+        self._once(key)
+        got = self.reads
+        for i, fast in fasts:
+            got[i] = fast(args, kwargs, output)
+        self.done.update(ids)
+
     def steps(self, key: tuple[str, int, str], call: _Call) -> None:
         self._once(key)
         for i in self.at[key]:
@@ -494,15 +510,8 @@ def _pre_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[
         fasts, ids = group
 
         def reads(_module: Any, args: Any, kwargs: Any) -> None:
-            run = hooks.run
-            assert run is not None
-            if key in run.fired:
-                run._once(key)  # refused
-            run.fired.add(key)
-            got = run.reads
-            for i, fast in fasts:
-                got[i] = fast(args, kwargs, _UNSET)
-            run.done.update(ids)
+            assert hooks.run is not None
+            hooks.run.fast_reads(key, fasts, ids, args, kwargs, _UNSET)
 
         return reads
 
@@ -520,15 +529,8 @@ def _post_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable
         fasts, ids = group
 
         def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
-            run = hooks.run
-            assert run is not None
-            if key in run.fired:
-                run._once(key)  # refused
-            run.fired.add(key)
-            got = run.reads
-            for i, fast in fasts:
-                got[i] = fast(args, kwargs, output)
-            run.done.update(ids)
+            assert hooks.run is not None
+            hooks.run.fast_reads(key, fasts, ids, args, kwargs, output)
 
         return reads
 
