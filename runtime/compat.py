@@ -828,8 +828,10 @@ def supply_position_ids(model: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     import torch
 
+    from .positions import position_ids_of
+
     mask = mask.long()
-    counted = (mask.cumsum(-1) - 1).clamp(min=0)
+    counted = position_ids_of(mask)
     plain = torch.arange(mask.shape[-1], device=mask.device).expand_as(mask)
     left_padded = (mask.diff(dim=-1) >= 0).all(-1, keepdim=True)
     positions = torch.where(left_padded, counted, plain)
