@@ -781,6 +781,9 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
             handles.append(h.remove)
         _install_interface(run_, handles)
         _set_aside(getattr(model, "_model", None), handles)
+        # (a flat place is refused for this engine at lowering: nothing here reads the
+        # layers' token shapes, and their hooks would only slow each layer's call)
+        run_.env.internals.tokens_aside(handles)
         call(*args, **kwargs)
     finally:
         for remove in reversed(handles):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -384,8 +384,9 @@ class Internals(Mapping[str, Place]):
         self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int | float], str, Any]] = (
             weakref.WeakKeyDictionary()
         )
-        # per layer, the batch and sequence of its input, where a row is flat_tokens
-        self._tokens: dict[int, tuple[LayerTokens, Any]] = {}
+        # per layer, the batch and sequence of its input, where a row is flat_tokens:
+        # the hook, the module it is on, the handle that removes it
+        self._tokens: dict[int, tuple[LayerTokens, Any, Any]] = {}
         # what the engines make once per model and keep (lowered programs, the hooks
         # engine's prepared steps and batches): held here, not in a module-level cache,
         # so they go with the model (they refer to it); never pickled
@@ -394,7 +395,14 @@ class Internals(Mapping[str, Place]):
         self._ranked: dict[tuple[str, int | None], tuple[tuple[int, int | float], str]] = {}
         # per (Envoy id, attribute): the Envoy and nnsight's location of it
         self._locations: dict[tuple[int, str], tuple[Any, str | None]] = {}
-        if any(row.flat_tokens and row.per_layer for row in rows.values()):
+        # a hook on every layer costs each layer's call torch's slower path: only where
+        # a flat place is there to view back (a dense model's router rows are not)
+        if any(
+            row.flat_tokens
+            and row.per_layer
+            and any(self.reason_at(name, row, i) is None for i in range(self.num_layers))
+            for name, row in rows.items()
+        ):
             self.watch_tokens()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -421,8 +429,26 @@ class Internals(Mapping[str, Place]):
             if module is None or (held is not None and held[1] is module):
                 continue
             hook = LayerTokens()
-            module.register_forward_pre_hook(hook, with_kwargs=True)
-            self._tokens[layer] = (hook, module)
+            handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+            self._tokens[layer] = (hook, module, handle)
+
+    def tokens_aside(self, restore: list[Callable[[], None]]) -> None:
+        """Take the layers' token-shape hooks off until ``restore`` runs, for a
+        forward no flat place is read or written in (a hook on a module sends every
+        call of it down torch's slower path: about 11 µs a layer on a CPU). Put back
+        first among the layer's pre-hooks, where they were registered at load."""
+        if not self._tokens:
+            return
+        held = list(self._tokens.items())
+        for _, (_, _, handle) in held:
+            handle.remove()
+
+        def put_back() -> None:
+            for layer, (hook, module, _) in held:
+                handle = module.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
+                self._tokens[layer] = (hook, module, handle)
+
+        restore.append(put_back)
 
     def layers_swapped(self) -> None:
         """The model's modules were replaced (nnsight's dispatch loads the real ones

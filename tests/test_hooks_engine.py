@@ -419,3 +419,57 @@ def test_what_a_run_keeps_goes_with_the_model() -> None:
     model, module = used()
     gc.collect()
     assert model() is None and module() is None
+
+
+@pytest.mark.semantic
+def test_a_run_takes_the_layers_token_hooks_off_and_puts_them_back(tiny_model: Load) -> None:
+    """The layers' token-shape hooks (what a flat place is viewed back with, in a
+    trace) are off for a hooks run's forward, which refuses flat places, and back
+    first on each layer after runs that succeed and raise; a flat read after them is
+    viewed with its own batch's shape. A model without flat places has none."""
+    from causalab_mini.internals import LayerTokens
+
+    dense = tiny_model("tiny:llama")
+    dispatched(dense)
+    for i in range(dense.internals.num_layers):
+        hooks = dense.internals.layer_envoy(i)._module._forward_pre_hooks.values()
+        assert not any(isinstance(hook, LayerTokens) for hook in hooks)
+    model = tiny_model("tiny:opt")
+    dispatched(model)
+    layers = [model.internals.layer_envoy(i)._module for i in range(model.internals.num_layers)]
+
+    def watching() -> list[Any]:
+        return [next(iter(m._forward_pre_hooks.values()), None) for m in layers]
+
+    before = watching()
+    assert all(isinstance(hook, LayerTokens) for hook in before)
+    seen: list[bool] = []
+
+    def look(module: Any, args: Any) -> None:
+        seen.append(any(isinstance(h, LayerTokens) for h in module._forward_pre_hooks.values()))
+
+    handle = layers[1].register_forward_pre_hook(look)
+    try:
+        plan = Plan.of([locate(model, "block_output", 1)])
+        plan.run(model, TEXTS, engine="hooks")
+        assert seen == [False] and watching() == before
+        plan.run(model, TEXTS)  # a trace: the hooks run in it
+        assert seen == [False, True]
+    finally:
+        handle.remove()
+
+    def fail(module: Any, args: Any) -> None:
+        raise RuntimeError("stopped in layer 2")
+
+    handle = layers[2].register_forward_pre_hook(fail)
+    try:
+        with pytest.raises(RuntimeError, match="stopped in layer 2"):
+            Plan.of([locate(model, "block_output", 2)]).run(model, TEXTS, engine="hooks")
+    finally:
+        handle.remove()
+    assert watching() == before
+    flat = locate(model, "mlp_output", 1)
+    Plan.of([locate(model, "block_output", 1)]).run(model, TEXTS[:1], engine="hooks")
+    got = Plan.of([flat]).run(model, TEXTS)[flat]
+    ids = model.tokenizer(TEXTS, padding=True, return_tensors="pt")["input_ids"]
+    assert tuple(got.shape[:2]) == tuple(ids.shape)
