@@ -32,7 +32,7 @@ import types
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import compat, plain
 from .errors import HooksRefused
@@ -174,6 +174,12 @@ def _fast_read(at: Step) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any
     if attr not in ("input", "output", "nns_input", "nns_output"):
         return None
     output = attr.endswith("output")
+    # the common reads as one plain function each (a hook's work runs inside the
+    # forward, where every Python frame it adds is paid per read)
+    if not copy and select is None:
+        return _the_output if output else _first_argument
+    if not copy and output and select is not None and select[0] == "first":
+        return _first_of_output
 
     def read(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         # the output, or the first positional argument, else the first keyword one
@@ -186,6 +192,18 @@ def _fast_read(at: Step) -> Callable[[tuple[Any, ...], dict[str, Any], Any], Any
         return value.clone() if copy else value
 
     return read
+
+
+def _the_output(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    return out
+
+
+def _first_argument(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    return args[0] if args else next(iter(kwargs.values()))
+
+
+def _first_of_output(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    return out[0] if isinstance(out, (tuple, list)) else out
 
 
 def _apply(at: Step, call: _Call, env: _Env) -> Any:
@@ -418,29 +436,23 @@ class _Run:
 
     def _once(self, key: tuple[str, int, str]) -> None:
         if key in self.fired:
-            step = self.program[self.at[key][0]]
-            raise refused(
-                step["where"],
-                f"its module ({type(self.modules[key[1]]).__name__}) runs more than once in "
-                "this forward, and hooks cannot tell which call the plan means",
-            )
+            self.twice(key)
         self.fired.add(key)
 
-    def fast_reads(
-        self,
-        key: tuple[str, int, str],
-        fasts: list[tuple[int, Any]],
-        ids: list[int],
-        args: Any,
-        kwargs: Any,
-        output: Any,
-    ) -> None:
-        """The fast reads at ``key`` (every step there is one), no call object made."""
-        self._once(key)
-        got = self.reads
-        for i, fast in fasts:
-            got[i] = fast(args, kwargs, output)
-        self.done.update(ids)
+    def twice(self, key: tuple[str, int, str]) -> NoReturn:
+        """Refuse a module that runs again in this forward (its steps were taken)."""
+        step = self.program[self.at[key][0]]
+        raise refused(
+            step["where"],
+            f"its module ({type(self.modules[key[1]]).__name__}) runs more than once in "
+            "this forward, and hooks cannot tell which call the plan means",
+        )
+
+    def finished(self) -> bool:
+        """Every step ran: a fast read is done when it is read (``reads``), any other
+        step when ``steps`` took it (``done``)."""
+        done = self.done.union(self.reads) if self.done else self.reads
+        return len(done) == len(self.program)
 
     def steps(self, key: tuple[str, int, str], call: _Call) -> None:
         self._once(key)
@@ -505,15 +517,74 @@ class _Hooks:
         return hooks
 
 
+def _fast_hook(
+    hooks: _Hooks, key: tuple[str, int, str], fasts: list[tuple[int, Any]], output: bool
+) -> Callable[..., Any]:
+    """A hook whose every step is a fast read: each read put in the bound run's reads
+    (one found there already is this module's second call in the forward)."""
+    if len(fasts) == 1:
+        ((i, fast),) = fasts
+        if fast is _first_argument and not output:
+
+            def argument(_module: Any, args: Any, kwargs: Any) -> None:
+                run = hooks.run
+                assert run is not None
+                got = run.reads
+                if i in got:
+                    run.twice(key)
+                got[i] = args[0] if args else next(iter(kwargs.values()))
+
+            return argument
+        if output and (fast is _the_output or fast is _first_of_output):
+            whole = fast is _the_output
+
+            def result(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
+                run = hooks.run
+                assert run is not None
+                got = run.reads
+                if i in got:
+                    run.twice(key)
+                got[i] = out if whole or not isinstance(out, (tuple, list)) else out[0]
+
+            return result
+
+        def one_in(_module: Any, args: Any, kwargs: Any) -> None:
+            run = hooks.run
+            assert run is not None
+            got = run.reads
+            if i in got:
+                run.twice(key)
+            got[i] = fast(args, kwargs, _UNSET)
+
+        def one_out(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
+            run = hooks.run
+            assert run is not None
+            got = run.reads
+            if i in got:
+                run.twice(key)
+            got[i] = fast(args, kwargs, out)
+
+        return one_out if output else one_in
+    first = fasts[0][0]
+
+    def all_in(_module: Any, args: Any, kwargs: Any) -> None:
+        all_out(_module, args, kwargs, _UNSET)
+
+    def all_out(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
+        run = hooks.run
+        assert run is not None
+        got = run.reads
+        if first in got:
+            run.twice(key)
+        for i, fast in fasts:
+            got[i] = fast(args, kwargs, out)
+
+    return all_out if output else all_in
+
+
 def _pre_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[..., Any]:
     if group is not None:
-        fasts, ids = group
-
-        def reads(_module: Any, args: Any, kwargs: Any) -> None:
-            assert hooks.run is not None
-            hooks.run.fast_reads(key, fasts, ids, args, kwargs, _UNSET)
-
-        return reads
+        return _fast_hook(hooks, key, group[0], output=False)
 
     def hook(_module: Any, args: Any, kwargs: Any) -> Any:
         assert hooks.run is not None
@@ -526,13 +597,7 @@ def _pre_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[
 
 def _post_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[..., Any]:
     if group is not None:
-        fasts, ids = group
-
-        def reads(_module: Any, args: Any, kwargs: Any, output: Any) -> None:
-            assert hooks.run is not None
-            hooks.run.fast_reads(key, fasts, ids, args, kwargs, output)
-
-        return reads
+        return _fast_hook(hooks, key, group[0], output=True)
 
     def hook(_module: Any, args: Any, kwargs: Any, output: Any) -> Any:
         assert hooks.run is not None
@@ -789,12 +854,8 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
         for remove in reversed(handles):
             remove()
         bound.run = None
-    missing = (
-        []
-        if len(run_.done) == len(program)
-        else [i for i in range(len(program)) if i not in run_.done]
-    )
-    if missing:
+    if not run_.finished():
+        missing = [i for i in range(len(program)) if i not in run_.done and i not in run_.reads]
         raise refused(
             program[missing[0]]["where"],
             "its hook never fired: the module (or the attention call) did not run in this "

@@ -473,3 +473,32 @@ def test_a_run_takes_the_layers_token_hooks_off_and_puts_them_back(tiny_model: L
     got = Plan.of([flat]).run(model, TEXTS)[flat]
     ids = model.tokenizer(TEXTS, padding=True, return_tensors="pt")["input_ids"]
     assert tuple(got.shape[:2]) == tuple(ids.shape)
+
+
+@pytest.mark.semantic
+def test_a_module_called_twice_or_never_is_refused_not_read() -> None:
+    """A read's module called a second time in the forward is refused (the first
+    call's tensor is not handed out as if it were the only one), with one read there
+    or several; a read whose module never runs is refused after the forward."""
+    from causalab_mini.model import StandardizedTransformer
+
+    model = StandardizedTransformer("tiny:llama")  # its own: a layer's MLP is changed
+    dispatched(model)
+    mlp = model._model.model.layers[0].mlp
+    activation = locate(model, "mlp_activation", 0)
+    before = Plan.of([activation]).run(model, TEXTS, engine="hooks")[activation]
+
+    def again(module: Any, args: Any, output: Any) -> None:
+        module.act_fn(args[0])  # the activation's module runs a second time
+
+    handle = mlp.register_forward_hook(again)
+    try:
+        for reads in ([activation], [activation, activation]):
+            with pytest.raises(HooksRefused, match=r"SiLU.*runs more than once"):
+                Plan.of(reads).run(model, TEXTS, engine="hooks")
+    finally:
+        handle.remove()
+    assert torch.equal(Plan.of([activation]).run(model, TEXTS, engine="hooks")[activation], before)
+    mlp.forward = lambda x: mlp.down_proj(mlp.up_proj(x))  # act_fn never called
+    with pytest.raises(HooksRefused, match=r"mlp_activation.*never fired"):
+        Plan.of([activation, locate(model, "block_output", 1)]).run(model, TEXTS, engine="hooks")
