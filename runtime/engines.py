@@ -62,15 +62,18 @@ class Engine(ABC):
         same program handed back, so that what a run prepares of it is made once too."""
         self.prepare(model)
         kept = self.keeps_programs and not indices and edits is None
-        if not kept or any(s.write for s in plan.steps):
+        if not kept:
             return lower(plan, model, held, indices, target=self.target, edits=edits)
         cache = model.internals.engine_cache.setdefault("programs", {})
         # the same plan object handed again is found by its id first (hashing a plan
-        # hashes every address in it: ~1 us a read, each run)
+        # hashes every address in it: ~1 us a read, each run); only a plan of reads
+        # alone is ever kept
         same = cache.get((id(plan), held))
         if same is not None and same[0] is plan:
             found: Program = same[1]
             return found
+        if any(s.write for s in plan.steps):
+            return lower(plan, model, held, indices, target=self.target, edits=edits)
         program: Program | None = cache.get((plan, held))
         if program is None:
             program = lower(plan, model, held, None, target=self.target)

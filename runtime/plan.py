@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from . import plain
@@ -129,6 +130,16 @@ class Plan:
 
     steps: tuple[Step, ...] = ()
 
+    @cached_property
+    def positions(self) -> frozenset[Any]:
+        """The position specs its steps name (each resolved per row of a run's batch)."""
+        return frozenset(s.address.position for s in self.steps if s.address.position)
+
+    @cached_property
+    def featurizes(self) -> bool:
+        """Whether a read of it is featurized (its reads are returned as features)."""
+        return any(s.address.featurizer is not None for s in self.steps)
+
     @staticmethod
     def of(
         reads: Iterable[ComponentAddress] = (), writes: Iterable[tuple[ComponentAddress, Any]] = ()
@@ -170,7 +181,8 @@ class Plan:
         runner = engine_for(engine, **remote)
         inputs, indices = _resolved(self, model, inputs, frame)
         # a featurized read returns features (causalab_mini.featurizers)
-        return featurized(runner.reads(model, runner.lower(self, model, held, indices), inputs))
+        values = runner.reads(model, runner.lower(self, model, held, indices), inputs)
+        return featurized(values) if self.featurizes else values
 
     def generate(
         self,
@@ -222,7 +234,7 @@ def _resolved(plan: Plan, model: Any, inputs: Any, frame: str) -> tuple[Any, dic
     from . import seq2seq
 
     check_frame(inputs, frame)
-    specs = {s.address.position for s in plan.steps if s.address.position}
+    specs = plan.positions
     if isinstance(inputs, Encoded) and not specs:
         return inputs.inputs, {}
     if not specs and frame == "plain" and not seq2seq.is_encoder_decoder(model):

@@ -502,3 +502,54 @@ def test_a_module_called_twice_or_never_is_refused_not_read() -> None:
     mlp.forward = lambda x: mlp.down_proj(mlp.up_proj(x))  # act_fn never called
     with pytest.raises(HooksRefused, match=r"mlp_activation.*never fired"):
         Plan.of([activation, locate(model, "block_output", 1)]).run(model, TEXTS, engine="hooks")
+
+
+@pytest.mark.semantic
+def test_hooks_put_in_torchs_tables_run_as_registered_ones_and_leave_none(
+    tiny_model: Load, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine puts its hooks in each module's hook tables itself (torch's own
+    counter for their ids): the reads equal those of hooks registered through torch's
+    public API (the path taken where torch keeps hooks otherwise), every table is as it
+    was after runs that succeed and raise, and a user's hook registered before is
+    kept, runs, and is removed by its handle."""
+    from causalab_mini import hooks as engine
+
+    assert engine._torch_tables()
+    model = tiny_model("tiny:llama")
+    dispatched(model)
+    tables = [
+        getattr(m, name)
+        for m in model._model.modules()
+        for names in engine._DIRECT_NAMES.values()
+        for name in names
+    ]
+
+    def snapshot() -> list[list[tuple[int, Any]]]:
+        return [list(t.items()) for t in tables]
+
+    mlp = model._model.model.layers[1].mlp
+    calls: list[int] = []
+    handle = mlp.register_forward_hook(lambda m, a, o: calls.append(1))
+    before = snapshot()
+    plan = Plan.of([locate(model, c, i) for i in range(2) for c in ("block_input", "mlp_output")])
+    direct = plan.run(model, TEXTS, engine="hooks")
+    assert snapshot() == before and calls == [1]
+    monkeypatch.setattr(engine, "_DIRECT", [False])
+    public = plan.run(model, TEXTS, engine="hooks")
+    assert snapshot() == before and calls == [1, 1]
+    for address, value in public.items():
+        assert torch.equal(direct[address], value), address
+    monkeypatch.setattr(engine, "_DIRECT", [True])
+
+    def fail(module: Any, args: Any) -> None:
+        raise RuntimeError("stopped")
+
+    stop = model._model.model.layers[1].register_forward_pre_hook(fail)
+    with_stop = snapshot()
+    with pytest.raises(RuntimeError, match="stopped"):
+        plan.run(model, TEXTS, engine="hooks")
+    assert snapshot() == with_stop
+    stop.remove()
+    handle.remove()
+    assert not mlp._forward_hooks
