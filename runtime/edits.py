@@ -98,12 +98,12 @@ class Edit:
     where its gradient comes from (``Gradient``)."""
 
     __slots__ = (
-        "gradient",
+        "_gradient",
+        "_storage",
         "location",
         "ran_past",
         "root",
         "runner",
-        "storage",
         "visits",
         "where",
         "write",
@@ -116,14 +116,16 @@ class Edit:
         root: Any,
         location: str | None,
         ran_past: Callable[[], bool] | None = None,
-        gradient: Gradient | None = None,
+        gradient: Gradient | Callable[[], Gradient] | None = None,
         runner: Any = _UNASKED,
     ) -> None:
-        self.gradient = gradient
+        # a Gradient, or what makes it when first asked (a read's gradient is asked
+        # for far less often than it is read)
+        self._gradient = gradient
         self.where = where  # "layers_mid[1]", as the assignment names it
         self.write = write  # the place's write, given the whole edited copy
         self.root = root  # the copy the read handed out, as a plain tensor
-        self.storage = _storage(root)
+        self._storage: int | None = None
         if runner is _UNASKED:  # (the trace body running now, where not given)
             runner = edit_runner()
         # weak: a value saved past its trace does not keep the trace alive
@@ -133,6 +135,22 @@ class Edit:
         # where nnsight does not count visits (0.6/0.7): whether the trace body has
         # since read a place later in the forward (the client's internals say)
         self.ran_past = ran_past
+
+    @property
+    def gradient(self) -> Gradient | None:
+        """Where the read's gradient comes from (``Gradient``), made when first asked."""
+        made = self._gradient
+        if made is None or isinstance(made, Gradient):
+            return made
+        self._gradient = made = made()
+        return made
+
+    @property
+    def storage(self) -> int:
+        """The data pointer of the read's storage (a tensor viewing it is its view)."""
+        if self._storage is None:
+            self._storage = _storage(self.root)
+        return self._storage
 
     def reader(self) -> Any:
         """The trace body that made the read (None once it is gone, or outside one)."""
@@ -202,11 +220,13 @@ class Gradient:
         to_read: Callable[[Any], Any],
         isolate: Callable[[], Any] | None = None,
         narrowed: bool = False,
+        version: int | None = None,
     ) -> None:
         self.where = where
         self.source = source
         self.to_read = to_read
-        self.version = int(source._version)
+        # (given where the Gradient is made after the read: the version then)
+        self.version = int(source._version) if version is None else version
         self.kept: list[Any] | None = None  # [gradient] once retain_grad() was called
         # at a module's input, where the tensor may feed other modules too (the
         # residual stream, a parallel block): the tensor's gradient is theirs as well,
@@ -546,15 +566,20 @@ def editable(
     location: str | None,
     copy: bool,
     ran_past: Callable[[], bool] | None = None,
-    gradient: Gradient | None = None,
+    gradient: Gradient | Callable[[], Gradient] | None = None,
+    runner: Any = _UNASKED,
 ) -> Any:
     """``value`` (a read of the place ``where``) as handed out inside a trace body: a
     tensor whose in-place edits call ``write`` with the edited tensor (a copy of it
     first where ``copy``); anything else, or anything outside a trace body, as it is.
     ``ran_past``: whether the trace has since passed the place, asked where nnsight
     does not count a location's visits (0.6/0.7). ``gradient``: where the read's
-    gradient comes from (``Gradient``)."""
-    runner = edit_runner() if isinstance(value, torch.Tensor) else None
+    gradient comes from (``Gradient``, or a function that makes it when first asked).
+    ``runner``: the trace body running now, where the caller has it."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if runner is _UNASKED:
+        runner = edit_runner()
     if runner is None:
         return value
     value = plain(value)

@@ -395,6 +395,9 @@ class Internals(Mapping[str, Place]):
         self._ranked: dict[tuple[str, int | None], tuple[tuple[int, int | float], str]] = {}
         # per (Envoy id, attribute): the Envoy and nnsight's location of it
         self._locations: dict[tuple[int, str], tuple[Any, str | None]] = {}
+        # per (place, layer as given): the place, its name as a write spells it, and
+        # its write as an edit of a read calls it (``handed``)
+        self._hands: dict[tuple[str, int | None], tuple[Place, str, Callable[[Any], None]]] = {}
         # a hook on every layer costs each layer's call torch's slower path: only where
         # a flat place is there to view back (a dense model's router rows are not)
         if any(
@@ -412,6 +415,7 @@ class Internals(Mapping[str, Place]):
         state["_furthest"] = None
         state["_locations"] = {}  # (keyed by this process's object ids)
         state["engine_cache"] = {}
+        state["_hands"] = {}  # (functions of this process)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -419,6 +423,7 @@ class Internals(Mapping[str, Place]):
         self._furthest = weakref.WeakKeyDictionary()
         self._locations = {}
         self.engine_cache = {}
+        self._hands = {}
 
     def watch_tokens(self) -> None:
         """Hook every layer's module to remember its input's batch and sequence (for
@@ -619,30 +624,27 @@ class Internals(Mapping[str, Place]):
     def handed(self, step: Step, value: Any, target: Any, raw: Any) -> Any:
         """A read as handed to the user in a trace body: its in-place edits are the
         place's write (``causalab_mini.edits``), and its ``.grad`` is the place's
-        gradient (that of ``raw``, the model's tensor it was made of)."""
+        gradient (that of ``raw``, the model's tensor it was made of; the ``Gradient``
+        made when first asked, of the tensor's version now)."""
         edits = _edits()
-        place = self._places[_place_name(step)]
-        layer = step["layer"]
+        name, layer = _place_name(step), step["layer"]
+        hand = self._hands.get((name, layer))
+        if hand is None:
+            place = self._places[name]
+            hand = self._hands[(name, layer)] = (
+                place,
+                place.where(layer),
+                lambda edited: place.set(layer, edited),
+            )
+        place, where, write = hand
         location = self._location(target, step["attr"])
         gradient: Any = None
-        if step["heads_through"] is not None and hasattr(raw, "requires_grad"):
-            gradient = edits.NoGradient(place.where(layer), raw, COMPUTED_GRADIENT)
-        elif hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
-            gradient = edits.Gradient(
-                place.where(layer),
-                raw,
-                lambda grad: plain.meant_gradient(step, grad, self),
-                # a module's input written in place: a write there changes the tensor
-                # every later consumer takes, so the tensor's gradient is the place's
-                None
-                if step["attr"] == "output" or step["in_place"]
-                else self._isolate(place, step, value),
-                compat.invokes_narrowed_off_the_graph(self.model),
-            )
+        if hasattr(raw, "requires_grad"):  # a tensor (on autograd's graph or not, yet)
+            gradient = self._gradient(place, step, value, raw)
         return edits.editable(
             value,
-            place.where(layer),
-            lambda edited: place.set(layer, edited),
+            where,
+            write,
             location,
             step["edit_copy"],
             # where nnsight counts no visits of the location (0.6/0.7; 0.8 where it
@@ -650,6 +652,33 @@ class Internals(Mapping[str, Place]):
             None if location is not None and compat.is_08() else self._ran_past(place, layer),
             gradient,
         )
+
+    def _gradient(self, place: Place, step: Step, value: Any, raw: Any) -> Callable[[], Any]:
+        """What makes the ``Gradient`` of a read of ``raw`` at ``step`` when first asked:
+        what it depends on in the running trace taken now (the tensor's version, whether
+        the trace's invokes are cut off the graph)."""
+        version = int(raw._version)
+        narrowed = compat.invokes_narrowed_off_the_graph(self.model)
+
+        def made() -> Any:
+            edits = _edits()
+            where = place.where(step["layer"])
+            if step["heads_through"] is not None:
+                return edits.NoGradient(where, raw, COMPUTED_GRADIENT)
+            return edits.Gradient(
+                where,
+                raw,
+                lambda grad: plain.meant_gradient(step, grad, self),
+                # a module's input written in place: a write there changes the tensor
+                # every later consumer takes, so the tensor's gradient is the place's
+                None
+                if step["attr"] == "output" or step["in_place"]
+                else self._isolate(place, step, value),
+                narrowed,
+                version,
+            )
+
+        return made
 
     def _location(self, target: Any, attr: str) -> str | None:
         """``compat.location`` of ``target``'s ``attr``, kept per Envoy (a location is
