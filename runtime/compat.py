@@ -655,9 +655,15 @@ def backward_running() -> bool:
     """Whether an nnsight backward trace (``with loss.backward():``) runs now: while it
     does, nnsight replaces ``torch.Tensor.grad`` with a property of its own, which parks
     the body until autograd reaches the tensor (torch's own is a C descriptor)."""
-    import torch
+    global _TENSOR_ATTRIBUTES
+    if _TENSOR_ATTRIBUTES is None:
+        import torch
 
-    return isinstance(torch.Tensor.__dict__.get("grad"), property)
+        _TENSOR_ATTRIBUTES = torch.Tensor.__dict__  # (a live view of the class's own)
+    return isinstance(_TENSOR_ATTRIBUTES.get("grad"), property)
+
+
+_TENSOR_ATTRIBUTES: Any = None
 
 
 def backward_opener() -> Any:

@@ -801,10 +801,12 @@ class Internals(Mapping[str, Place]):
         runner = compat.running_body()
         if runner is None:
             return
-        at = self.layer_of(place, layer)
-        ranked = self._ranked.get((place.name, at))
+        ranked = self._ranked.get((place.name, layer))  # (by the layer as given)
         if ranked is None:
-            ranked = self._ranked[(place.name, at)] = (self.rank(place.name, at), place.where(at))
+            at = self.layer_of(place, layer)
+            ranked = (self.rank(place.name, at), place.where(at))
+            if layer is None or type(layer) is int:  # (never a bool: it hashes as 0 or 1)
+                self._ranked[(place.name, layer)] = ranked
         rank = ranked[0]
         try:
             best = self._furthest.get(runner)
