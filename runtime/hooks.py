@@ -622,48 +622,7 @@ def _fast_hook(
     """A hook whose every step is a fast read: each read put in the bound run's reads
     (one found there already is this module's second call in the forward)."""
     if len(fasts) == 1:
-        ((i, fast),) = fasts
-        if fast is _first_argument and not output:
-
-            def argument(_module: Any, args: Any, kwargs: Any) -> None:
-                run = hooks.run
-                assert run is not None
-                got = run.reads
-                if i in got:
-                    run.twice(key)
-                got[i] = args[0] if args else next(iter(kwargs.values()))
-
-            return argument
-        if output and (fast is _the_output or fast is _first_of_output):
-            whole = fast is _the_output
-
-            def result(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
-                run = hooks.run
-                assert run is not None
-                got = run.reads
-                if i in got:
-                    run.twice(key)
-                got[i] = out if whole or not isinstance(out, (tuple, list)) else out[0]
-
-            return result
-
-        def one_in(_module: Any, args: Any, kwargs: Any) -> None:
-            run = hooks.run
-            assert run is not None
-            got = run.reads
-            if i in got:
-                run.twice(key)
-            got[i] = fast(args, kwargs, _UNSET)
-
-        def one_out(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
-            run = hooks.run
-            assert run is not None
-            got = run.reads
-            if i in got:
-                run.twice(key)
-            got[i] = fast(args, kwargs, out)
-
-        return one_out if output else one_in
+        return _one_read_hook(hooks, key, *fasts[0], output)
     first = fasts[0][0]
 
     def all_in(_module: Any, args: Any, kwargs: Any) -> None:
@@ -679,6 +638,54 @@ def _fast_hook(
             got[i] = fast(args, kwargs, out)
 
     return all_out if output else all_in
+
+
+def _one_read_hook(
+    hooks: _Hooks, key: tuple[str, int, str], i: int, fast: Any, output: bool
+) -> Callable[..., Any]:
+    """``_fast_hook`` of one read: the common reads (the first argument, the output or
+    its first element) made in the hook itself, no function called for them."""
+    if fast is _first_argument and not output:
+
+        def argument(_module: Any, args: Any, kwargs: Any) -> None:
+            run = hooks.run
+            assert run is not None
+            got = run.reads
+            if i in got:
+                run.twice(key)
+            got[i] = args[0] if args else next(iter(kwargs.values()))
+
+        return argument
+    if output and (fast is _the_output or fast is _first_of_output):
+        whole = fast is _the_output
+
+        def result(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
+            run = hooks.run
+            assert run is not None
+            got = run.reads
+            if i in got:
+                run.twice(key)
+            got[i] = out if whole or not isinstance(out, (tuple, list)) else out[0]
+
+        return result
+
+    def one_in(_module: Any, args: Any, kwargs: Any) -> None:
+        run = hooks.run
+        assert run is not None
+        got = run.reads
+        if i in got:
+            run.twice(key)
+        got[i] = fast(args, kwargs, _UNSET)
+
+    def one_out(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
+        run = hooks.run
+        assert run is not None
+        got = run.reads
+        if i in got:
+            run.twice(key)
+        got[i] = fast(args, kwargs, out)
+
+    return one_out if output else one_in
 
 
 def _pre_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[..., Any]:
