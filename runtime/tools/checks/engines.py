@@ -131,6 +131,7 @@ def hooks_engine(ctx: Any) -> Iterator[CheckResult]:
     probe = min(1, ctx.n - 1)
     keys = _probe_keys(ctx, probe)
     served: dict[tuple[str, int | None], Any] = {}
+    clean: dict[Any, Any] = {}  # the nnsight engine's read of each served address alone
     for key in keys:
         address = ctx.addresses[key]
         if address in ctx.unordered:
@@ -148,7 +149,7 @@ def hooks_engine(ctx: Any) -> Iterator[CheckResult]:
             detail = f"{type(exc).__name__}: {str(exc)[:200]}"
             yield CheckResult.of((key[0],), READS, False, detail)
             continue
-        want = plan.run(model, inputs)[address]
+        want = clean[address] = plan.run(model, inputs)[address]
         served[key] = address
         note["engines"] = BOTH
         ok = _equal(want, got)
@@ -165,7 +166,10 @@ def hooks_engine(ctx: Any) -> Iterator[CheckResult]:
             continue
         before = ordered[i - 1][1] if i else None
         yield from _outcome(
-            ctx, key[0], WRITES, lambda a=address, b=before: _write(model, inputs, a, b, logits)
+            ctx,
+            key[0],
+            WRITES,
+            lambda a=address, b=before: _write(model, inputs, a, b, logits, clean[a]),
         )
         if address.per_head != "none" and address.heads:
             yield from _outcome(ctx, key[0], HEAD, lambda k=key: _head(model, inputs, k, logits))
@@ -176,10 +180,12 @@ def hooks_engine(ctx: Any) -> Iterator[CheckResult]:
         yield from _outcome(ctx, "block_output", GRID, lambda: _grid(model, probe))
 
 
-def _write(model: Any, inputs: Any, address: Any, before: Any, logits: Any) -> tuple[bool, str]:
+def _write(
+    model: Any, inputs: Any, address: Any, before: Any, logits: Any, clean: Any
+) -> tuple[bool, str]:
+    """The write of a value made of ``clean`` (the place's read) by both engines."""
     from causalab_mini.plan import Plan
 
-    clean = Plan.of([address]).run(model, inputs)[address]
     value = _value(clean)
     if value is None:
         return True, "not a float tensor: compared as reads only"
