@@ -335,6 +335,49 @@ def test_a_place_is_ok_only_where_it_holds_on_both_builds() -> None:
     assert both.build["moved"] == {"head_dim": [16, 24]}
 
 
+def test_a_sweep_of_both_builds_writes_each_builds_report_and_the_joined_doc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``registry sweep --out PATH`` over both builds writes the default build's report at
+    PATH and the moved build's beside it (as docs/coverage.json, docs/coverage-moved.json
+    are kept), each with its own states; its --doc is the table of the two joined, the
+    same as the one made from the combined results."""
+    from causalab_mini.tools.builds import combined
+    from causalab_mini.tools.sweep import Result, cli, coverage_markdown, joined_with_moved
+    from causalab_mini.tools.sweep.report import write_report
+
+    from .conftest import cli as run_cli
+
+    ok = {"state": "ok", "checks": ["a"]}
+    default = Result("llama", "certified", components={"x": ok, "y": ok}, group="causal_lm")
+    moved = Result(
+        "llama",
+        "certified",
+        components={"x": ok, "y": {"state": "broken", "reason": "off by 0.3"}},
+        group="causal_lm",
+        build={"moved": {"head_dim": [16, 24]}, "skipped": {}, "no_effect": []},
+    )
+
+    def fake(chosen: Any, jobs: Any, timeout: Any, progress: Any, builds: Any, per: Any) -> Any:
+        assert chosen == ["llama"] and builds == ("default", "moved")
+        per.update({"default": [default], "moved": [moved]})
+        return [combined(default, moved)]
+
+    monkeypatch.setattr(cli, "sweep", fake)
+    out, doc = tmp_path / "cov.json", tmp_path / "cov.md"
+    result = run_cli("sweep", "--only", "llama", "--out", str(out), "--doc", str(doc))
+    assert result.exit_code == 0, result.output
+    mine = json.loads(out.read_text())
+    theirs = json.loads((tmp_path / "cov-moved.json").read_text())
+    assert mine["results"][0]["components"]["y"] == ok and mine["results"][0]["build"] is None
+    assert theirs["results"][0]["components"]["y"]["reason"] == "off by 0.3"
+    joined = coverage_markdown(joined_with_moved(mine, theirs))
+    write_report([combined(default, moved)], tmp_path / "both.json", mine["seconds"])
+    assert doc.read_text() == joined
+    assert joined == coverage_markdown(json.loads((tmp_path / "both.json").read_text()))
+    assert "moved build: off by 0.3" in joined
+
+
 def test_the_readme_figures_of_both_builds_are_the_reports() -> None:
     """README's "N of M hold on both builds" per group are docs/coverage.json joined
     with docs/coverage-moved.json (the moved build's sweep)."""

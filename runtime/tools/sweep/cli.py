@@ -36,7 +36,8 @@ from .runner import Result, run_one, sweep
     "--out",
     type=click.Path(path_type=Path, dir_okay=False),
     default=None,
-    help="Write the JSON report here.",
+    help="Write the JSON report here; with --build both, the default build's report here "
+    "and the moved build's beside it (coverage.json, coverage-moved.json), which --doc joins.",
 )
 @click.option(
     "--doc",
@@ -96,14 +97,25 @@ def sweep_command(
       registry sweep --doc docs/coverage.md --against nnsight-0.8.json
       registry sweep --build moved --jobs 1 --out moved.json
       registry sweep --build default --out docs/coverage.json --doc docs/coverage.md --moved moved.json
+      registry sweep --only llama,gpt2 --out both.json --doc both.md   # both builds, both reports
     """
     chosen = _chosen(only, groups)
     started = time.perf_counter()
     builds = ("default", "moved") if build == "both" else (build,)
-    results = _swept(chosen, jobs, timeout, builds)
+    per_build: dict[str, list[Result]] = {}
+    results = _swept(chosen, jobs, timeout, builds, per_build)
     seconds = time.perf_counter() - started
     _print_results(results, seconds, as_json)
-    if out is not None:
+    if out is not None and len(builds) > 1:
+        # each build's own report: the default build's at --out, the moved build's
+        # beside it (docs/coverage.json, docs/coverage-moved.json); the doc joins them
+        moved_out = moved_path(out)
+        write_report(per_build.get("default", []), out, seconds)
+        write_report(per_build.get("moved", []), moved_out, seconds)
+        click.echo(f"wrote {out} (default build) and {moved_out} (moved build)", err=True)
+        if moved_report is None:
+            moved_report = moved_out
+    elif out is not None:
         write_report(results, out, seconds)
     if doc is not None:
         report_path = out
@@ -148,8 +160,18 @@ def _chosen(only: str | None, groups: str | None) -> list[str]:
     return chosen
 
 
+def moved_path(out: Path) -> Path:
+    """Where ``--build both --out PATH`` writes the moved build's report: beside PATH,
+    ``-moved`` before its suffix (coverage.json -> coverage-moved.json)."""
+    return out.with_name(f"{out.stem}-moved{out.suffix or '.json'}")
+
+
 def _swept(
-    chosen: list[str], jobs: int, timeout: float, builds: tuple[str, ...] = ("default",)
+    chosen: list[str],
+    jobs: int,
+    timeout: float,
+    builds: tuple[str, ...] = ("default",),
+    per_build: dict[str, list[Result]] | None = None,
 ) -> list[Result]:
     """``sweep`` over ``chosen``, with a progress bar on stderr."""
     from rich.console import Console
@@ -169,7 +191,7 @@ def _swept(
         def advance(result: Result) -> None:
             bar.update(task, advance=1, description=f"{result.model_type}: {result.outcome}")
 
-        results = sweep(chosen, jobs, timeout, advance, builds)
+        results = sweep(chosen, jobs, timeout, advance, builds, per_build)
     return results
 
 

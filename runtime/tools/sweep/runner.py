@@ -208,10 +208,12 @@ def sweep(
     timeout: float,
     progress: Callable[[Result], None] | None = None,
     builds: tuple[str, ...] = ("default",),
+    per_build: dict[str, list[Result]] | None = None,
 ) -> list[Result]:
     """Certify each of ``model_types`` in each of ``builds`` (tiny/build.py BUILDS), each in
     its own process; over several builds an architecture's result is their
-    combination (tools/builds.py: a place is ok only where it holds on every build)."""
+    combination (tools/builds.py: a place is ok only where it holds on every build),
+    and ``per_build`` (where given) gets each build's own results."""
     import multiprocessing
 
     from causalab_mini.tools.builds import build_of, combined, spec_for
@@ -230,6 +232,12 @@ def sweep(
             results.setdefault(result.model_type, {})[build_of(spec)] = result
             if progress is not None:
                 progress(result)
+    if per_build is not None:
+        for by_build in results.values():
+            for build, result in by_build.items():
+                per_build.setdefault(build, []).append(result)
+        for listed in per_build.values():
+            listed.sort(key=lambda r: r.model_type)
     out = []
     for by_build in results.values():
         if len(builds) > 1 and len(by_build) == len(builds):
