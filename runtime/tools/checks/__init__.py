@@ -23,7 +23,7 @@ from causalab_mini.tools.checks import positions as position_checks
 from causalab_mini.tools.checks import ragged as ragged_checks
 from causalab_mini.tools.checks import ragged_pairs as ragged_pair_checks
 from causalab_mini.tools.checks.base import (
-    Check,
+    CheckFunction,
     CheckResult,
     Context,
     Outcome,
@@ -440,7 +440,7 @@ def attention_write_shifts_mid(ctx: Context) -> Iterator[CheckResult]:
 
 
 # The checks the sweep runs, in this order, on every architecture.
-CHECKS: tuple[Check, ...] = (
+CHECKS: tuple[CheckFunction, ...] = (
     read_alone,
     identities,
     module_consistency,
@@ -475,7 +475,7 @@ CHECKS: tuple[Check, ...] = (
 __all__ = [
     "CHECKS",
     "LENS_IDENTITY",
-    "Check",
+    "CheckFunction",
     "CheckResult",
     "Context",
     "Outcome",

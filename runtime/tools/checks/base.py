@@ -66,7 +66,8 @@ class Context:
         )
 
 
-Check = Callable[[Context], Iterator[CheckResult]]
+# a check of the sweep: a function of the model's context yielding its results
+CheckFunction = Callable[[Context], Iterator[CheckResult]]
 
 
 def handed(ctx: Context, component: str, layer: int | None, held: Any) -> Any:
@@ -90,4 +91,4 @@ def row_components() -> dict[str, str]:
 # ---------------------------------------------------------------- whole model
 
 
-__all__ = ["Check", "CheckResult", "Context", "Outcome", "handed", "row_components"]
+__all__ = ["CheckFunction", "CheckResult", "Context", "Outcome", "handed", "row_components"]
