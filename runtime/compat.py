@@ -651,6 +651,19 @@ def out_of_order_error() -> type[BaseException] | None:
     return OutOfOrderError  # type: ignore[no-any-return]
 
 
+def missed_value_error() -> type[BaseException] | None:
+    """nnsight 0.6/0.7's error for a value the trace body waited for until the forward
+    ended (``Mediator.MissedProviderError``): how those releases answer a location the
+    model had already run past, where 0.8 raises its ``OutOfOrderError`` at once; None
+    on 0.8."""
+    if is_08():
+        return None
+    from nnsight.intervention.interleaver import Mediator
+
+    missed = getattr(Mediator, "MissedProviderError", None)
+    return missed if isinstance(missed, type) else None
+
+
 def backward_running() -> bool:
     """Whether an nnsight backward trace (``with loss.backward():``) runs now: while it
     does, nnsight replaces ``torch.Tensor.grad`` with a property of its own, which parks

@@ -590,8 +590,7 @@ class Internals(Mapping[str, Place]):
         except Exception as exc:
             from .edits import PlaceOutOfOrder, edit_runner
 
-            error = compat.out_of_order_error()
-            if error is None or not isinstance(exc, error) or isinstance(exc, PlaceOutOfOrder):
+            if isinstance(exc, PlaceOutOfOrder) or not self._out_of_order(exc, place, step):
                 raise
             runner = edit_runner()
             if getattr(runner, "iteration", 0) not in (0, None):
@@ -599,6 +598,27 @@ class Internals(Mapping[str, Place]):
             raise self.out_of_order(place, step["layer"], runner) from None
         self.passed(place, step["layer"])
         return compat.invoke_rows(value)
+
+    def _out_of_order(self, exc: Exception, place: Place, step: Step) -> bool:
+        """Whether ``exc``, raised where a read of ``place`` waited for its value, says
+        the model had run past it: nnsight's OutOfOrderError; on 0.6/0.7 also their
+        missed value at the forward's end where the trace body had read a later place
+        (those releases wait for a passed location until the forward is over)."""
+        error = compat.out_of_order_error()
+        if error is not None and isinstance(exc, error):
+            return True
+        missed = compat.missed_value_error()
+        if missed is None or not isinstance(exc, missed):
+            return False
+        from .edits import edit_runner
+
+        runner = edit_runner()
+        try:
+            best = self._furthest.get(runner) if runner is not None else None
+        except TypeError:
+            return False
+        at = self.layer_of(place, step["layer"])
+        return best is not None and best[0] > self.rank(place.name, at)
 
     def asked_in_backward(self, place: Place, layer: int | None) -> Exception:
         """A place asked for inside nnsight's ``with loss.backward():``, where the forward

@@ -1004,6 +1004,10 @@ def test_sae_ablation_of_no_feature_changes_nothing_and_a_saved_sae_is_the_same(
 
 @pytest.mark.parametrize("spec", FAMILIES)
 def test_steering_moves_generation_and_scale_0_leaves_it(spec: str, tmp_path: Path) -> None:
+    from causalab_mini import compat
+
+    if not compat.is_08():
+        pytest.skip("the steering document generates: Plan.generate needs nnsight 0.8")
     exp, results, count = _run("steering", spec, tmp_path)
     cells = results["cells"]
     assert len(cells) == 2 * exp.model.internals.num_layers
