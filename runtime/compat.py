@@ -208,6 +208,48 @@ def auto_class_kwargs(auto_class: str, traced_module: str | None = None) -> dict
     return {"task": _text_task(auto_class, traced_module)}
 
 
+def causal_lm_kwargs(model_type: str | None) -> dict[str, Any]:
+    """nnsight 0.6/0.7 refuse, when they load with their default
+    ``AutoModelForCausalLM``, a checkpoint whose model type transformers registers for
+    image-text-to-text (``LanguageModel._check_is_text_only``): a causal LM saved with
+    such a composite config (Mllama's text model under ``MllamaConfig``). There the
+    same auto class is given behind a loader of its own, which that check lets through;
+    nothing elsewhere, nor on 0.8 (it loads through a pipeline task)."""
+    if is_08() or not model_type:
+        return {}
+    try:
+        from transformers.models.auto.modeling_auto import (
+            MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as image_text,
+        )
+    except ImportError:
+        return {}
+    if model_type not in image_text:
+        return {}
+    return {"automodel": _causal_lm_loader()}
+
+
+@functools.cache
+def _causal_lm_loader() -> Any:
+    """``AutoModelForCausalLM``'s two class methods nnsight calls, on a class of its own."""
+    from transformers import AutoModelForCausalLM
+
+    def from_config(_: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return AutoModelForCausalLM.from_config(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def from_pretrained(_: Any, /, *args: Any, **kwargs: Any) -> Any:
+        return AutoModelForCausalLM.from_pretrained(*args, **kwargs)
+
+    return type(
+        "LoadingAutoModelForCausalLM",
+        (),
+        {
+            "from_config": classmethod(from_config),
+            "from_pretrained": classmethod(from_pretrained),
+            "__doc__": "AutoModelForCausalLM, past nnsight 0.6/0.7's image-text refusal",
+        },
+    )
+
+
 @functools.cache
 def loading_class(name: str) -> Any:
     """The transformers class ``name`` as nnsight loads with it: an auto class itself; a

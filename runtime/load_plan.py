@@ -243,10 +243,12 @@ def _auto_class_arguments(
     traced = loading.traced_module
     if traced and not auto_class:  # a submodule of a causal LM's checkpoint
         auto_class = DEFAULT_AUTO_CLASS
-    if not auto_class or not isinstance(spec, str) or "automodel" in kwargs:
+    if not isinstance(spec, str) or "automodel" in kwargs:
         return out
-    if not auto_class_maps(auto_class, seen.architectures):
-        return out
+    if not auto_class or not auto_class_maps(auto_class, seen.architectures):
+        # the causal-LM class: past nnsight 0.6/0.7's refusal of an image-text model
+        # type where the checkpoint is a causal LM saved under such a config
+        return {**compat.causal_lm_kwargs(seen.model_type), **out}
     for key, value in compat.auto_class_kwargs(auto_class, traced).items():
         if key not in kwargs:
             out[key] = value

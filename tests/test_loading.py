@@ -323,3 +323,26 @@ def test_shieldgemma2_loads_the_layout_transformers_4_50_wrote(tmp_path: Path) -
         save_file(renamed, weights, metadata={"format": "pt"})
         checkpoints.append(str(older))
     _loads_every_weight("shieldgemma2", checkpoints, expected)
+
+
+def test_a_causal_lm_under_an_image_text_config_loads_past_nnsight_0_7s_refusal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nnsight 0.6/0.7 refuse a model type registered for image-text-to-text when they
+    load with AutoModelForCausalLM itself: the causal-LM class is given behind a loader
+    of its own there (Mllama's text model saved under MllamaConfig loads as
+    MllamaForCausalLM); nothing for a text model type, nor on 0.8."""
+    from transformers import AutoModelForCausalLM
+
+    from causalab_mini import compat
+
+    composite = next(p for p, _ in _checkpoints("mllama", tmp_path) if "composite" in str(p))
+    on_08 = compat.is_08()
+    monkeypatch.setattr(compat, "is_08", lambda: False)
+    assert compat.causal_lm_kwargs("llama") == {} and compat.causal_lm_kwargs(None) == {}
+    loader = compat.causal_lm_kwargs("mllama")["automodel"]
+    assert loader is not AutoModelForCausalLM
+    assert type(loader.from_pretrained(composite)).__name__ == "MllamaForCausalLM"
+    monkeypatch.undo()
+    if on_08:
+        assert compat.causal_lm_kwargs("mllama") == {}
