@@ -567,19 +567,14 @@ def editable(
     copy: bool,
     ran_past: Callable[[], bool] | None = None,
     gradient: Gradient | Callable[[], Gradient] | None = None,
-    runner: Any = _UNASKED,
 ) -> Any:
     """``value`` (a read of the place ``where``) as handed out inside a trace body: a
     tensor whose in-place edits call ``write`` with the edited tensor (a copy of it
     first where ``copy``); anything else, or anything outside a trace body, as it is.
     ``ran_past``: whether the trace has since passed the place, asked where nnsight
     does not count a location's visits (0.6/0.7). ``gradient``: where the read's
-    gradient comes from (``Gradient``, or a function that makes it when first asked).
-    ``runner``: the trace body running now, where the caller has it."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    if runner is _UNASKED:
-        runner = edit_runner()
+    gradient comes from (``Gradient``, or a function that makes it when first asked)."""
+    runner = edit_runner() if isinstance(value, torch.Tensor) else None
     if runner is None:
         return value
     value = plain(value)

@@ -450,11 +450,13 @@ class _Run:
             "this forward, and hooks cannot tell which call the plan means",
         )
 
-    def finished(self) -> bool:
-        """Every step ran: a fast read is done when it is read (``reads``), any other
-        step when ``steps`` took it (``done``)."""
+    def missing(self) -> list[int]:
+        """The steps that did not run: a fast read is done when it is read (``reads``),
+        any other step when ``steps`` took it (``done``)."""
         done = self.done.union(self.reads) if self.done else self.reads
-        return len(done) == len(self.program)
+        if len(done) == len(self.program):
+            return []
+        return [i for i in range(len(self.program)) if i not in done]
 
     def steps(self, key: tuple[str, int, str], call: _Call) -> None:
         self._once(key)
@@ -508,9 +510,10 @@ class _Hooks:
     ) -> None:
         self.run: _Run | None = None
         self.modules = modules
-        # each hook with the module it goes on and its side
-        self.installs: list[tuple[Any, bool, Callable[..., Any]]] = [
-            (
+        # each hook with the module it goes on, its side (a pre-hook or not) and the
+        # module's two tables for that side (``_put``), looked up once
+        self.installs: list[_Install] = [
+            _install_of(
                 modules[key[1]],
                 key[2] == "input",
                 (_pre_hook if key[2] == "input" else _post_hook)(self, key, group),
@@ -518,8 +521,6 @@ class _Hooks:
             for key, group in groups.items()
             if key[0] == "module"
         ]
-        # the same, as the hook tables they go in (``_install``)
-        self.tables = [(*_tables(module, pre), hook) for module, pre, hook in self.installs]
 
     def bound(self, run: _Run) -> _Hooks:
         """These hooks bound to ``run`` (a fresh set where a run of the same program
@@ -541,47 +542,60 @@ _DIRECT_NAMES = {
 }
 
 
+# a hook as it goes on: the module, whether it is a pre-hook, the hook, and the
+# module's hook table and keyword-arguments table for that side (None where torch has
+# no such attribute)
+_Install = tuple[Any, bool, Callable[..., Any], Any, Any]
+
+
+def _install_of(module: Any, pre: bool, hook: Callable[..., Any]) -> _Install:
+    names = _DIRECT_NAMES[pre]
+    return module, pre, hook, getattr(module, names[0], None), getattr(module, names[1], None)
+
+
+# torch's hook-handle class, whose counter gives the ids (set by ``_torch_tables``)
+_HANDLE: list[Any] = []
+
+
 def _torch_tables() -> bool:
-    """Whether this torch keeps hooks as ``_install`` puts them: checked once on a
-    module, with a hook put in directly that must run as a registered one does."""
+    """Whether this torch keeps hooks as ``_put`` puts them: checked once on a module,
+    with a hook put in directly that must run as a registered one does."""
     import torch
     from torch.utils.hooks import RemovableHandle
 
     if not isinstance(getattr(RemovableHandle, "next_id", None), int):
         return False
+    _HANDLE[:] = [RemovableHandle]
     probe = torch.nn.Identity()
     seen: list[Any] = []
+    installs = [
+        _install_of(probe, True, lambda m, a, k: seen.append(("pre", k))),
+        _install_of(probe, False, lambda m, a, k, o: seen.append(("post", k))),
+    ]
+    if not all(isinstance(t, dict) for i in installs for t in i[3:]):
+        return False
+    placed: list[tuple[Any, Any, int]] = []
     try:
-        for names in _DIRECT_NAMES.values():
-            tables = [getattr(probe, name, None) for name in names]
-            if not all(isinstance(t, dict) for t in tables):
-                return False
-        placed = _put(probe, True, lambda m, a, k: seen.append(("pre", k)))
-        placed += _put(probe, False, lambda m, a, k, o: seen.append(("post", k)))
+        _put(installs, placed)
         probe(torch.zeros(1))
         _take(placed)
         probe(torch.zeros(1))
     except Exception:
         return False
-    return seen == [("pre", {}), ("post", {})] and not any(
-        getattr(probe, name) for names in _DIRECT_NAMES.values() for name in names
-    )
+    return seen == [("pre", {}), ("post", {})] and not any(t for i in installs for t in i[3:])
 
 
-def _tables(module: Any, pre: bool) -> tuple[Any, Any]:
-    names = _DIRECT_NAMES[pre]
-    return getattr(module, names[0], None), getattr(module, names[1], None)
-
-
-def _put(module: Any, pre: bool, hook: Callable[..., Any]) -> list[tuple[Any, Any, int]]:
-    from torch.utils.hooks import RemovableHandle
-
-    table, kwargs_table = _tables(module, pre)
-    i = RemovableHandle.next_id
-    RemovableHandle.next_id = i + 1
-    table[i] = hook
-    kwargs_table[i] = True
-    return [(table, kwargs_table, i)]
+def _put(installs: list[_Install], placed: list[tuple[Any, Any, int]]) -> None:
+    """Put each hook in its module's tables (with its keyword arguments) under a fresh
+    id from torch's counter, each listed in ``placed`` before it goes in, so ``_take``
+    takes out whatever was put in."""
+    counter = _HANDLE[0]
+    for _, _, hook, table, kwargs_table in installs:
+        i = counter.next_id
+        counter.next_id = i + 1
+        placed.append((table, kwargs_table, i))
+        table[i] = hook
+        kwargs_table[i] = True
 
 
 def _take(placed: list[tuple[Any, Any, int]]) -> None:
@@ -596,24 +610,18 @@ _DIRECT: list[bool] = []  # (decided at the first run)
 def _install(
     hooks: _Hooks, handles: list[Callable[[], None]], placed: list[tuple[Any, Any, int]]
 ) -> None:
-    """Put ``hooks`` on their modules (with their keyword arguments): each one put in
-    its module's tables directly is listed in ``placed`` (``_take`` takes them out),
-    one registered the public way has its handle's ``remove`` in ``handles``."""
+    """Put ``hooks`` on their modules (with their keyword arguments): in the modules'
+    tables directly, listed in ``placed`` (``_take`` takes them out), or, where torch
+    keeps hooks otherwise, registered the public way, each handle's ``remove`` in
+    ``handles``."""
     if not _DIRECT:
         _DIRECT.append(_torch_tables())
-    if not _DIRECT[0]:
-        for module, pre, hook in hooks.installs:
-            register = module.register_forward_pre_hook if pre else module.register_forward_hook
-            handles.append(register(hook, with_kwargs=True).remove)
+    if _DIRECT[0]:
+        _put(hooks.installs, placed)
         return
-    from torch.utils.hooks import RemovableHandle
-
-    for table, kwargs_table, hook in hooks.tables:
-        i = RemovableHandle.next_id
-        RemovableHandle.next_id = i + 1
-        placed.append((table, kwargs_table, i))
-        table[i] = hook
-        kwargs_table[i] = True
+    for module, pre, hook, _, _ in hooks.installs:
+        register = module.register_forward_pre_hook if pre else module.register_forward_hook
+        handles.append(register(hook, with_kwargs=True).remove)
 
 
 def _fast_hook(
@@ -621,8 +629,9 @@ def _fast_hook(
 ) -> Callable[..., Any]:
     """A hook whose every step is a fast read: each read put in the bound run's reads
     (one found there already is this module's second call in the forward)."""
-    if len(fasts) == 1:
-        return _one_read_hook(hooks, key, *fasts[0], output)
+    inline = _one_read_hook(hooks, key, *fasts[0], output) if len(fasts) == 1 else None
+    if inline is not None:
+        return inline
     first = fasts[0][0]
 
     def all_in(_module: Any, args: Any, kwargs: Any) -> None:
@@ -642,9 +651,10 @@ def _fast_hook(
 
 def _one_read_hook(
     hooks: _Hooks, key: tuple[str, int, str], i: int, fast: Any, output: bool
-) -> Callable[..., Any]:
-    """``_fast_hook`` of one read: the common reads (the first argument, the output or
-    its first element) made in the hook itself, no function called for them."""
+) -> Callable[..., Any] | None:
+    """``_fast_hook`` of one of the common reads (the first argument, the output or its
+    first element), made in the hook itself, no function called for it; None for any
+    other read."""
     if fast is _first_argument and not output:
 
         def argument(_module: Any, args: Any, kwargs: Any) -> None:
@@ -668,24 +678,7 @@ def _one_read_hook(
             got[i] = out if whole or not isinstance(out, (tuple, list)) else out[0]
 
         return result
-
-    def one_in(_module: Any, args: Any, kwargs: Any) -> None:
-        run = hooks.run
-        assert run is not None
-        got = run.reads
-        if i in got:
-            run.twice(key)
-        got[i] = fast(args, kwargs, _UNSET)
-
-    def one_out(_module: Any, args: Any, kwargs: Any, out: Any) -> None:
-        run = hooks.run
-        assert run is not None
-        got = run.reads
-        if i in got:
-            run.twice(key)
-        got[i] = fast(args, kwargs, out)
-
-    return one_out if output else one_in
+    return None
 
 
 def _pre_hook(hooks: _Hooks, key: tuple[str, int, str], group: Any) -> Callable[..., Any]:
@@ -937,7 +930,7 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
         call, args, kwargs = inputs.call, (), dict(inputs.kwargs)
     else:
         call, args, kwargs = forward_inputs(model, inputs)
-    if not compat.is_08():  # (0.6 and 0.8 leave none)
+    if not compat.is_08():  # (0.8 leaves none: the loop is not run there)
         for module in run_.modules.values():
             compat.clear_pending_operations(module)
     handles: list[Callable[[], None]] = []
@@ -956,17 +949,14 @@ def run(model: Any, program: tuple[Step, ...], inputs: Any) -> list[Any]:
             remove()
         _take(placed)
         bound.run = None
-    if not run_.finished():
-        missing = [i for i in range(len(program)) if i not in run_.done and i not in run_.reads]
+    missing = run_.missing()
+    if missing:
         raise refused(
             program[missing[0]]["where"],
             "its hook never fired: the module (or the attention call) did not run in this "
             "forward the way a hook reaches it",
         )
-    reads = run_.reads
-    if len(reads) == len(program):  # (every step a read)
-        return list(map(reads.__getitem__, range(len(program))))
-    return [reads[i] for i in range(len(program)) if not program[i]["write"]]
+    return [run_.reads[i] for i in range(len(program)) if not program[i]["write"]]
 
 
 def run_plan(

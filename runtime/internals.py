@@ -599,6 +599,16 @@ class Internals(Mapping[str, Place]):
         self.passed(place, step["layer"])
         return compat.invoke_rows(value)
 
+    def _furthest_of(self, runner: Any) -> tuple[tuple[int, int | float], str, Any] | None:
+        """The furthest place ``runner`` (a trace body) has read: its rank, its name and
+        the generation step it was read at; None where it has read none (or is none)."""
+        if runner is None:
+            return None
+        try:
+            return self._furthest.get(runner)
+        except TypeError:  # (a body that takes no weak reference)
+            return None
+
     def _out_of_order(self, exc: Exception, place: Place, step: Step) -> bool:
         """Whether ``exc``, raised where a read of ``place`` waited for its value, says
         the model had run past it: nnsight's OutOfOrderError; on 0.6/0.7 also their
@@ -612,11 +622,7 @@ class Internals(Mapping[str, Place]):
             return False
         from .edits import edit_runner
 
-        runner = edit_runner()
-        try:
-            best = self._furthest.get(runner) if runner is not None else None
-        except TypeError:
-            return False
+        best = self._furthest_of(edit_runner())
         at = self.layer_of(place, step["layer"])
         return best is not None and best[0] > self.rank(place.name, at)
 
@@ -744,10 +750,7 @@ class Internals(Mapping[str, Place]):
 
         def ran_past() -> bool:
             runner = reader() if reader is not None else None
-            try:
-                best = self._furthest.get(runner) if runner is not None else None
-            except TypeError:
-                return False
+            best = self._furthest_of(runner)
             if best is None:
                 return False
             # a later generation step, or a later place in this one
@@ -833,13 +836,13 @@ class Internals(Mapping[str, Place]):
             if layer is None or type(layer) is int:  # (never a bool: it hashes as 0 or 1)
                 self._ranked[(place.name, layer)] = ranked
         rank = ranked[0]
-        try:
-            best = self._furthest.get(runner)
-        except TypeError:
-            return
+        best = self._furthest_of(runner)
         step = compat.body_step(runner)
         if best is None or best[2] != step or rank > best[0]:
-            self._furthest[runner] = (rank, ranked[1], step)
+            try:
+                self._furthest[runner] = (rank, ranked[1], step)
+            except TypeError:  # (a body that takes no weak reference: nothing kept)
+                return
 
     def out_of_order(self, place: Place, layer: int | None, runner: Any) -> Exception:
         """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""
@@ -848,10 +851,7 @@ class Internals(Mapping[str, Place]):
         at = self.layer_of(place, layer)
         asked, rank = place.where(at), self.rank(place.name, at)
         families = ", ".join(self.model.families) or "no family file"
-        try:
-            best = self._furthest.get(runner) if runner is not None else None
-        except TypeError:
-            best = None
+        best = self._furthest_of(runner)
         fix = (
             "read (and write) places in forward order, the order of "
             "model.internals.rank(name, layer), or put the reads and writes in a Plan "

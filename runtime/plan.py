@@ -135,11 +135,6 @@ class Plan:
         """The position specs its steps name (each resolved per row of a run's batch)."""
         return frozenset(s.address.position for s in self.steps if s.address.position)
 
-    @cached_property
-    def featurizes(self) -> bool:
-        """Whether a read of it is featurized (its reads are returned as features)."""
-        return any(s.address.featurizer is not None for s in self.steps)
-
     @staticmethod
     def of(
         reads: Iterable[ComponentAddress] = (), writes: Iterable[tuple[ComponentAddress, Any]] = ()
@@ -181,8 +176,7 @@ class Plan:
         runner = engine_for(engine, **remote)
         inputs, indices = _resolved(self, model, inputs, frame)
         # a featurized read returns features (causalab_mini.featurizers)
-        values = runner.reads(model, runner.lower(self, model, held, indices), inputs)
-        return featurized(values) if self.featurizes else values
+        return featurized(runner.reads(model, runner.lower(self, model, held, indices), inputs))
 
     def generate(
         self,

@@ -541,11 +541,26 @@ def test_hooks_put_in_torchs_tables_run_as_registered_ones_and_leave_none(
     plan = Plan.of([locate(model, c, i) for i in range(2) for c in ("block_input", "mlp_output")])
     direct = plan.run(model, TEXTS, engine="hooks")
     assert snapshot() == before and calls == [1]
+    # a write on each path: the read saved before it keeps its value, the write
+    # reaches what comes after, and both paths give the same tensors
+    first, out0, out1 = (
+        locate(model, c, i)
+        for c, i in (("block_input", 0), ("block_output", 0), ("block_output", 1))
+    )
+    value = direct[locate(model, "block_input", 1)] * 0.5 + 1
+    write = Plan.of([first, out1], [(out0, value)])
+    written = write.run(model, TEXTS, engine="hooks")
     monkeypatch.setattr(engine, "_DIRECT", [False])
     public = plan.run(model, TEXTS, engine="hooks")
-    assert snapshot() == before and calls == [1, 1]
-    for address, value in public.items():
-        assert torch.equal(direct[address], value), address
+    public_written = write.run(model, TEXTS, engine="hooks")
+    assert snapshot() == before and calls == [1, 1, 1, 1]
+    for address, got in public.items():
+        assert torch.equal(direct[address], got), address
+    clean = Plan.of([first, out1]).run(model, TEXTS)
+    for got in (written, public_written):
+        assert torch.equal(got[first], clean[first])  # read before the write: kept
+        assert not torch.equal(got[out1], clean[out1])  # the write reached layer 1
+        assert torch.equal(got[out1], written[out1])
     monkeypatch.setattr(engine, "_DIRECT", [True])
 
     def fail(module: Any, args: Any) -> None:
