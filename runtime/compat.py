@@ -39,6 +39,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from packaging.version import Version
@@ -789,6 +790,20 @@ def running_body() -> Any:
                 return mediator
         frame = frame.f_back
     return None
+
+
+def body_reader() -> Callable[[], Any]:
+    """``running_body`` as one function of the installed nnsight, for a read made
+    many times a trace: on 0.8 the greenlet's mediator, without the release check."""
+    if not is_08():
+        return running_body
+    from greenlet import getcurrent
+
+    def running_body_08() -> Any:
+        ref = getattr(getcurrent(), "mediator", None)
+        return None if ref is None else ref()
+
+    return running_body_08
 
 
 def clear_pending_operations(module: Any) -> None:

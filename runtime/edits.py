@@ -136,6 +136,32 @@ class Edit:
         # since read a place later in the forward (the client's internals say)
         self.ran_past = ran_past
 
+    @classmethod
+    def made(
+        cls,
+        where: str,
+        write: Callable[[Any], None],
+        root: Any,
+        location: str,
+        gradient: Callable[[], Gradient],
+        runner: Any,
+        reader: weakref.ref[Any] | None,
+    ) -> Edit:
+        """The edit of a read made in ``runner`` (a trace body of nnsight 0.8, which
+        counts the visits of ``location``; ``reader`` a weak reference to it): what
+        ``Edit(...)`` makes there, for the common read, made once per place read."""
+        edit = cls.__new__(cls)
+        edit._gradient = gradient
+        edit.where = where
+        edit.write = write
+        edit.root = root
+        edit._storage = None
+        edit.runner = reader
+        edit.location = location
+        edit.visits = _visits(runner, location)
+        edit.ran_past = None
+        return edit
+
     @property
     def gradient(self) -> Gradient | None:
         """Where the read's gradient comes from (``Gradient``), made when first asked."""
@@ -521,11 +547,13 @@ def _viewed(t: torch.Tensor, edits: list[Edit]) -> Any:
     ptr = _storage(t)
     for edit in edits:
         if edit.storage == ptr:
-            return _editable(t, edit)
+            return hand_out(t, edit)
     return t
 
 
-def _editable(t: torch.Tensor, edit: Edit) -> EditableRead:
+def hand_out(t: torch.Tensor, edit: Edit) -> EditableRead:
+    """``t`` (a plain tensor) handed out inside a trace body as a read whose in-place
+    edits are ``edit``'s (the one place a read is made editable)."""
     out = t.as_subclass(EditableRead)
     out.__dict__["_edit"] = edit
     return out
@@ -580,7 +608,7 @@ def editable(
     value = plain(value)
     if copy:
         value = value.clone()
-    return _editable(value, Edit(where, write, value, location, ran_past, gradient, runner))
+    return hand_out(value, Edit(where, write, value, location, ran_past, gradient, runner))
 
 
 __all__ = [
@@ -589,6 +617,7 @@ __all__ = [
     "Gradient",
     "PlaceOutOfOrder",
     "editable",
+    "hand_out",
     "handed_back",
     "plain",
 ]

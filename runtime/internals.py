@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -65,6 +66,28 @@ def _edits() -> Any:
 _EDITS: Any = None
 
 
+def _as_it_is(step: Step) -> bool:
+    """Whether ``step`` reads a module's input or output (or its first element) as
+    the model holds it: no operation inside, no view, scale or computed term."""
+    return bool(
+        step["envoy"] is not None
+        and not step["ops"]
+        and step["take"] is None
+        and step["select"] in (None, ("first",))
+        and not step["unflatten"]
+        and step["unmerge"] is None
+        and not step["views"]
+        and step["scale"] is None
+        and step["heads_through"] is None
+    )
+
+
+# ``Place.get``: no quick read made yet for the layer; a quick read's answer where it
+# leaves the read to the general path (outside a trace body, in a backward)
+_UNMADE: Any = object()
+_ASIDE: Any = object()
+
+
 class LayerTokens:
     """A forward pre-hook on one layer's module: the batch and sequence of the input
     the layer was last called with (every axis of its first tensor argument but the
@@ -92,6 +115,9 @@ class Place:
         self.row = row
         # layer as given (an int or None) -> the row there as a step (``step``)
         self._steps: dict[int | None, Step] = {}
+        # layer as given -> the read made in one function (``Internals.quick_read``),
+        # or None where the row's read is not that plain
+        self._quick: dict[int | None, Callable[[], Any] | None] = {}
 
     # ------------------------------------------------------------ description
 
@@ -177,10 +203,20 @@ class Place:
         ``x.zero_()``) are this place's write (``edits.editable``): a copy where the row
         copies and at a module's input (``copied_for_edits``), where a value read and
         saved keeps what it was when read; a module place's Envoy."""
+        cacheable, quick = layer is None or type(layer) is int, None
+        if cacheable:
+            quick = self._quick.get(layer, _UNMADE)
+            if quick is not None and quick is not _UNMADE:
+                got = quick()
+                if got is not _ASIDE:
+                    return got
         step = self.step(layer)
         if step["io_module"]:
             return self._module_target(step["layer"])[1]
-        return plain.whole_value(self._internals.model, step, self._internals, edit=True)
+        got = plain.whole_value(self._internals.model, step, self._internals, edit=True)
+        if cacheable and quick is _UNMADE:  # (a read made: the row there is resolved)
+            self._quick[layer] = self._internals.quick_read(self, step)
+        return got
 
     def read(self, layer: int | None = None) -> Any:
         """The tensor here as ``get`` reads it, as a plain tensor (a copy where the
@@ -227,6 +263,12 @@ class Place:
         ``index`` names ((batch, n) token indices per row, from
         ``positions.stacked(positions.resolve(model, inputs, spec), spec)``), along the
         place's sequence axis."""
+        if type(key) is int:  # (the common read: ``get``'s first lines)
+            quick = self._quick.get(key)
+            if quick is not None:
+                got = quick()
+                if got is not _ASIDE:
+                    return got
         layer, index = self._key(key)
         return self.get(layer) if index is None else self.get_at(layer, index)
 
@@ -381,9 +423,9 @@ class Internals(Mapping[str, Place]):
         self._layer_envoys: list[Any] | None = None
         # per running trace body (nnsight's mediator), the furthest place it reached
         # (its rank, its name) in the generation step it is at (nnsight's iteration)
-        self._furthest: weakref.WeakKeyDictionary[Any, tuple[tuple[int, int | float], str, Any]] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._furthest: weakref.WeakKeyDictionary[Any, list[Any]] = weakref.WeakKeyDictionary()
+        # the trace body that read last and its record there (``reached``)
+        self._body: tuple[weakref.ref[Any], list[Any]] | None = None
         # per layer, the batch and sequence of its input, where a row is flat_tokens:
         # the hook, the module it is on, the handle that removes it
         self._tokens: dict[int, tuple[LayerTokens, Any, Any]] = {}
@@ -413,6 +455,7 @@ class Internals(Mapping[str, Place]):
         # furthest places are this process's (weak references to its trace bodies)
         state = dict(self.__dict__)
         state["_furthest"] = None
+        state["_body"] = None
         state["_locations"] = {}  # (keyed by this process's object ids)
         state["engine_cache"] = {}
         state["_hands"] = {}  # (functions of this process)
@@ -421,6 +464,7 @@ class Internals(Mapping[str, Place]):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._furthest = weakref.WeakKeyDictionary()
+        self._body = None
         self._locations = {}
         self.engine_cache = {}
         self._hands = {}
@@ -466,6 +510,8 @@ class Internals(Mapping[str, Place]):
         row is flat_tokens, the new layer modules hooked."""
         self._layer_envoys = None
         self._locations.clear()
+        for place in self._places.values():
+            place._quick.clear()
         if self._tokens:
             self.watch_tokens()
         self.install_sources()
@@ -588,18 +634,27 @@ class Internals(Mapping[str, Place]):
         try:
             value = getattr(target, step["attr"])
         except Exception as exc:
-            from .edits import PlaceOutOfOrder, edit_runner
-
-            if isinstance(exc, PlaceOutOfOrder) or not self._out_of_order(exc, place, step):
+            error = self.fetch_failed(exc, place, step)
+            if error is exc:
                 raise
-            runner = edit_runner()
-            if getattr(runner, "iteration", 0) not in (0, None):
-                raise  # a tracer.iter loop that outran the run: nnsight's own end
-            raise self.out_of_order(place, step["layer"], runner) from None
+            raise error from None
         self.passed(place, step["layer"])
         return compat.invoke_rows(value)
 
-    def _furthest_of(self, runner: Any) -> tuple[tuple[int, int | float], str, Any] | None:
+    def fetch_failed(self, exc: Exception, place: Place, step: Step) -> Exception:
+        """What a read of ``place`` raises where nnsight raised ``exc`` reading it:
+        nnsight's out-of-order error said in places (``out_of_order``), anything else
+        as it is."""
+        from .edits import PlaceOutOfOrder, edit_runner
+
+        if isinstance(exc, PlaceOutOfOrder) or not self._out_of_order(exc, place, step):
+            return exc
+        runner = edit_runner()
+        if getattr(runner, "iteration", 0) not in (0, None):
+            return exc  # a tracer.iter loop that outran the run: nnsight's own end
+        return self.out_of_order(place, step["layer"], runner)
+
+    def _furthest_of(self, runner: Any) -> list[Any] | None:
         """The furthest place ``runner`` (a trace body) has read: its rank, its name and
         the generation step it was read at; None where it has read none (or is none)."""
         if runner is None:
@@ -688,28 +743,76 @@ class Internals(Mapping[str, Place]):
         """What makes the ``Gradient`` of a read of ``raw`` at ``step`` when first asked:
         what it depends on in the running trace taken now (the tensor's version, whether
         the trace's invokes are cut off the graph)."""
-        version = int(raw._version)
         narrowed = compat.invokes_narrowed_off_the_graph(self.model)
+        return partial(self._made_gradient, place, step, value, raw, narrowed, int(raw._version))
 
-        def made() -> Any:
-            edits = _edits()
-            where = place.where(step["layer"])
-            if step["heads_through"] is not None:
-                return edits.NoGradient(where, raw, COMPUTED_GRADIENT)
-            return edits.Gradient(
-                where,
-                raw,
-                lambda grad: plain.meant_gradient(step, grad, self),
-                # a module's input written in place: a write there changes the tensor
-                # every later consumer takes, so the tensor's gradient is the place's
-                None
-                if step["attr"] == "output" or step["in_place"]
-                else self._isolate(place, step, value),
-                narrowed,
-                version,
-            )
+    def _made_gradient(
+        self, place: Place, step: Step, value: Any, raw: Any, narrowed: bool, version: int
+    ) -> Any:
+        edits = _edits()
+        where = place.where(step["layer"])
+        if step["heads_through"] is not None:
+            return edits.NoGradient(where, raw, COMPUTED_GRADIENT)
+        return edits.Gradient(
+            where,
+            raw,
+            lambda grad: plain.meant_gradient(step, grad, self),
+            # a module's input written in place: a write there changes the tensor
+            # every later consumer takes, so the tensor's gradient is the place's
+            None
+            if step["attr"] == "output" or step["in_place"]
+            else self._isolate(place, step, value),
+            narrowed,
+            version,
+        )
 
-        return made
+    def quick_read(self, place: Place, step: Step) -> Callable[[], Any] | None:
+        """The read of ``place`` at ``step`` made in one function, where the step reads
+        a module's input or output (or its first element) as it is, on nnsight 0.8
+        (which names the location it waits at): what ``plain.whole_value(...,
+        edit=True)`` hands out there, without the general path's dispatch (a trace
+        reads many places, each at about the cost of a hand-written read). None
+        elsewhere: those reads take the general path. The function answers
+        ``_ASIDE`` where the general path must read (outside a trace body, inside a
+        backward)."""
+        if not compat.is_08() or not _as_it_is(step):
+            return None
+        envoy, attr, layer = step["envoy"], step["attr"], step["layer"]
+        location = self._location(envoy, attr)
+        if location is None:
+            return None
+        edits = _edits()
+        tensor, made_edit, gradient_of = edits.torch.Tensor, edits.Edit.made, self._made_gradient
+        running, in_backward = compat.body_reader(), compat.backward_running
+        rank, reached = self.ranked(place, layer)
+        where, first = place.where(layer), step["select"] is not None
+        copy, edit_copy = step["copy"], step["edit_copy"]
+
+        def write(edited: Any) -> None:
+            place.set(layer, edited)
+
+        def read() -> Any:
+            runner = running()
+            if runner is None or in_backward():
+                return _ASIDE
+            try:
+                whole = getattr(envoy, attr)
+            except Exception as exc:
+                error = self.fetch_failed(exc, place, step)
+                if error is exc:
+                    raise
+                raise error from None
+            reader = self.reached(runner, rank, reached)
+            raw = whole[0] if first and isinstance(whole, (tuple, list)) else whole
+            if type(raw) is not tensor:  # (anything else as the general path hands it)
+                return plain.held_value(step, envoy, raw, self, edit=True)
+            value = raw.clone() if copy else raw
+            gradient = partial(gradient_of, place, step, value, raw, False, raw._version)
+            root = value.clone() if edit_copy else value
+            edit = made_edit(where, write, root, location, gradient, runner, reader)
+            return edits.hand_out(root, edit)
+
+        return read
 
     def _location(self, target: Any, attr: str) -> str | None:
         """``compat.location`` of ``target``'s ``attr``, kept per Envoy (a location is
@@ -829,20 +932,41 @@ class Internals(Mapping[str, Place]):
         runner = compat.running_body()
         if runner is None:
             return
-        ranked = self._ranked.get((place.name, layer))  # (by the layer as given)
+        rank, where = self.ranked(place, layer)
+        self.reached(runner, rank, where)
+
+    def ranked(self, place: Place, layer: int | None) -> tuple[tuple[int, int | float], str]:
+        """``place`` at ``layer`` (as given)'s rank and its name there (kept)."""
+        ranked = self._ranked.get((place.name, layer))
         if ranked is None:
             at = self.layer_of(place, layer)
             ranked = (self.rank(place.name, at), place.where(at))
             if layer is None or type(layer) is int:  # (never a bool: it hashes as 0 or 1)
                 self._ranked[(place.name, layer)] = ranked
-        rank = ranked[0]
-        best = self._furthest_of(runner)
+        return ranked
+
+    def reached(
+        self, runner: Any, rank: tuple[int, int | float], where: str
+    ) -> weakref.ref[Any] | None:
+        """The trace body ``runner`` has read the place ``where`` of ``rank``: kept as
+        its furthest where it is (in the generation step it is at). The record of the
+        body read last is kept at hand (``_body``), checked by identity; its weak
+        reference to the body is returned (None for a body that takes none)."""
         step = compat.body_step(runner)
-        if best is None or best[2] != step or rank > best[0]:
+        kept = self._body
+        if kept is None or kept[0]() is not runner:
+            best = self._furthest_of(runner)
+            if best is None:
+                best = [rank, where, step]
             try:
-                self._furthest[runner] = (rank, ranked[1], step)
+                self._furthest[runner] = best
+                kept = self._body = (weakref.ref(runner), best)
             except TypeError:  # (a body that takes no weak reference: nothing kept)
-                return
+                return None
+        best = kept[1]
+        if best[2] != step or rank > best[0]:
+            best[0], best[1], best[2] = rank, where, step
+        return kept[0]
 
     def out_of_order(self, place: Place, layer: int | None, runner: Any) -> Exception:
         """nnsight's OutOfOrderError for ``place`` at ``layer``, said in places."""

@@ -391,6 +391,14 @@ def whole_value(model: Any, step: Step, env: Env | None = None, edit: bool = Fal
     ``edit`` (a read handed to the user on the client), its in-place edits are the
     place's write (``causalab_mini.edits``)."""
     target, _, raw = _raw(model, step, env)
+    return held_value(step, target, raw, env, edit)
+
+
+def held_value(
+    step: Step, target: Any, raw: Any, env: Env | None = None, edit: bool = False
+) -> Any:
+    """``raw`` (what the step's select picks of ``target``'s boundary, read) as the
+    step's place means it, as ``whole_value`` hands it out."""
     value = _meant(step, raw, env)
     if edit and env is not None and step["take"] is None:
         value = env.handed(step, value, target, raw)
