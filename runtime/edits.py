@@ -144,12 +144,12 @@ class Edit:
         root: Any,
         location: str,
         gradient: Callable[[], Gradient],
-        runner: Any,
         reader: weakref.ref[Any] | None,
+        visits: int,
     ) -> Edit:
-        """The edit of a read made in ``runner`` (a trace body of nnsight 0.8, which
-        counts the visits of ``location``; ``reader`` a weak reference to it): what
-        ``Edit(...)`` makes there, for the common read, made once per place read."""
+        """What ``Edit(...)`` makes for a read in a trace body of nnsight 0.8 (``reader``,
+        a weak reference to it), which had visited ``location`` ``visits`` times when
+        the read was made (``_visits``)."""
         edit = cls.__new__(cls)
         edit._gradient = gradient
         edit.where = where
@@ -158,7 +158,7 @@ class Edit:
         edit._storage = None
         edit.runner = reader
         edit.location = location
-        edit.visits = _visits(runner, location)
+        edit.visits = visits
         edit.ran_past = None
         return edit
 
@@ -426,7 +426,7 @@ def _writes_back(func: Any, args: tuple[Any, ...], edit: Edit) -> bool:
     if getattr(func, "__name__", "") != "__setitem__" or len(args) < 3:
         return False
     value = args[2]
-    if not isinstance(value, EditableRead) or value.__dict__.get("_edit") is not edit:
+    if not isinstance(value, EditableRead) or edit_of(value) is not edit:
         return False
     with torch._C.DisableTorchFunctionSubclass():
         there = torch.Tensor.__getitem__(args[0].as_subclass(torch.Tensor), args[1])
@@ -450,7 +450,7 @@ class EditableRead(torch.Tensor):
     ) -> Any:
         kwargs = kwargs or {}
         target = _target(func, args, kwargs)
-        edit = target.__dict__.get("_edit") if isinstance(target, EditableRead) else None
+        edit = edit_of(target) if isinstance(target, EditableRead) else None
         if edit is not None and edit.live():
             refused = edit.refusal()
             if refused is not None:
@@ -474,7 +474,7 @@ class EditableRead(torch.Tensor):
     def grad(self) -> Any:
         """The place's gradient as this read means it (``Gradient.of``): inside nnsight's
         ``with loss.backward():``, or after ``retain_grad()``; torch's own elsewhere."""
-        edit = self.__dict__.get("_edit")
+        edit = edit_of(self)
         if edit is not None and edit.gradient is not None:
             got = edit.gradient.of(self, edit.root, edit.reader())
             if got is not _TORCH:
@@ -483,7 +483,7 @@ class EditableRead(torch.Tensor):
 
     @grad.setter
     def grad(self, value: Any) -> None:
-        edit = self.__dict__.get("_edit")
+        edit = edit_of(self)
         if edit is not None and edit.gradient is not None and compat.backward_running():
             raise GradientRefused(
                 f"x.grad = g at {edit.where}: a place's read is a copy, and its gradient "
@@ -498,7 +498,7 @@ class EditableRead(torch.Tensor):
         frozen model: NDIF's), that tensor is made to require grad (a read is a copy,
         and the forward goes on with the model's tensor), so ``.grad`` of the read
         inside ``with loss.backward():`` has a gradient to give."""
-        edit = self.__dict__.get("_edit")
+        edit = edit_of(self)
         if edit is not None and edit.gradient is not None:
             edit.gradient.track(requires_grad)
             return self
@@ -508,7 +508,7 @@ class EditableRead(torch.Tensor):
 
     def retain_grad(self) -> None:
         """Keep the place's gradient for ``.grad`` after a backward (``Gradient.retain``)."""
-        edit = self.__dict__.get("_edit")
+        edit = edit_of(self)
         if edit is not None and edit.gradient is not None:
             edit.gradient.retain(self, edit.root)
             return
@@ -529,9 +529,7 @@ def _keep_views(result: Any, args: tuple[Any, ...]) -> Any:
     """``result`` with each tensor that views an editable read's storage handed out
     editable too (so ``x[:, 2].zero_()`` is an edit of ``x``); every other result
     plain."""
-    edits = [
-        a.__dict__["_edit"] for a in args if isinstance(a, EditableRead) and "_edit" in a.__dict__
-    ]
+    edits = [e for e in (edit_of(a) for a in args if isinstance(a, EditableRead)) if e is not None]
     if not edits:
         return result
     if isinstance(result, torch.Tensor) and not isinstance(result, EditableRead):
@@ -551,12 +549,24 @@ def _viewed(t: torch.Tensor, edits: list[Edit]) -> Any:
     return t
 
 
-def hand_out(t: torch.Tensor, edit: Edit) -> EditableRead:
+def hand_out(t: torch.Tensor, edit: Edit | tuple[Any, ...]) -> EditableRead:
     """``t`` (a plain tensor) handed out inside a trace body as a read whose in-place
-    edits are ``edit``'s (the one place a read is made editable)."""
+    edits are ``edit``'s (the one place a read is made editable). ``edit`` may be a
+    record ``(make, *arguments)`` whose ``make(*arguments)`` is the ``Edit``, made
+    when first asked (``edit_of``): a read is edited and asked for its gradient far
+    less often than it is made."""
     out = t.as_subclass(EditableRead)
     out.__dict__["_edit"] = edit
     return out
+
+
+def edit_of(t: EditableRead) -> Edit | None:
+    """The ``Edit`` of an editable read (made from its record where it is one, then
+    kept: every view of the read shares it); None where it has none."""
+    kept = t.__dict__.get("_edit")
+    if type(kept) is tuple:
+        kept = t.__dict__["_edit"] = kept[0](*kept[1:])
+    return kept
 
 
 def plain(value: Any) -> Any:
@@ -573,7 +583,7 @@ def handed_back(value: Any) -> Any:
     of (the model's own where the place holds it as is, as the hooks engine hands it,
     so that autograd reaches it); anything else as ``plain`` makes it."""
     if isinstance(value, EditableRead):
-        edit = value.__dict__.get("_edit")
+        edit = edit_of(value)
         root = edit.root if edit is not None else None
         with torch._C.DisableTorchFunctionSubclass():
             whole = (
@@ -616,6 +626,7 @@ __all__ = [
     "EditableRead",
     "Gradient",
     "PlaceOutOfOrder",
+    "edit_of",
     "editable",
     "hand_out",
     "handed_back",

@@ -791,6 +791,10 @@ class Internals(Mapping[str, Place]):
         def write(edited: Any) -> None:
             place.set(layer, edited)
 
+        def edit(root: Any, value: Any, raw: Any, version: int, reader: Any, visits: int) -> Any:
+            gradient = partial(gradient_of, place, step, value, raw, False, version)
+            return made_edit(where, write, root, location, gradient, reader, visits)
+
         def read() -> Any:
             runner = running()
             if runner is None or in_backward():
@@ -802,15 +806,17 @@ class Internals(Mapping[str, Place]):
                 if error is exc:
                     raise
                 raise error from None
-            reader = self.reached(runner, rank, reached)
+            # (0.8's generation step: ``compat.body_step``)
+            reader = self.reached(runner, rank, reached, runner.iteration)
             raw = whole[0] if first and isinstance(whole, (tuple, list)) else whole
             if type(raw) is not tensor:  # (anything else as the general path hands it)
                 return plain.held_value(step, envoy, raw, self, edit=True)
             value = raw.clone() if copy else raw
-            gradient = partial(gradient_of, place, step, value, raw, False, raw._version)
             root = value.clone() if edit_copy else value
-            edit = made_edit(where, write, root, location, gradient, runner, reader)
-            return edits.hand_out(root, edit)
+            # the Edit made when first asked, of what the read depends on now: the
+            # tensor's version, the location's visits (0.8's count: ``_visits``)
+            record = (edit, root, value, raw, raw._version, reader, runner.occurrence(location))
+            return edits.hand_out(root, record)
 
         return read
 
@@ -933,7 +939,7 @@ class Internals(Mapping[str, Place]):
         if runner is None:
             return
         rank, where = self.ranked(place, layer)
-        self.reached(runner, rank, where)
+        self.reached(runner, rank, where, compat.body_step(runner))
 
     def ranked(self, place: Place, layer: int | None) -> tuple[tuple[int, int | float], str]:
         """``place`` at ``layer`` (as given)'s rank and its name there (kept)."""
@@ -946,13 +952,13 @@ class Internals(Mapping[str, Place]):
         return ranked
 
     def reached(
-        self, runner: Any, rank: tuple[int, int | float], where: str
+        self, runner: Any, rank: tuple[int, int | float], where: str, step: Any
     ) -> weakref.ref[Any] | None:
-        """The trace body ``runner`` has read the place ``where`` of ``rank``: kept as
-        its furthest where it is (in the generation step it is at). The record of the
-        body read last is kept at hand (``_body``), checked by identity; its weak
-        reference to the body is returned (None for a body that takes none)."""
-        step = compat.body_step(runner)
+        """The trace body ``runner`` has read the place ``where`` of ``rank`` in the
+        generation step ``step`` (``compat.body_step``): kept as its furthest where it
+        is. The record of the body read last is kept at hand (``_body``), checked by
+        identity; its weak reference to the body is returned (None for a body that
+        takes none)."""
         kept = self._body
         if kept is None or kept[0]() is not runner:
             best = self._furthest_of(runner)

@@ -230,6 +230,52 @@ def test_a_plan_read_at_positions_or_a_head_is_on_the_autograd_path(
     assert all(p.grad is None for p in model._model.parameters())
 
 
+@pytest.mark.parametrize("spec", ["tiny:llama", "tiny:gpt2"])
+def test_a_read_after_an_in_place_edit_has_its_gradient_and_one_before_is_refused(
+    tiny_model: Callable[..., Any], spec: str
+) -> None:
+    """A read takes the tensor's version when it is read: block_output[0] (held as the
+    model's own tensor, no copy) scaled in place through a first read, then read again,
+    has the gradient autograd gives on the plain model with the block's output scaled
+    the same (a zero added after the scaling); the first read, made before the edit,
+    is refused its gradient (autograd's is the edited tensor's, not the read's)."""
+    model = tiny_model(spec)
+    batch, metric = _in_trace(model, TEXTS, 5)
+    path = _module_path(model, model.layers[0]._module)
+    plain = AutoModelForCausalLM.from_pretrained(model._model.name_or_path, dtype=torch.float32)
+    zero: dict[str, Any] = {}
+
+    def hook(_m: Any, _args: Any, out: Any) -> Any:
+        hidden = out[0] if isinstance(out, tuple) else out
+        zero["z"] = torch.zeros_like(hidden, requires_grad=True)
+        moved = hidden * 1.5 + zero["z"]
+        return (moved, *out[1:]) if isinstance(out, tuple) else moved
+
+    handle = plain.get_submodule(path).register_forward_hook(hook)
+    try:
+        (want,) = torch.autograd.grad(metric(plain(**batch).logits), [zero["z"]])
+    finally:
+        handle.remove()
+    try:
+        with model.trace(batch):
+            first = model.layers_output[0]
+            first.mul_(1.5)
+            again = model.layers_output[0]
+            loss = metric(model.output.logits)
+            with loss.backward():
+                got = again.grad.save()
+        with pytest.raises(GradientRefused, match=r"layers_output\[0\].*in place after"):
+            with model.trace(batch):
+                first = model.layers_output[0]
+                first.mul_(1.5)
+                loss = metric(model.output.logits)
+                with loss.backward():
+                    first.grad.save()
+    finally:
+        _weights_clean(model)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
 def test_a_place_gradient_in_reverse_order_and_at_a_copied_place(
     tiny_model: Callable[..., Any],
 ) -> None:
