@@ -549,15 +549,21 @@ def _viewed(t: torch.Tensor, edits: list[Edit]) -> Any:
     return t
 
 
-def hand_out(t: torch.Tensor, edit: Edit | tuple[Any, ...]) -> EditableRead:
+def hand_out(t: torch.Tensor, edit: Edit | tuple[Any, ...], owned: bool = False) -> EditableRead:
     """``t`` (a plain tensor) handed out inside a trace body as a read whose in-place
     edits are ``edit``'s (the one place a read is made editable). ``edit`` may be a
-    record ``(make, *arguments)`` whose ``make(*arguments)`` is the ``Edit``, made
-    when first asked (``edit_of``): a read is edited and asked for its gradient far
-    less often than it is made."""
-    out = t.as_subclass(EditableRead)
+    record ``(make, *arguments)`` whose ``make(read, *arguments)`` is the ``Edit``,
+    made when first asked (``edit_of``): a read is edited and asked for its gradient
+    far less often than it is made. ``owned``: ``t`` is a copy made for this read that
+    nothing else holds, handed out itself (made an ``EditableRead`` in place) rather
+    than through a second tensor viewing it."""
+    if owned:
+        t.__class__ = EditableRead
+        out: Any = t
+    else:
+        out = t.as_subclass(EditableRead)
     out.__dict__["_edit"] = edit
-    return out
+    return out  # type: ignore[no-any-return]
 
 
 def edit_of(t: EditableRead) -> Edit | None:
@@ -565,7 +571,7 @@ def edit_of(t: EditableRead) -> Edit | None:
     kept: every view of the read shares it); None where it has none."""
     kept = t.__dict__.get("_edit")
     if type(kept) is tuple:
-        kept = t.__dict__["_edit"] = kept[0](*kept[1:])
+        kept = t.__dict__["_edit"] = kept[0](t, *kept[1:])
     return kept
 
 

@@ -791,7 +791,12 @@ class Internals(Mapping[str, Place]):
         def write(edited: Any) -> None:
             place.set(layer, edited)
 
-        def edit(root: Any, value: Any, raw: Any, version: int, reader: Any, visits: int) -> Any:
+        def edit(
+            read: Any, root: Any, value: Any, raw: Any, version: int, reader: Any, visits: int
+        ) -> Any:
+            if root is None:  # the read is the copy itself: its plain tensor
+                root = edits.plain(read)
+            value = root if value is None else value
             gradient = partial(gradient_of, place, step, value, raw, False, version)
             return made_edit(where, write, root, location, gradient, reader, visits)
 
@@ -811,12 +816,15 @@ class Internals(Mapping[str, Place]):
             raw = whole[0] if first and isinstance(whole, (tuple, list)) else whole
             if type(raw) is not tensor:  # (anything else as the general path hands it)
                 return plain.held_value(step, envoy, raw, self, edit=True)
-            value = raw.clone() if copy else raw
-            root = value.clone() if edit_copy else value
             # the Edit made when first asked, of what the read depends on now: the
             # tensor's version, the location's visits (0.8's count: ``_visits``)
-            record = (edit, root, value, raw, raw._version, reader, runner.occurrence(location))
-            return edits.hand_out(root, record)
+            version, visits = raw._version, runner.occurrence(location)
+            if not (copy or edit_copy):
+                return edits.hand_out(raw, (edit, raw, raw, raw, version, reader, visits))
+            value = raw.clone() if copy else raw
+            kept = value if edit_copy else None  # (the place's value, where not the read)
+            own = value.clone() if edit_copy else value
+            return edits.hand_out(own, (edit, None, kept, raw, version, reader, visits), True)
 
         return read
 

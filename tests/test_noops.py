@@ -217,7 +217,7 @@ def test_an_in_place_edit_is_certified_by_the_sweep_check(
     assert clean and all(o.ok for o in clean), clean
     assert "block_mid" in {o.components[0] for o in clean}
     # a read handed out as a bare copy: the edit is dropped, and the check says so
-    monkeypatch.setattr(edits, "hand_out", lambda t, edit: t)
+    monkeypatch.setattr(edits, "hand_out", lambda t, edit, owned=False: t)
     assert not all(o.ok for o in k.in_place_edits(ctx))
 
 
