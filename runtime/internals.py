@@ -119,6 +119,11 @@ class Place:
         # or None where the row's read is not that plain
         self._quick: dict[int | None, Callable[[], Any] | None] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_quick"] = {}  # (functions of this process, as Internals' hands)
+        return state
+
     # ------------------------------------------------------------ description
 
     @property
@@ -767,14 +772,11 @@ class Internals(Mapping[str, Place]):
         )
 
     def quick_read(self, place: Place, step: Step) -> Callable[[], Any] | None:
-        """The read of ``place`` at ``step`` made in one function, where the step reads
-        a module's input or output (or its first element) as it is, on nnsight 0.8
-        (which names the location it waits at): what ``plain.whole_value(...,
-        edit=True)`` hands out there, without the general path's dispatch (a trace
-        reads many places, each at about the cost of a hand-written read). None
-        elsewhere: those reads take the general path. The function answers
-        ``_ASIDE`` where the general path must read (outside a trace body, inside a
-        backward)."""
+        """The read of ``place`` at ``step`` in one function where the step reads a
+        module's input or output (or its first element) as it is, on nnsight 0.8 (which
+        names the location it waits at): what ``plain.whole_value(..., edit=True)``
+        hands out, without the general path's dispatch; None elsewhere. It answers
+        ``_ASIDE`` where the general path must read (no trace body, a backward)."""
         if not compat.is_08() or not _as_it_is(step):
             return None
         envoy, attr, layer = step["envoy"], step["attr"], step["layer"]

@@ -963,6 +963,35 @@ def test_sae_ablation_is_a_layer_by_feature_grid(spec: str, tmp_path: Path) -> N
     _files_ok(tmp_path, results)
 
 
+def test_a_cell_run_a_row_at_a_time_is_measured_against_the_clean_run_made_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cells whose positions name different numbers of tokens per row run one row at a
+    time; their metrics are taken against the clean logits made one row at a time too
+    (a row's logits round apart in batches of other sizes on some CPUs), made once per
+    run and counted: a zero-feature ablation there is exactly the clean run."""
+    from causalab_mini.documents import cells as runner
+
+    sizes: list[int | None] = []
+    clean = runner.clean_logits
+
+    def spied(exp: Any, role: str, slot: int = 0, size: int | None = None) -> Any:
+        sizes.append(size)
+        return clean(exp, role, slot, size)
+
+    monkeypatch.setattr(runner, "clean_logits", spied)
+    text = (DOCS / "sae_ablation.yaml").read_text()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "pairs.jsonl").write_bytes((DOCS / "data" / "pairs.jsonl").read_bytes())
+    none = text.replace("features: {start: 0, stop: 16}", "features: {start: 0, stop: 0}")
+    doc = _doc(tmp_path, none.replace("axes: [layers, features]", "axes: [layers]"), "none.yaml")
+    exp = build(doc, model=load_model("tiny:llama"))
+    results = run(doc, tmp_path / "none", model=exp.model)
+    assert sizes.count(1) == sizes.count(None) == 2, sizes  # base and source, once each
+    assert exp.batch_size > 1 and len(results["cells"]) == exp.model.internals.num_layers
+    assert all(c["per_row"]["kl"] == [0.0] * len(exp.rows.rows) for c in results["cells"])
+
+
 def test_sae_ablation_of_no_feature_changes_nothing_and_a_saved_sae_is_the_same(
     tmp_path: Path,
 ) -> None:

@@ -11,7 +11,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CausalabError
-from .execute import attribute_cell, cell_logits, clean_logits, measure, patching
+from .execute import (
+    attribute_cell,
+    batched_in,
+    cell_logits,
+    clean_logits,
+    measure,
+    patching,
+)
 from .experiment import Cell, Experiment, texts_of
 from .fits import label_splits, labels, train_cell, train_counts
 from .fitting import featurize
@@ -55,7 +62,7 @@ def run_cell(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[st
     except CausalabError as exc:  # a place the engine or the model refuses at run time
         return {**record, "status": "refused", "reason": str(exc)}
     if logits is not None:
-        record.update(measure(exp, logits, references))
+        record.update(measure(exp, logits, _references(exp, cell, references)))
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(record.get(key), dict):
             record[key].update(value)
@@ -70,6 +77,27 @@ def run_cell(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[st
         )
     record["seconds"] = round(time.perf_counter() - started, 4)
     return record
+
+
+def _references(exp: Experiment, cell: Cell, references: dict[str, Any]) -> dict[str, Any]:
+    """The clean references a cell's logits are measured against, made in the batches
+    the cell made its rows in (``batched_in``): a row's logits can round apart in
+    batches of other sizes (the CPU's matrix kernels block by size), so a write that
+    changes nothing measures exactly the clean run's values."""
+    import torch
+
+    size = batched_in(exp, cell)
+    if size == exp.batch_size:
+        return references
+    key = ("references", size)
+    if key not in exp.cache:
+        with torch.no_grad():
+            again = {
+                k: clean_logits(exp, k, size=size) for k in ("base", "source") if k in references
+            }
+        exp.cache[key] = {**references, **again}
+    kept: dict[str, Any] = exp.cache[key]
+    return kept
 
 
 def run_cells(
@@ -167,6 +195,10 @@ def _once(exp: Experiment, pending: list[Cell]) -> int:
     total += sum(math.ceil(len(exp.rows.rows) / exp.batch_size) * k for k in steps)
     if isinstance(exp.doc.get("train"), dict):
         total += _label_forwards(exp)
+    # the clean references again in each other batch size a cell makes its rows in
+    sizes = {batched_in(exp, c) for c in pending} - {exp.batch_size}
+    roles = 2 if all("source" in r for r in exp.rows.rows) else 1
+    total += sum(math.ceil(len(exp.rows.rows) / size) * roles for size in sizes)
     return total + _fit_forwards(exp, pending)
 
 

@@ -20,8 +20,9 @@ def _logits_at(model: Any) -> Any:
     return locate(model, "logits", position={"index": -1})
 
 
-def clean_logits(exp: Experiment, role: str, slot: int = 0) -> Any:
-    """The unpatched logits at each row's last content token of the ``role`` texts."""
+def clean_logits(exp: Experiment, role: str, slot: int = 0, size: int | None = None) -> Any:
+    """The unpatched logits at each row's last content token of the ``role`` texts, in
+    batches of ``size`` rows (the document's batch size where not given)."""
     import torch
 
     from ..plan import Plan
@@ -29,7 +30,7 @@ def clean_logits(exp: Experiment, role: str, slot: int = 0) -> Any:
     at = _logits_at(exp.model)
     texts = texts_of(exp.rows, role, slot)
     parts = []
-    for part in chunks(len(texts), exp.batch_size):
+    for part in chunks(len(texts), size or exp.batch_size):
         out = Plan.of(reads=[at]).run(exp.model, texts[part], frame=exp.frame, engine=exp.engine)
         parts.append(out[at][:, 0])
     return torch.cat(parts)
@@ -163,6 +164,17 @@ def patching(exp: Experiment, cell: Cell) -> bool:
     )
 
 
+def batched_in(exp: Experiment, cell: Cell) -> int:
+    """The batch size a cell's logits are made in: a plan cell's ``batch_for`` its
+    addresses (one row at a time where a position names different numbers of tokens
+    in different rows), every other cell's the document's."""
+    item = exp.doc["interventions"][cell.intervention]
+    if "attribute" in item or "generate" in item or gridded(exp, cell) or patching(exp, cell):
+        return exp.batch_size
+    texts = texts_of(exp.rows, item.get("input", "base"))
+    return batch_for(exp, [a for v in cell.addresses.values() for a in v], texts)
+
+
 def cell_logits(exp: Experiment, cell: Cell, bound: bool = False) -> Any:
     """The logits the cell's metrics read, (rows, vocab), over every batch of rows
     (``bound``: the cell's addresses already carry their featurizers)."""
@@ -178,9 +190,7 @@ def cell_logits(exp: Experiment, cell: Cell, bound: bool = False) -> Any:
     role = item.get("input", "base")
     texts = texts_of(exp.rows, role)
     patched = patching(exp, cell)
-    size = exp.batch_size
-    if not patched:
-        size = batch_for(exp, [a for v in cell.addresses.values() for a in v], texts)
+    size = batched_in(exp, cell)
     parts = []
     for part in chunks(len(texts), size):
         if patched:
@@ -270,6 +280,7 @@ def attribute_cell(exp: Experiment, cell: Cell) -> dict[str, Any]:
 __all__ = [
     "attribute_cell",
     "attribution_label",
+    "batched_in",
     "cell_logits",
     "clean_logits",
     "measure",
