@@ -49,6 +49,7 @@ def _run(*args: str, cwd: Path) -> str:
     return proc.stdout
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_editable_install(tmp_path: Path) -> None:
     python = _fresh(tmp_path / "venv")
     _run(str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO), cwd=tmp_path)
@@ -56,6 +57,7 @@ def test_editable_install(tmp_path: Path) -> None:
     assert Path(where).resolve() == (REPO / "generated" / "__init__.py").resolve()
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_wheel_install(tmp_path: Path) -> None:
     dist = tmp_path / "dist"
     _run(

@@ -29,6 +29,7 @@ def _run(code: str, cache: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_a_first_build_and_a_load_print_nothing(tmp_path: Path) -> None:
     first = _run(LOAD.format(verbose=False), tmp_path)  # builds the checkpoint, then loads
     assert first.returncode == 0, first.stderr
@@ -45,6 +46,7 @@ def test_verbose_shows_the_libraries_own_lines(tmp_path: Path) -> None:
     assert "INFO | nnterp | Updating default rename" in done.stderr
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_a_piped_sweep_prints_plain_lines_and_no_child_bars() -> None:
     """One line an architecture on stdout, and on stderr none of the bars or log lines
     the loads it starts would print (its own progress bar is transient)."""

@@ -124,6 +124,7 @@ def test_the_unembedding_is_checked_on_what_it_reads(certified: Callable[[str], 
     assert "lm_head == get_output_embeddings()(ln_final)" in llama["lm_head"]["checks"]
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_the_mlp_is_called_with_the_other_arguments_it_was_given(
     certified: Callable[[str], Result],
 ) -> None:
@@ -163,6 +164,7 @@ def test_the_mlp_is_called_with_a_copy_of_the_state_it_was_given(
     assert "mlp(mlp_input, its other arguments) == the MLP's output" in item["checks"]
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     certified: Callable[[str], Result],
 ) -> None:
@@ -210,6 +212,7 @@ def test_hidden_states_that_are_block_outputs_are_checked_as_such(
     assert result["block_output"]["state"] == "broken"
 
 
+@pytest.mark.wide  # (the slowest of the tier: CI runs it with the wide tier)
 def test_oracles_that_count_every_layer_call_are_read_from_the_end(
     certified: Callable[[str], Result],
 ) -> None:
