@@ -761,13 +761,7 @@ def running_body() -> Any:
     stack once, then remembered for that thread (a worker runs one body for its life;
     the model's forward runs on the thread that opened the trace, never a worker)."""
     if is_08():
-        global _GETCURRENT
-        if _GETCURRENT is None:
-            from greenlet import getcurrent
-
-            _GETCURRENT = getcurrent
-        ref = getattr(_GETCURRENT(), "mediator", None)
-        return None if ref is None else ref()
+        return _running_body_08()
     import threading
     import weakref
 
@@ -792,18 +786,21 @@ def running_body() -> Any:
     return None
 
 
+def _running_body_08() -> Any:
+    """``running_body`` on nnsight 0.8: the mediator the running greenlet holds."""
+    global _GETCURRENT
+    if _GETCURRENT is None:
+        from greenlet import getcurrent
+
+        _GETCURRENT = getcurrent
+    ref = getattr(_GETCURRENT(), "mediator", None)
+    return None if ref is None else ref()
+
+
 def body_reader() -> Callable[[], Any]:
     """``running_body`` as one function of the installed nnsight, for a read made
-    many times a trace: on 0.8 the greenlet's mediator, without the release check."""
-    if not is_08():
-        return running_body
-    from greenlet import getcurrent
-
-    def running_body_08() -> Any:
-        ref = getattr(getcurrent(), "mediator", None)
-        return None if ref is None else ref()
-
-    return running_body_08
+    many times a trace: on 0.8 without the release check."""
+    return _running_body_08 if is_08() else running_body
 
 
 def clear_pending_operations(module: Any) -> None:

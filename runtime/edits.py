@@ -72,17 +72,13 @@ class EditRefused(CausalabError, RuntimeError):
     write instead."""
 
 
-# an argument not given (None is an answer: no trace body runs)
-_UNASKED: Any = object()
-
-
 def edit_runner() -> Any:
     """The trace body running now (its nnsight mediator, ``compat.running_body``): None
     in the model's forward and outside any trace, on every nnsight release."""
     return compat.running_body()
 
 
-def _visits(runner: Any, location: str | None) -> int | None:
+def visits_of(runner: Any, location: str | None) -> int | None:
     """How many times the model has reached ``location`` in ``runner``'s run (nnsight
     0.8 counts a visit once it is over); None where this nnsight does not say."""
     if location is None or not hasattr(runner, "occurrence"):
@@ -115,9 +111,10 @@ class Edit:
         write: Callable[[Any], None],
         root: Any,
         location: str | None,
-        ran_past: Callable[[], bool] | None = None,
-        gradient: Gradient | Callable[[], Gradient] | None = None,
-        runner: Any = _UNASKED,
+        ran_past: Callable[[], bool] | None,
+        gradient: Gradient | Callable[[], Gradient] | None,
+        reader: weakref.ref[Any] | None,
+        visits: int | None,
     ) -> None:
         # a Gradient, or what makes it when first asked (a read's gradient is asked
         # for far less often than it is read)
@@ -126,41 +123,16 @@ class Edit:
         self.write = write  # the place's write, given the whole edited copy
         self.root = root  # the copy the read handed out, as a plain tensor
         self._storage: int | None = None
-        if runner is _UNASKED:  # (the trace body running now, where not given)
-            runner = edit_runner()
-        # weak: a value saved past its trace does not keep the trace alive
-        self.runner: Any = weakref.ref(runner) if runner is not None else None
+        # the trace body that made the read, weakly: a value saved past its trace does
+        # not keep the trace alive
+        self.runner = reader
         self.location = location
-        self.visits = _visits(runner, location)
-        # where nnsight does not count visits (0.6/0.7): whether the trace body has
-        # since read a place later in the forward (the client's internals say)
+        # how many times that body had visited ``location`` when the read was made
+        # (``visits_of``; None where nnsight does not count them, 0.6/0.7) and, there,
+        # whether the body has since read a place later in the forward (the client's
+        # internals say)
+        self.visits = visits
         self.ran_past = ran_past
-
-    @classmethod
-    def made(
-        cls,
-        where: str,
-        write: Callable[[Any], None],
-        root: Any,
-        location: str,
-        gradient: Callable[[], Gradient],
-        reader: weakref.ref[Any] | None,
-        visits: int,
-    ) -> Edit:
-        """What ``Edit(...)`` makes for a read in a trace body of nnsight 0.8 (``reader``,
-        a weak reference to it), which had visited ``location`` ``visits`` times when
-        the read was made (``_visits``)."""
-        edit = cls.__new__(cls)
-        edit._gradient = gradient
-        edit.where = where
-        edit.write = write
-        edit.root = root
-        edit._storage = None
-        edit.runner = reader
-        edit.location = location
-        edit.visits = visits
-        edit.ran_past = None
-        return edit
 
     @property
     def gradient(self) -> Gradient | None:
@@ -197,7 +169,7 @@ class Edit:
                 f"one running, and an in-place edit of it would reach neither: {fix} in the "
                 "invoke that should see it, or edit a copy (x.clone()) that is yours"
             )
-        if (self.visits is not None and _visits(now, self.location) != self.visits) or (
+        if (self.visits is not None and visits_of(now, self.location) != self.visits) or (
             self.visits is None and self.ran_past is not None and self.ran_past()
         ):
             return (
@@ -624,10 +596,15 @@ def editable(
     value = plain(value)
     if copy:
         value = value.clone()
-    return hand_out(value, Edit(where, write, value, location, ran_past, gradient, runner))
+    reader = weakref.ref(runner)
+    edit = Edit(
+        where, write, value, location, ran_past, gradient, reader, visits_of(runner, location)
+    )
+    return hand_out(value, edit)
 
 
 __all__ = [
+    "Edit",
     "EditRefused",
     "EditableRead",
     "Gradient",
@@ -637,4 +614,5 @@ __all__ = [
     "hand_out",
     "handed_back",
     "plain",
+    "visits_of",
 ]

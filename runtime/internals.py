@@ -268,12 +268,6 @@ class Place:
         ``index`` names ((batch, n) token indices per row, from
         ``positions.stacked(positions.resolve(model, inputs, spec), spec)``), along the
         place's sequence axis."""
-        if type(key) is int:  # (the common read: ``get``'s first lines)
-            quick = self._quick.get(key)
-            if quick is not None:
-                got = quick()
-                if got is not _ASIDE:
-                    return got
         layer, index = self._key(key)
         return self.get(layer) if index is None else self.get_at(layer, index)
 
@@ -784,7 +778,7 @@ class Internals(Mapping[str, Place]):
         if location is None:
             return None
         edits = _edits()
-        tensor, made_edit, gradient_of = edits.torch.Tensor, edits.Edit.made, self._made_gradient
+        tensor, made_edit, gradient_of = edits.torch.Tensor, edits.Edit, self._made_gradient
         running, in_backward = compat.body_reader(), compat.backward_running
         rank, reached = self.ranked(place, layer)
         where, first = place.where(layer), step["select"] is not None
@@ -800,7 +794,7 @@ class Internals(Mapping[str, Place]):
                 root = edits.plain(read)
             value = root if value is None else value
             gradient = partial(gradient_of, place, step, value, raw, False, version)
-            return made_edit(where, write, root, location, gradient, reader, visits)
+            return made_edit(where, write, root, location, None, gradient, reader, visits)
 
         def read() -> Any:
             runner = running()
@@ -813,14 +807,13 @@ class Internals(Mapping[str, Place]):
                 if error is exc:
                     raise
                 raise error from None
-            # (0.8's generation step: ``compat.body_step``)
-            reader = self.reached(runner, rank, reached, runner.iteration)
+            reader = self.reached(runner, rank, reached, compat.body_step(runner))
             raw = whole[0] if first and isinstance(whole, (tuple, list)) else whole
             if type(raw) is not tensor:  # (anything else as the general path hands it)
                 return plain.held_value(step, envoy, raw, self, edit=True)
             # the Edit made when first asked, of what the read depends on now: the
-            # tensor's version, the location's visits (0.8's count: ``_visits``)
-            version, visits = raw._version, runner.occurrence(location)
+            # tensor's version, the location's visits
+            version, visits = raw._version, edits.visits_of(runner, location)
             if not (copy or edit_copy):
                 return edits.hand_out(raw, (edit, raw, raw, raw, version, reader, visits))
             value = raw.clone() if copy else raw
